@@ -1,0 +1,44 @@
+"""What every protocol adapter returns: an Outcome, never an exception about the system."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from connectors.spec import ActionSpec
+from producers.wire import ErrorCode
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one attempt at one action.
+
+    ``sent`` says whether the request may have reached the system: a failure with ``sent`` False
+    is always safe to retry, one with ``sent`` True only when the action is idempotent.
+    """
+
+    ok: bool
+    data: Any = None
+    code: ErrorCode | None = None
+    message: str = ""
+    suggestion: str = ""
+    details: list[dict[str, Any]] = field(default_factory=list)
+    retry_after_ms: int | None = None
+    http_status: int | None = None
+    sent: bool = True
+    downstream_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Per-intent facts an adapter may forward: never used to choose the host or path."""
+
+    intent_id: str
+    idempotency_key: str | None = None
+    traceparent: str | None = None
+    timeout: float | None = None
+
+
+class Adapter(Protocol):
+    def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome: ...
+
+    def close(self) -> None: ...

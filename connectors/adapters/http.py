@@ -1,0 +1,345 @@
+"""HTTP adapter: one semantic action -> one httpx request -> one Outcome.
+
+This is the only place that looks at HTTP status codes and httpx exceptions; everything above
+it sees reach error codes (the boundary translation of httpx's own ``map_httpcore_exceptions``).
+
+Safety: the scheme, host, port and path template come from the catalog only. Path parameters
+are percent-encoded (``/`` and dot segments too) and the finished URL is checked against the
+endpoint before anything is sent.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
+
+import httpx
+
+from connectors.adapters.base import CallContext, Outcome
+from connectors.auth import build_auth
+from connectors.schema import Check, FieldProblem, compile_field
+from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
+from producers.wire import ErrorCode
+
+DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+_OMIT = object()
+_SYSTEM_MESSAGE_KEYS = ("detail", "message", "error_description", "error", "errors", "title")
+
+
+class UnsafeRequest(ValueError):
+    """The request would leave the connector's endpoint or template; it is never sent."""
+
+
+def encode_path_segment(value: Any) -> str:
+    """Percent-encode a path parameter so it stays exactly one segment."""
+    text = _scalar_text(value)
+    encoded = quote(text, safe="")
+    if encoded.strip(".") == "":
+        # "." and ".." are dot segments that HTTP clients and servers collapse
+        encoded = encoded.replace(".", "%2E")
+    return encoded
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+def _convert(value: Any, spec: FieldSpec) -> Any:
+    """Agent value -> what the legacy system expects (null_as, format/timezone, as: string)."""
+    if value is None:
+        if spec.null_as == "omit":
+            return _OMIT
+        if spec.null_as == "":
+            return ""
+        return None
+    if spec.type == "datetime" and (spec.format or spec.timezone):
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        if spec.timezone:
+            moment = moment.astimezone(ZoneInfo(spec.timezone))
+        return moment.strftime(spec.format) if spec.format else moment.isoformat()
+    if spec.type == "date" and spec.format:
+        return date.fromisoformat(str(value)).strftime(spec.format)
+    if spec.as_ == "string":
+        return _scalar_text(value)
+    return value
+
+
+class HttpAdapter:
+    """Calls one connector's HTTP system. One instance (and one httpx client) per pool process."""
+
+    def __init__(
+        self,
+        connector: ConnectorSpec,
+        *,
+        max_connections: int = 20,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.connector = connector
+        self._base = httpx.URL(connector.endpoint)
+        self._base_path = self._base.raw_path.decode("ascii").rstrip("/")
+        self._max_response_bytes = max_response_bytes
+        self._outputs = _compile_outputs(connector)
+        self._client = httpx.Client(
+            auth=build_auth(connector.auth, connector.name, environ),
+            timeout=httpx.Timeout(15.0, connect=5.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            follow_redirects=False,  # a redirect could point anywhere
+            transport=transport,
+            trust_env=False,  # no proxies or .netrc from the environment
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- request building ---------------------------------------------------------------
+
+    def build_request(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> httpx.Request:
+        method, template = split_path(action.path)
+        in_template = set(PATH_PARAM.findall(template))
+        default_place = "query" if method in ("GET", "DELETE") else "body"
+        path_values: dict[str, str] = {}
+        query: list[tuple[str, str]] = []
+        headers: dict[str, str] = {}
+        body: dict[str, Any] = {}
+        for name, value in params.items():
+            spec = action.input.get(name)
+            if spec is None:
+                raise UnsafeRequest(f"param {name!r} is not declared")  # validation runs first; never reached
+            place = spec.in_ or ("path" if name in in_template else default_place)
+            wire = spec.name or name
+            converted = _convert(value, spec)
+            if converted is _OMIT:
+                continue
+            if place == "path":
+                path_values[name] = encode_path_segment(converted)
+            elif place == "query":
+                if converted is None:
+                    continue
+                items = converted if isinstance(converted, list) else [converted]
+                query.extend((wire, _scalar_text(v)) for v in items)
+            elif place == "header":
+                if converted is None:
+                    continue
+                text = _scalar_text(converted)
+                if any(ord(c) < 32 or ord(c) == 127 for c in text):
+                    raise UnsafeRequest(f"header value for {name!r} contains control characters")
+                headers[wire] = text
+            else:
+                body[wire] = converted
+        path = PATH_PARAM.sub(lambda m: path_values[m.group(1)], template)
+        if self.connector.idempotency_header and ctx.idempotency_key:
+            headers[self.connector.idempotency_header] = ctx.idempotency_key
+        if ctx.traceparent:
+            headers["traceparent"] = ctx.traceparent
+        url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
+        content = None
+        if method not in ("GET", "DELETE") or body:
+            content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            headers["Content-Type"] = "application/json"
+        headers.setdefault("Accept", "application/json")
+        request = self._client.build_request(method, url, params=query or None, headers=headers, content=content)
+        self._check_destination(request, template, path)
+        return request
+
+    def _check_destination(self, request: httpx.Request, template: str, path: str) -> None:
+        url = request.url
+        if (url.scheme, url.host, url.port) != (self._base.scheme, self._base.host, self._base.port):
+            raise UnsafeRequest("the request would leave the connector's endpoint")
+        expected = (self._base_path + path).encode("ascii")
+        if url.raw_path.split(b"?", 1)[0] != expected:
+            raise UnsafeRequest("the request path was rewritten")
+
+    # -- calling --------------------------------------------------------------------------
+
+    def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
+        """One attempt. Never raises for anything the system or network does."""
+        try:
+            request = self.build_request(action, params, ctx)
+        except UnsafeRequest as exc:
+            return Outcome(False, code=ErrorCode.VALIDATION_FAILED, message=str(exc), sent=False,
+                           suggestion="Remove control characters and path tricks from the params and send again.")
+        safe_to_repeat = action.is_idempotent or bool(self.connector.idempotency_header)
+        timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
+        request.extensions["timeout"] = httpx.Timeout(timeout, connect=min(timeout, 5.0)).as_dict()
+        started = time.perf_counter()
+        try:
+            response = self._client.send(request, stream=True)
+            try:
+                raw = self._read_capped(response)
+            finally:
+                response.close()
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return self._failed(ErrorCode.DOWNSTREAM_UNREACHABLE, f"could not connect to {self.connector.name}: {type(exc).__name__}",
+                                "The system is unreachable; retry later.", started, sent=False)
+        except httpx.TimeoutException:
+            if safe_to_repeat:
+                return self._failed(ErrorCode.DOWNSTREAM_TIMEOUT, f"{self.connector.name} did not answer within {timeout:g}s",
+                                    "Retry later; the action is safe to repeat.", started)
+            return self._unknown(f"{self.connector.name} did not answer within {timeout:g}s after the request was sent", action, started)
+        except _ResponseTooLarge as exc:
+            return self._failed(ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION, str(exc), "Ask an operator to check the action's response size.",
+                                started, status=exc.status)
+        except (httpx.TransportError, httpx.DecodingError) as exc:
+            if safe_to_repeat:
+                return self._failed(ErrorCode.DOWNSTREAM_ERROR, f"connection to {self.connector.name} failed: {type(exc).__name__}",
+                                    "Retry later; the action is safe to repeat.", started)
+            return self._unknown(f"the connection to {self.connector.name} broke after the request was sent ({type(exc).__name__})",
+                                 action, started)
+        elapsed = (time.perf_counter() - started) * 1000
+        return self._map_response(action, response, raw, elapsed)
+
+    def _read_capped(self, response: httpx.Response) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self._max_response_bytes:
+                raise _ResponseTooLarge(response.status_code, self._max_response_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _failed(self, code: ErrorCode, message: str, suggestion: str, started: float, *, sent: bool = True,
+                status: int | None = None, retry_after_ms: int | None = None) -> Outcome:
+        return Outcome(False, code=code, message=message, suggestion=suggestion, sent=sent, http_status=status,
+                       retry_after_ms=retry_after_ms, downstream_ms=(time.perf_counter() - started) * 1000)
+
+    def _unknown(self, message: str, action: ActionSpec, started: float) -> Outcome:
+        reads = [a.action for a in self.connector.actions if not a.is_write]
+        check = f" with a read action such as {self.connector.name}.{reads[0]}" if reads else ""
+        return self._failed(ErrorCode.OUTCOME_UNKNOWN, message,
+                            f"Do not resend blindly: {action.action} may have taken effect. Check its result{check} first.",
+                            started)
+
+    def _map_response(self, action: ActionSpec, response: httpx.Response, raw: bytes, elapsed_ms: float) -> Outcome:
+        status = response.status_code
+        body = _decode_body(raw)
+        for rule in action.errors:
+            if rule.status == status and (rule.field is None or _dig(body, rule.field) == rule.equals):
+                code = ErrorCode(rule.code)
+                return Outcome(False, code=code, message=rule.message or _system_message(body, status),
+                               suggestion=rule.suggestion or _default_suggestion(code), http_status=status,
+                               downstream_ms=elapsed_ms)
+        if 200 <= status < 300:
+            data = body if isinstance(body, dict) else ({} if body is None else {"result": body})
+            problems = _check_output(self._outputs[action.action], data)
+            if problems:
+                return Outcome(False, code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
+                               message=f"{self.connector.name} answered {status} but the response breaks the declared output",
+                               suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
+                               details=problems, http_status=status, downstream_ms=elapsed_ms)
+            return Outcome(True, data=data, http_status=status, downstream_ms=elapsed_ms)
+        code = _status_code(status)
+        retry_after = _retry_after_ms(response.headers.get("Retry-After")) if status in (429, 503) else None
+        return Outcome(False, code=code, message=_system_message(body, status), suggestion=_default_suggestion(code),
+                       http_status=status, retry_after_ms=retry_after, downstream_ms=elapsed_ms)
+
+
+class _ResponseTooLarge(Exception):
+    def __init__(self, status: int, limit: int) -> None:
+        super().__init__(f"the response is larger than {limit} bytes")
+        self.status = status
+
+
+def _status_code(status: int) -> ErrorCode:
+    if status in (400, 422):
+        return ErrorCode.DOWNSTREAM_VALIDATION_FAILED
+    if status in (401, 403):
+        return ErrorCode.DOWNSTREAM_AUTH_FAILED
+    if status in (404, 410):
+        return ErrorCode.DOWNSTREAM_NOT_FOUND
+    if status == 409:
+        return ErrorCode.DOWNSTREAM_CONFLICT
+    if status == 429:
+        return ErrorCode.DOWNSTREAM_RATE_LIMITED
+    if status >= 500:
+        return ErrorCode.DOWNSTREAM_ERROR
+    if 400 <= status < 500:
+        return ErrorCode.DOWNSTREAM_VALIDATION_FAILED
+    return ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION  # 1xx/3xx: not an answer we can use
+
+
+_SUGGESTIONS = {
+    ErrorCode.DOWNSTREAM_VALIDATION_FAILED: "The system rejected the params; fix them as its message says and send again.",
+    ErrorCode.DOWNSTREAM_AUTH_FAILED: "The connector's credentials were refused; do not retry. Tell an operator.",
+    ErrorCode.DOWNSTREAM_NOT_FOUND: "The record does not exist; check the id (for example with a search or list action).",
+    ErrorCode.DOWNSTREAM_CONFLICT: "The record changed or already exists; read its current state before trying again.",
+    ErrorCode.DOWNSTREAM_RATE_LIMITED: "The system is throttling requests; wait retry_after_ms (or a few seconds) and send again.",
+    ErrorCode.DOWNSTREAM_ERROR: "The system failed; retry later.",
+    ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION: "The system answered in an unexpected way; tell an operator.",
+}
+
+
+def _default_suggestion(code: ErrorCode) -> str:
+    return _SUGGESTIONS.get(code, "See the error message.")
+
+
+def _decode_body(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+
+
+def _system_message(body: Any, status: int) -> str:
+    """The system's own words, so a model can correct itself."""
+    if isinstance(body, dict):
+        for key in _SYSTEM_MESSAGE_KEYS:
+            if body.get(key):
+                value = body[key]
+                text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+                return text[:500]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return f"the system answered HTTP {status}"
+
+
+def _dig(body: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(body, dict):
+            return None
+        body = body.get(part)
+    return body
+
+
+def _retry_after_ms(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        return max(0, int(float(value) * 1000))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0, int((when.timestamp() - time.time()) * 1000))
+
+
+def _compile_outputs(connector: ConnectorSpec) -> dict[str, dict[str, Check]]:
+    return {
+        action.action: {name: compile_field(spec) for name, spec in (action.output or {}).items()}
+        for action in connector.actions
+    }
+
+
+def _check_output(checks: dict[str, Check], data: dict[str, Any]) -> list[dict[str, Any]]:
+    problems: list[FieldProblem] = []
+    for name, check in checks.items():
+        if name not in data:
+            problems.append(FieldProblem(name, "required", "is missing from the response"))
+            continue
+        check(data[name], name, problems)
+    return [p.to_detail() for p in problems]

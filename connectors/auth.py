@@ -1,0 +1,124 @@
+"""Credentials for a connector, read from the environment variables its spec names.
+
+Secrets are read once when the pool starts (a missing one stops the pool with a clear message)
+and are never logged, put in receipts or repr'd.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Generator
+
+import httpx
+
+from connectors.spec import AuthSpec
+
+
+class MissingSecret(RuntimeError):
+    """A connector's auth names an environment variable that is not set."""
+
+
+def _secret(environ: Mapping[str, str], var: str | None, connector: str) -> str:
+    value = environ.get(var or "")
+    if not value:
+        raise MissingSecret(f"connector {connector}: auth needs the environment variable {var}, which is not set")
+    return value
+
+
+class StaticAuth(httpx.Auth):
+    """api_key (header or query), bearer."""
+
+    def __init__(self, headers: dict[str, str], query: dict[str, str]) -> None:
+        self._headers = headers
+        self._query = query
+
+    def __repr__(self) -> str:
+        return "StaticAuth(<redacted>)"
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        for name, value in self._headers.items():
+            request.headers[name] = value
+        if self._query:
+            request.url = request.url.copy_merge_params(self._query)
+        yield request
+
+
+class ClientCredentialsAuth(httpx.Auth):
+    """OAuth2 client credentials: one cached token per connector, shared by the pool's threads.
+
+    Refreshed shortly before it expires, and once when the system answers 401.
+    """
+
+    requires_response_body = False
+    refresh_margin = 30.0  # seconds before expiry
+
+    def __init__(self, token_url: str, client_id: str, client_secret: str, scope: str | None, timeout: float = 10.0) -> None:
+        self._token_url = token_url
+        self._client_id = client_id
+        self._client_secret = client_secret
+        self._scope = scope
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._expires_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"ClientCredentialsAuth({self._token_url}, <redacted>)"
+
+    def _fetch(self) -> None:
+        data = {"grant_type": "client_credentials"}
+        if self._scope:
+            data["scope"] = self._scope
+        response = httpx.post(self._token_url, data=data, auth=(self._client_id, self._client_secret), timeout=self._timeout)
+        response.raise_for_status()
+        body = response.json()
+        self._token = str(body["access_token"])
+        self._expires_at = time.monotonic() + float(body.get("expires_in", 3600))
+
+    def token(self, force: bool = False, stale: str | None = None) -> str:
+        with self._lock:
+            # another thread may already have refreshed the token we saw fail
+            if force and self._token is not None and self._token != stale:
+                return self._token
+            if force or self._token is None or time.monotonic() > self._expires_at - self.refresh_margin:
+                self._fetch()
+            assert self._token is not None
+            return self._token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        token = self.token()
+        request.headers["Authorization"] = f"Bearer {token}"
+        response = yield request
+        if response.status_code == 401:
+            request.headers["Authorization"] = f"Bearer {self.token(force=True, stale=token)}"
+            yield request
+
+
+def build_auth(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None) -> httpx.Auth | None:
+    """The httpx auth for a connector, or None for ``type: none``.
+
+    Raises:
+        MissingSecret: a named environment variable is not set.
+    """
+    env = os.environ if environ is None else environ
+    if spec.type == "none":
+        return None
+    if spec.type == "api_key":
+        value = _secret(env, spec.key_env, connector)
+        assert spec.name is not None
+        if spec.in_ == "query":
+            return StaticAuth({}, {spec.name: value})
+        return StaticAuth({spec.name: value}, {})
+    if spec.type == "bearer":
+        return StaticAuth({"Authorization": f"Bearer {_secret(env, spec.token_env, connector)}"}, {})
+    if spec.type == "basic":
+        return httpx.BasicAuth(_secret(env, spec.username_env, connector), _secret(env, spec.password_env, connector))
+    assert spec.token_url is not None
+    return ClientCredentialsAuth(
+        spec.token_url,
+        _secret(env, spec.client_id_env, connector),
+        _secret(env, spec.client_secret_env, connector),
+        spec.scope,
+    )

@@ -1,0 +1,204 @@
+"""The built catalog: connectors, agents, and the indexes the router uses per intent.
+
+Everything per-intent is a dict lookup here; nothing scans the catalog or builds models while
+routing, so the router's cost stays flat however many actions and agents exist.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from connectors.loader import CatalogError, LoadResult, Problem, line_of, load_directory
+from connectors.schema import ParamValidator, object_json_schema
+from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec
+from producers.tools import ToolSpec
+from producers.wire import ErrorCode
+
+ALL_ACTIONS = "*"
+
+
+@dataclass(frozen=True)
+class ActionRef:
+    connector: ConnectorSpec
+    action: ActionSpec
+    validator: ParamValidator = field(compare=False, repr=False)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.connector.name}.{self.action.action}"
+
+    @property
+    def tool_name(self) -> str:
+        return f"{self.connector.name}__{self.action.action}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an action cannot be used, as data the router turns into a receipt."""
+
+    code: ErrorCode
+    message: str
+    suggestion: str
+
+
+@dataclass
+class Catalog:
+    connectors: dict[str, ConnectorSpec]
+    agents: dict[str, AgentApp]
+    refs: dict[tuple[str, str], ActionRef]
+    by_action: dict[str, list[ActionRef]]
+    grants: dict[str, dict[str, Binding]]
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def resolve(self, name: str, agent_id: str, domain: str | None = None) -> ActionRef | Refusal:
+        """Find the one action an intent means (bare, ``connector.action`` or ``connector__action``)."""
+        connector_name, action_name = split_action_name(name)
+        if connector_name is not None:
+            ref = self.refs.get((connector_name, action_name))
+            if ref is None:
+                return self._unknown(name, agent_id)
+            return ref
+        candidates = self.by_action.get(action_name, [])
+        if not candidates:
+            return self._unknown(name, agent_id)
+        if len(candidates) == 1:
+            return candidates[0]
+        granted = [r for r in candidates if self.allows(agent_id, r)]
+        if len(granted) == 1:
+            return granted[0]
+        pool = granted or candidates
+        if domain:
+            in_domain = [r for r in pool if r.connector.domain == domain]
+            if len(in_domain) == 1:
+                return in_domain[0]
+        names = ", ".join(r.qualified for r in pool)
+        return Refusal(
+            ErrorCode.AMBIGUOUS_ACTION,
+            f"{len(pool)} connectors offer {action_name!r}: {names}",
+            f"Name the connector explicitly, e.g. action \"{pool[0].qualified}\" (candidates: {names}), "
+            "or set context.domain to the connector's domain.",
+        )
+
+    def allows(self, agent_id: str, ref: ActionRef) -> bool:
+        binding = self.grants.get(agent_id, {}).get(ref.connector.name)
+        return binding is not None and (
+            ALL_ACTIONS in binding.allowed_actions or ref.action.action in binding.allowed_actions
+        )
+
+    def check_permission(self, agent_id: str, ref: ActionRef) -> Refusal | None:
+        if agent_id not in self.agents:
+            return Refusal(
+                ErrorCode.PERMISSION_DENIED,
+                f"agent {agent_id!r} is not registered in the catalog",
+                "Use the agent id your operator registered as an agent_app; it cannot act until it is bound to connectors.",
+            )
+        if self.allows(agent_id, ref):
+            return None
+        visible = self.visible_actions(agent_id)
+        return Refusal(
+            ErrorCode.PERMISSION_DENIED,
+            f"agent {agent_id!r} may not use {ref.qualified}",
+            "Do not retry this action. "
+            + (f"Actions you may use: {', '.join(visible[:15])}." if visible else "You have no actions bound yet.")
+            + " Ask an operator to add it to your connector_bindings if you need it.",
+        )
+
+    def binding(self, agent_id: str, connector: str) -> Binding | None:
+        return self.grants.get(agent_id, {}).get(connector)
+
+    def visible_actions(self, agent_id: str) -> list[str]:
+        return [r.qualified for r in self.refs.values() if self.allows(agent_id, r)]
+
+    def tools_for(self, agent_id: str) -> list[ToolSpec]:
+        return [tool_spec(r) for r in self.refs.values() if self.allows(agent_id, r)]
+
+    def all_tools(self) -> list[ToolSpec]:
+        return [tool_spec(r) for r in self.refs.values()]
+
+    def _unknown(self, name: str, agent_id: str) -> Refusal:
+        visible = self.visible_actions(agent_id)
+        bare = {q.split(".", 1)[1]: q for q in visible}
+        close = difflib.get_close_matches(split_action_name(name)[1], list(bare), n=3)
+        hint = f" Did you mean {', '.join(bare[c] for c in close)}?" if close else ""
+        listing = f" Actions you may use: {', '.join(visible[:15])}." if visible else ""
+        return Refusal(
+            ErrorCode.UNKNOWN_ACTION,
+            f"there is no action {name!r}",
+            f"Use one of the actions you were given as tools.{hint}{listing}",
+        )
+
+
+def split_action_name(name: str) -> tuple[str | None, str]:
+    """``conn.act`` / ``conn__act`` -> (conn, act); a bare name -> (None, name)."""
+    if "." in name:
+        connector, _, action = name.partition(".")
+        return connector, action
+    if "__" in name:
+        connector, _, action = name.partition("__")
+        return connector, action
+    return None, name
+
+
+def tool_spec(ref: ActionRef) -> ToolSpec:
+    description = ref.action.description or f"{ref.action.action} on {ref.connector.name}"
+    return ToolSpec(name=ref.tool_name, description=description, input_schema=object_json_schema(ref.action.input))
+
+
+def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
+    """Cross-check the loaded documents and build the indexes. Problems are returned, not raised."""
+    problems = list(result.problems)
+    connectors: dict[str, ConnectorSpec] = {}
+    refs: dict[tuple[str, str], ActionRef] = {}
+    by_action: dict[str, list[ActionRef]] = {}
+    for doc in result.connectors:
+        spec = doc.model
+        assert isinstance(spec, ConnectorSpec)
+        if spec.name in connectors:
+            problems.append(Problem(doc.file, line_of(doc, "connector", "name"), f"connector {spec.name!r} is declared twice"))
+            continue
+        connectors[spec.name] = spec
+        for action in spec.actions:
+            ref = ActionRef(spec, action, ParamValidator(action))
+            refs[(spec.name, action.action)] = ref
+            by_action.setdefault(action.action, []).append(ref)
+    agents: dict[str, AgentApp] = {}
+    grants: dict[str, dict[str, Binding]] = {}
+    for doc in result.agents:
+        agent = doc.model
+        assert isinstance(agent, AgentApp)
+        if agent.name in agents:
+            problems.append(Problem(doc.file, line_of(doc, "agent_app", "name"), f"agent_app {agent.name!r} is declared twice"))
+            continue
+        agents[agent.name] = agent
+        per_connector: dict[str, Binding] = {}
+        for i, binding in enumerate(agent.connector_bindings):
+            where = ("agent_app", "connector_bindings", i)
+            connector = connectors.get(binding.connector)
+            if connector is None and binding.connector in result.broken_connectors:
+                continue  # its own document's problems are already reported
+            if connector is None:
+                known = ", ".join(sorted(connectors)) or "none"
+                problems.append(Problem(doc.file, line_of(doc, *where, "connector"),
+                                        f"binding to unknown connector {binding.connector!r} (known: {known})"))
+                continue
+            if binding.connector in per_connector:
+                problems.append(Problem(doc.file, line_of(doc, *where, "connector"),
+                                        f"agent {agent.name!r} binds connector {binding.connector!r} twice"))
+                continue
+            for j, action_name in enumerate(binding.allowed_actions):
+                if action_name != ALL_ACTIONS and connector.action(action_name) is None:
+                    problems.append(Problem(doc.file, line_of(doc, *where, "allowed_actions", j),
+                                            f"connector {binding.connector!r} has no action {action_name!r}"))
+            per_connector[binding.connector] = binding
+        grants[agent.name] = per_connector
+    return Catalog(connectors, agents, refs, by_action, grants), problems
+
+
+def load_catalog(directory: str | Path, environ: dict[str, str] | None = None) -> Catalog:
+    """Load and build a catalog; raise CatalogError listing every problem."""
+    catalog, problems = build(load_directory(directory, environ))
+    if problems:
+        raise CatalogError(problems)
+    return catalog

@@ -1,0 +1,251 @@
+"""Loading a catalog directory like a compiler: every problem, each with its file and line.
+
+Any ``*.yaml`` / ``*.yml`` under the directory (recursively) is read; a file may hold several
+documents separated by ``---``. Each document is either ``connector:`` or ``agent_app:``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from connectors.spec import AgentApp, AgentAppDocument, ConnectorDocument, ConnectorSpec
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass
+class LoadedDocument:
+    file: str
+    line: int
+    node: yaml.Node
+    model: ConnectorSpec | AgentApp
+
+
+@dataclass
+class LoadResult:
+    connectors: list[LoadedDocument] = field(default_factory=list)
+    agents: list[LoadedDocument] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    # names of connectors whose documents failed: bindings to them are not reported again
+    broken_connectors: set[str] = field(default_factory=set)
+
+
+class CatalogError(Exception):
+    """The catalog has problems; ``problems`` lists every one of them."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems)
+        shown = "\n".join(f"  {p}" for p in self.problems[:20])
+        more = f"\n  … and {len(self.problems) - 20} more" if len(self.problems) > 20 else ""
+        super().__init__(f"catalog has {len(self.problems)} problem(s):\n{shown}{more}")
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(text: str, environ: dict[str, str] | os._Environ[str]) -> str:
+    """``${VAR}`` / ``${VAR:-default}`` in an endpoint, so one catalog serves staging and production."""
+
+    def sub(match: re.Match[str]) -> str:
+        value = environ.get(match.group(1))
+        if value is None or value == "":
+            if match.group(2) is None:
+                raise ValueError(f"environment variable {match.group(1)} is not set and has no default")
+            return match.group(2)
+        return value
+
+    return _ENV_REF.sub(sub, text)
+
+
+def catalog_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def load_directory(directory: str | Path, environ: dict[str, str] | None = None) -> LoadResult:
+    """Parse and type-check every document; cross-references are checked by ``catalog.build``."""
+    env = os.environ if environ is None else environ
+    root = Path(directory)
+    result = LoadResult()
+    if not root.is_dir():
+        result.problems.append(Problem(str(root), 0, "catalog directory does not exist"))
+        return result
+    files = catalog_files(root)
+    if not files:
+        result.problems.append(Problem(str(root), 0, "no *.yaml or *.yml files in the catalog directory"))
+    for path in files:
+        _load_file(path, result, env)
+    return result
+
+
+def _load_file(path: Path, result: LoadResult, env: Any) -> None:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        result.problems.append(Problem(name, 0, f"cannot read file: {exc}"))
+        return
+    try:
+        nodes = list(yaml.compose_all(text, Loader=_UniqueKeyLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 0
+        result.problems.append(Problem(name, line, f"not valid YAML: {getattr(exc, 'problem', exc)}"))
+        return
+    for node in nodes:
+        if node is None:
+            continue
+        line = node.start_mark.line + 1
+        for fixed_line, words in _rejoin_flow_commas(node):
+            result.warnings.append(Problem(name, fixed_line, f"read {words!r} as part of the text before it (a comma inside "
+                                                             "{ } splits a value; quote the text to say so explicitly)"))
+        try:
+            doc = _UniqueKeyLoader.construct(node)
+        except _DuplicateKey as dup:
+            result.problems.append(Problem(name, dup.line, str(dup)))
+            continue
+        if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app"):
+            keys = ", ".join(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
+            result.problems.append(Problem(name, line, f"a document must hold exactly one of connector: or agent_app: (found {keys})"))
+            continue
+        kind = next(iter(doc))
+        if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get("endpoint"), str):
+            try:
+                doc["connector"]["endpoint"] = expand_env(doc["connector"]["endpoint"], env)
+            except ValueError as exc:
+                result.problems.append(Problem(name, _line_of(node, ("connector", "endpoint")), str(exc)))
+                continue
+        try:
+            if kind == "connector":
+                model: ConnectorSpec | AgentApp = ConnectorDocument.model_validate(doc).connector
+                result.connectors.append(LoadedDocument(name, line, node, model))
+            else:
+                model = AgentAppDocument.model_validate(doc).agent_app
+                result.agents.append(LoadedDocument(name, line, node, model))
+        except ValidationError as exc:
+            if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get("name"), str):
+                result.broken_connectors.add(doc["connector"]["name"])
+            for err in exc.errors():
+                result.problems.append(Problem(name, _line_of(node, err["loc"]), _describe(err)))
+
+
+_TEXT_KEYS = ("description",)
+
+
+def _rejoin_flow_commas(node: yaml.Node) -> list[tuple[int, str]]:
+    """Undo YAML's split of ``{ description: Ticket title, at most 100 chars }``.
+
+    In a flow mapping the comma ends the value, so "at most 100 chars" becomes a key with no
+    value. Authors (and design.md's own example) mean one sentence: such bare words that follow a
+    description are joined back onto it. Returns (line, words) for each repair, for a warning.
+    """
+    repairs: list[tuple[int, str]] = []
+    if isinstance(node, yaml.MappingNode):
+        kept: list[tuple[yaml.Node, yaml.Node]] = []
+        for key, value in node.value:
+            bare = (
+                node.flow_style
+                and isinstance(key, yaml.ScalarNode) and key.style is None
+                and isinstance(value, yaml.ScalarNode) and value.tag == "tag:yaml.org,2002:null"
+                and ":" not in _between(key.end_mark, value.start_mark)  # no colon at all after the words
+            )
+            if bare and kept:
+                prev_key, prev_value = kept[-1]
+                if (isinstance(prev_key, yaml.ScalarNode) and prev_key.value in _TEXT_KEYS
+                        and isinstance(prev_value, yaml.ScalarNode) and prev_value.tag == "tag:yaml.org,2002:str"):
+                    prev_value.value = f"{prev_value.value}, {key.value}"
+                    repairs.append((key.start_mark.line + 1, key.value))
+                    continue
+            kept.append((key, value))
+            repairs.extend(_rejoin_flow_commas(value))
+        node.value = kept
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            repairs.extend(_rejoin_flow_commas(item))
+    return repairs
+
+
+def _between(start: yaml.Mark, end: yaml.Mark) -> str:
+    buffer = start.buffer or ""
+    return buffer[start.index:end.index] if buffer else ":"
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (check its spelling against design.md section 4)"
+    elif err["type"] == "literal_error":
+        msg = f"{msg} (got {err.get('input')!r})"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _line_of(node: yaml.Node, loc: tuple[Any, ...] | list[Any]) -> int:
+    """The line of the deepest YAML node that a pydantic error location reaches."""
+    line = node.start_mark.line + 1
+    current: yaml.Node | None = node
+    for part in loc:
+        if current is None:
+            break
+        if isinstance(current, yaml.MappingNode):
+            nxt = None
+            for key_node, value_node in current.value:
+                if str(key_node.value) == str(part):
+                    # point at the key itself: that is where the author looks
+                    line = key_node.start_mark.line + 1
+                    nxt = value_node
+                    break
+            current = nxt
+        elif isinstance(current, yaml.SequenceNode) and isinstance(part, int) and part < len(current.value):
+            current = current.value[part]
+            line = current.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def line_of(loaded: LoadedDocument, *loc: Any) -> int:
+    return _line_of(loaded.node, loc)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(f"key {key!r} appears twice in the same mapping")
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    @classmethod
+    def construct(cls, node: yaml.Node) -> Any:
+        loader = cls("")
+        try:
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

@@ -1,0 +1,245 @@
+"""Checking an agent's params against an action's declared input, and describing it as JSON Schema.
+
+A validator is compiled once per action when the catalog is built, so the router does no
+per-intent model building. Problems come back as data (one ``FieldProblem`` per field), never
+as exceptions, so the receipt can name every mistake at once.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Callable
+
+from connectors.spec import ActionSpec, FieldSpec
+
+_MISSING = object()
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str
+    code: str          # required | unknown | type | enum | min | max | min_length | max_length | pattern | null | format | header
+    message: str
+    allowed: list[Any] | None = None
+
+    def to_detail(self) -> dict[str, Any]:
+        detail: dict[str, Any] = {"field": self.field, "code": self.code, "message": self.message}
+        if self.allowed is not None:
+            detail["allowed"] = self.allowed
+        return detail
+
+
+Check = Callable[[Any, str, list[FieldProblem]], Any]
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def compile_field(spec: FieldSpec, in_header: bool = False) -> Check:
+    """Build the check for one field: returns the (possibly normalised) value, appends problems."""
+    kind = spec.type
+    pattern = re.compile(spec.pattern) if spec.pattern else None
+    items = compile_field(spec.items) if spec.items is not None else None
+    props = {k: (compile_field(v), v) for k, v in spec.properties.items()} if spec.properties is not None else None
+    show = not spec.sensitive  # sensitive values are never echoed back
+
+    def bad(problems: list[FieldProblem], where: str, code: str, message: str, allowed: list[Any] | None = None) -> None:
+        problems.append(FieldProblem(where, code, message, allowed))
+
+    def check(value: Any, where: str, problems: list[FieldProblem]) -> Any:
+        if value is None:
+            if not spec.nullable:
+                bad(problems, where, "null", "must not be null")
+            return None
+        if kind == "string":
+            if not isinstance(value, str):
+                return bad(problems, where, "type", f"must be a string, got {_type_name(value)}")
+            _check_length(value, where, problems, "characters")
+            if pattern is not None and not pattern.search(value):
+                bad(problems, where, "pattern", f"must match the pattern {spec.pattern}"
+                    + (f" (got {value[:60]!r})" if show else ""))
+            if in_header and _CONTROL.search(value):
+                bad(problems, where, "header", "must not contain line breaks or control characters")
+            return value
+        if kind == "integer":
+            if isinstance(value, float) and not isinstance(value, bool) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return bad(problems, where, "type", f"must be an integer, got {_type_name(value)}")
+            _check_range(value, where, problems)
+            return value
+        if kind == "number":
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                return bad(problems, where, "type", f"must be a number, got {_type_name(value)}")
+            _check_range(value, where, problems)
+            return value
+        if kind == "boolean":
+            if not isinstance(value, bool):
+                return bad(problems, where, "type", f"must be true or false, got {_type_name(value)}")
+            return value
+        if kind == "enum":
+            values = spec.values or []
+            if not any(value == v and type(value) is type(v) for v in values):
+                got = f" (got {value!r})" if show and isinstance(value, (str, int, float)) else ""
+                return bad(problems, where, "enum", f"must be one of {', '.join(map(str, values))}{got}", list(values))
+            return value
+        if kind == "datetime":
+            if not isinstance(value, str):
+                return bad(problems, where, "type", f"must be an ISO 8601 date-time string, got {_type_name(value)}")
+            try:
+                parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                return bad(problems, where, "format", "must be an ISO 8601 date-time such as 2024-06-15T10:00:00+08:00")
+            if parsed.tzinfo is None:
+                bad(problems, where, "format", "must include a timezone offset, e.g. 2024-06-15T10:00:00Z")
+            return value
+        if kind == "date":
+            if not isinstance(value, str):
+                return bad(problems, where, "type", f"must be a date string YYYY-MM-DD, got {_type_name(value)}")
+            try:
+                date.fromisoformat(value)
+            except ValueError:
+                return bad(problems, where, "format", "must be a date such as 2024-06-15")
+            return value
+        if kind == "array":
+            if not isinstance(value, list):
+                return bad(problems, where, "type", f"must be an array, got {_type_name(value)}")
+            _check_length(value, where, problems, "items")
+            assert items is not None
+            return [items(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+        # object
+        if not isinstance(value, dict):
+            return bad(problems, where, "type", f"must be an object, got {_type_name(value)}")
+        if props is None:
+            return value
+        return _check_object(value, props, where + ".", problems)
+
+    def _check_length(value: Any, where: str, problems: list[FieldProblem], unit: str) -> None:
+        if spec.min_length is not None and len(value) < spec.min_length:
+            bad(problems, where, "min_length", f"must have at least {spec.min_length} {unit}")
+        if spec.max_length is not None and len(value) > spec.max_length:
+            bad(problems, where, "max_length", f"must have at most {spec.max_length} {unit} (got {len(value)})")
+
+    def _check_range(value: float, where: str, problems: list[FieldProblem]) -> None:
+        if spec.min is not None and value < spec.min:
+            bad(problems, where, "min", f"must be at least {spec.min:g}")
+        if spec.max is not None and value > spec.max:
+            bad(problems, where, "max", f"must be at most {spec.max:g}")
+
+    return check
+
+
+def _check_object(
+    value: dict[str, Any], fields: dict[str, tuple[Check, FieldSpec]], prefix: str, problems: list[FieldProblem]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in value:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; declared: {', '.join(fields) or 'none'}"
+            problems.append(FieldProblem(f"{prefix}{key}", "unknown", f"is not a parameter of this action{hint}"))
+    for name, (check, spec) in fields.items():
+        raw = value.get(name, _MISSING)
+        if raw is _MISSING:
+            if spec.required:
+                problems.append(FieldProblem(f"{prefix}{name}", "required", "is required"))
+            elif spec.default is not None:
+                out[name] = spec.default
+            continue
+        out[name] = check(raw, f"{prefix}{name}", problems)
+    return out
+
+
+class ParamValidator:
+    """Compiled checks for one action's input; build once, call per intent."""
+
+    def __init__(self, action: ActionSpec) -> None:
+        template_params = set(re.findall(r"\{([^{}]*)\}", action.template))
+        self._fields = {
+            name: (compile_field(spec, in_header=spec.in_ == "header"), spec) for name, spec in action.input.items()
+        }
+        self._path_params = template_params
+
+    def validate(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[FieldProblem]]:
+        """Return the params with defaults applied, and every problem found (empty when valid)."""
+        problems: list[FieldProblem] = []
+        cleaned = _check_object(params, self._fields, "", problems)
+        for name in self._path_params:
+            # an empty path segment would change the path's shape
+            if cleaned.get(name) in ("", None) and not any(p.field == name for p in problems):
+                problems.append(FieldProblem(name, "min_length", "is a path parameter and must not be empty"))
+        return cleaned, problems
+
+
+def suggestion_for(problems: list[FieldProblem]) -> str:
+    parts = [f"{p.field} {p.message}" for p in problems[:8]]
+    more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+    return "Fix these params and send the intent again: " + "; ".join(parts) + more + "."
+
+
+def field_json_schema(spec: FieldSpec) -> dict[str, Any]:
+    """JSON Schema for one field, as tool schemas (OpenAI, Anthropic, MCP) expect."""
+    schema: dict[str, Any]
+    simple = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean"}
+    if spec.type in simple:
+        schema = {"type": simple[spec.type]}
+    elif spec.type == "enum":
+        values = list(spec.values or [])
+        kinds = {_type_name(v) for v in values}
+        schema = {"type": kinds.pop(), "enum": values} if len(kinds) == 1 else {"enum": values}
+    elif spec.type == "datetime":
+        schema = {"type": "string", "format": "date-time"}
+    elif spec.type == "date":
+        schema = {"type": "string", "format": "date"}
+    elif spec.type == "array":
+        assert spec.items is not None
+        schema = {"type": "array", "items": field_json_schema(spec.items)}
+    else:
+        schema = {"type": "object"}
+        if spec.properties is not None:
+            schema.update(object_json_schema(spec.properties))
+    if spec.description:
+        schema["description"] = spec.description
+    if spec.default is not None:
+        schema["default"] = spec.default
+    if spec.min is not None:
+        schema["minimum"] = spec.min
+    if spec.max is not None:
+        schema["maximum"] = spec.max
+    if spec.min_length is not None:
+        schema["minItems" if spec.type == "array" else "minLength"] = spec.min_length
+    if spec.max_length is not None:
+        schema["maxItems" if spec.type == "array" else "maxLength"] = spec.max_length
+    if spec.pattern is not None:
+        schema["pattern"] = spec.pattern
+    if spec.nullable and "type" in schema:
+        schema["type"] = [schema["type"], "null"]
+    return schema
+
+
+def object_json_schema(fields: dict[str, FieldSpec]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: field_json_schema(spec) for name, spec in fields.items()},
+        "required": [name for name, spec in fields.items() if spec.required],
+        "additionalProperties": False,
+    }

@@ -1,0 +1,384 @@
+"""Catalog models: connectors with their semantic actions, and agent apps with their bindings.
+
+The YAML shapes of design.md section 4 load into these models unchanged. Every model forbids
+unknown keys so a typo in YAML is an error with a line number, not a silent default.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from connectors.durations import Duration
+
+NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+PATH_PARAM = re.compile(r"\{([^{}]*)\}")
+RATE_LIMIT = re.compile(r"^\s*(\d+)\s*/\s*(sec|min|hour)\s*$")
+HOURS_WINDOW = re.compile(r"^\s*(\d{2}):(\d{2})\s*-\s*(\d{2}):(\d{2})\s+(\S+)\s*$")
+
+FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
+# reserved: the router answers `reach.list_tools` itself
+RESERVED_CONNECTOR_NAMES = frozenset({"reach"})
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class FieldSpec(_Spec):
+    """One input or output field of an action."""
+
+    type: FieldType = "string"
+    required: bool = False
+    default: Any = None
+    description: str | None = None
+    values: list[Any] | None = None
+    min: float | None = None
+    max: float | None = None
+    min_length: int | None = Field(default=None, ge=0)
+    max_length: int | None = Field(default=None, ge=0)
+    pattern: str | None = None
+    nullable: bool = False
+    sensitive: bool = False
+    in_: Literal["path", "query", "body", "header"] | None = Field(default=None, alias="in")
+    name: str | None = None
+    as_: Literal["string"] | None = Field(default=None, alias="as")
+    format: str | None = None
+    timezone: str | None = None
+    null_as: Literal["", "omit", "null"] | None = None
+    items: FieldSpec | None = None
+    properties: dict[str, FieldSpec] | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"pattern {v!r} is not a valid regular expression: {exc}") from exc
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str | None) -> str | None:
+        if v is not None:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ValueError(f"unknown timezone {v!r}; use an IANA name such as Asia/Shanghai") from exc
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldSpec:
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum field needs a non-empty `values` list")
+        if self.type == "array" and self.items is None:
+            raise ValueError("an array field needs `items`")
+        if self.items is not None and self.type != "array":
+            raise ValueError("`items` only applies to type array")
+        if self.properties is not None and self.type != "object":
+            raise ValueError("`properties` only applies to type object")
+        if self.as_ is not None and self.type not in ("boolean", "integer", "number"):
+            raise ValueError("`as: string` only applies to boolean, integer and number fields")
+        if (self.format or self.timezone) and self.type not in ("datetime", "date"):
+            raise ValueError("`format` and `timezone` only apply to datetime and date fields")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError("`min` is greater than `max`")
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            raise ValueError("`min_length` is greater than `max_length`")
+        return self
+
+
+class RetryPolicy(_Spec):
+    """How often and how patiently a transient failure is retried."""
+
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    initial_backoff: Duration = 0.1
+    max_backoff: Duration = 5.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryPolicy:
+        if self.initial_backoff > self.max_backoff:
+            raise ValueError("initial_backoff is longer than max_backoff")
+        return self
+
+
+class BreakerSpec(_Spec):
+    fail_max: int = Field(default=5, ge=1)
+    reset_timeout: Duration = 30.0
+
+
+class PoolSpec(_Spec):
+    concurrency: int = Field(default=20, ge=1, le=1000)
+
+
+class HealthSpec(_Spec):
+    path: str = "GET /"
+    interval: Duration = 10.0
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        split_path(v)
+        return v
+
+
+class AuthSpec(_Spec):
+    """Credentials are named by environment variable, never written inline."""
+
+    type: Literal["none", "api_key", "bearer", "basic", "oauth2_client_credentials"] = "none"
+    in_: Literal["header", "query"] = Field(default="header", alias="in")
+    name: str | None = None            # api_key: header or query parameter name
+    key_env: str | None = None         # api_key
+    token_env: str | None = None       # bearer
+    username_env: str | None = None    # basic
+    password_env: str | None = None    # basic
+    token_url: str | None = None       # oauth2_client_credentials
+    client_id_env: str | None = None
+    client_secret_env: str | None = None
+    scope: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuthSpec:
+        needed = {
+            "none": [],
+            "api_key": ["name", "key_env"],
+            "bearer": ["token_env"],
+            "basic": ["username_env", "password_env"],
+            "oauth2_client_credentials": ["token_url", "client_id_env", "client_secret_env"],
+        }[self.type]
+        missing = [k for k in needed if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
+        return self
+
+
+class ErrorRule(_Spec):
+    """Maps a downstream answer to a reach code with the system's own words for a model."""
+
+    status: int = Field(ge=100, le=599)
+    field: str | None = None           # dotted path into the JSON body, e.g. error.code
+    equals: Any = None
+    code: str
+    message: str | None = None
+    suggestion: str | None = None
+
+    @field_validator("code")
+    @classmethod
+    def _known_code(cls, v: str) -> str:
+        from producers.wire import ErrorCode
+
+        if v not in ErrorCode.__members__:
+            raise ValueError(f"unknown error code {v!r}")
+        return v
+
+
+def split_path(path: str) -> tuple[str, str]:
+    """``"POST /tickets/{tid}"`` -> ``("POST", "/tickets/{tid}")``."""
+    parts = path.split(None, 1) if isinstance(path, str) else []
+    if len(parts) != 2:
+        raise ValueError(f"path {path!r} must be 'METHOD /template', e.g. 'GET /tickets/{{tid}}'")
+    method, template = parts[0], parts[1].strip()
+    if method not in HTTP_METHODS:
+        raise ValueError(f"method {method!r} in path is not one of {', '.join(HTTP_METHODS)}")
+    if not template.startswith("/") or "://" in template or any(c in template for c in " \t\r\n?#"):
+        raise ValueError(f"template {template!r} must be an absolute path like /tickets/{{tid}} (no scheme, query or fragment)")
+    for name in PATH_PARAM.findall(template):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ValueError(f"path parameter {{{name}}} is not a valid name")
+    return method, template
+
+
+class ActionSpec(_Spec):
+    """One semantic action: what an agent may ask for, and how it reaches the system."""
+
+    action: str
+    description: str | None = None
+    path: str
+    input: dict[str, FieldSpec] = Field(default_factory=dict)
+    output: dict[str, FieldSpec] | None = None
+    permission: Literal["read", "write", "read_only"] = "read"
+    timeout: Duration | None = None
+    idempotent: bool | None = None
+    retry: RetryPolicy | None = None
+    errors: list[ErrorRule] = Field(default_factory=list)
+    allowed_hours: str | None = None
+
+    @field_validator("action")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v) or "__" in v or "." in v:
+            raise ValueError(f"action name {v!r} must start with a letter and use letters, digits, _ or - (no '__')")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        split_path(v)
+        return v
+
+    @field_validator("allowed_hours")
+    @classmethod
+    def _hours(cls, v: str | None) -> str | None:
+        return check_hours(v)
+
+    @model_validator(mode="after")
+    def _path_params_declared(self) -> ActionSpec:
+        _, template = split_path(self.path)
+        for name in PATH_PARAM.findall(template):
+            field = self.input.get(name)
+            if field is None:
+                raise ValueError(f"path parameter {{{name}}} is not declared in input")
+            if field.in_ not in (None, "path"):
+                raise ValueError(f"path parameter {{{name}}} is declared with in: {field.in_}")
+        for name, field in self.input.items():
+            if field.in_ == "path" and name not in PATH_PARAM.findall(template):
+                raise ValueError(f"input {name} has in: path but the template has no {{{name}}}")
+        return self
+
+    @property
+    def method(self) -> str:
+        return split_path(self.path)[0]
+
+    @property
+    def template(self) -> str:
+        return split_path(self.path)[1]
+
+    @property
+    def is_write(self) -> bool:
+        return self.permission == "write"
+
+    @property
+    def is_idempotent(self) -> bool:
+        """Explicit `idempotent`, else true for reads (safe to repeat)."""
+        if self.idempotent is not None:
+            return self.idempotent
+        return not self.is_write
+
+    @property
+    def timeout_seconds(self) -> float:
+        if self.timeout is not None:
+            return self.timeout
+        return 15.0 if self.is_write else 5.0
+
+
+class ConnectorSpec(_Spec):
+    """A business system and the semantic actions it offers."""
+
+    name: str
+    description: str | None = None
+    endpoint: str
+    auth: AuthSpec = Field(default_factory=AuthSpec)
+    health: HealthSpec | None = None
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+    pool: PoolSpec = Field(default_factory=PoolSpec)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    idempotency_header: str | None = None
+    domain: str | None = None
+    actions: list[ActionSpec] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v) or "__" in v:
+            raise ValueError(f"connector name {v!r} must start with a letter and use letters, digits, _ or - (no '__')")
+        if v in RESERVED_CONNECTOR_NAMES:
+            raise ValueError(f"connector name {v!r} is reserved")
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint {v!r} must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"endpoint {v!r} must not carry a query, fragment or credentials (use auth)")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _unique_actions(self) -> ConnectorSpec:
+        seen: set[str] = set()
+        for action in self.actions:
+            if action.action in seen:
+                raise ValueError(f"action {action.action!r} is declared twice in connector {self.name}")
+            seen.add(action.action)
+        return self
+
+    def action(self, name: str) -> ActionSpec | None:
+        for action in self.actions:
+            if action.action == name:
+                return action
+        return None
+
+
+class Binding(_Spec):
+    """What one agent app may do on one connector."""
+
+    connector: str
+    allowed_actions: list[str] = Field(min_length=1)
+    rate_limit: str | None = None
+    audit_level: Literal["full", "summary", "none"] = "full"
+    allowed_hours: str | None = None
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, v: str | None) -> str | None:
+        if v is not None:
+            match = RATE_LIMIT.match(v)
+            if not match or int(match.group(1)) < 1:
+                raise ValueError(f"rate_limit {v!r} must look like 10/sec, 10/min or 10/hour")
+        return v
+
+    @field_validator("allowed_hours")
+    @classmethod
+    def _hours(cls, v: str | None) -> str | None:
+        return check_hours(v)
+
+
+class AgentApp(_Spec):
+    name: str
+    description: str | None = None
+    connector_bindings: list[Binding] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        from producers.wire import AGENT_ID_PATTERN
+
+        if not AGENT_ID_PATTERN.match(v):
+            raise ValueError(f"agent name {v!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+
+def check_hours(v: str | None) -> str | None:
+    if v is None:
+        return v
+    match = HOURS_WINDOW.match(v)
+    if not match:
+        raise ValueError(f"allowed_hours {v!r} must look like '08:00-22:00 Asia/Shanghai'")
+    h1, m1, h2, m2, zone = match.groups()
+    if int(h1) > 24 or int(h2) > 24 or int(m1) > 59 or int(m2) > 59:
+        raise ValueError(f"allowed_hours {v!r} has an impossible time")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"allowed_hours {v!r}: unknown timezone {zone!r}") from exc
+    return v
+
+
+class ConnectorDocument(_Spec):
+    connector: ConnectorSpec
+
+
+class AgentAppDocument(_Spec):
+    agent_app: AgentApp

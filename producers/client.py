@@ -1,0 +1,460 @@
+"""The Python client an agent uses to publish intents and read their receipts.
+
+Errors::
+
+    ReachError            the broker refused or lost something, or a receipt reports a failure
+                          (then ``.receipt`` holds it)
+    ReceiptTimeout        no receipt arrived in time (a TimeoutError; the intent may still run)
+
+Any language can do the same with a plain AMQP client; this module is just the shortest correct
+way to do it from Python (design.md sections 1-3).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from amqp.exceptions import MessageNacked
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.message import Message
+from pydantic import ValidationError
+
+from producers.tools import EXPORT_FORMATS, ToolSpec, export
+from producers.wire import AGENT_ID_PATTERN, Intent, Receipt
+
+__all__ = [
+    "DEFAULT_BROKER_URL",
+    "INTENTS_EXCHANGE",
+    "INTENT_ROUTING_KEY",
+    "RECEIPTS_EXCHANGE",
+    "ReachClient",
+    "ReachError",
+    "ReceiptTimeout",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
+INTENT_ROUTING_KEY = "intent"
+LIST_TOOLS_ACTION = "reach.list_tools"
+# declared with the fleet's arguments (durable, not auto-delete, no x-arguments): a declaration
+# with different ones would be refused by the broker with PRECONDITION_FAILED
+INTENTS_EXCHANGE = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
+RECEIPTS_EXCHANGE = Exchange("reach.receipts", type="topic", durable=True, auto_delete=False)
+
+
+class ReachError(Exception):
+    """The broker refused or lost something, or a receipt reports that an intent did not succeed.
+
+    Attributes:
+        receipt: The receipt, when the error is about one; otherwise None.
+    """
+
+    def __init__(self, message: str, receipt: Receipt | None = None) -> None:
+        super().__init__(message)
+        self.receipt = receipt
+
+    @classmethod
+    def from_receipt(cls, receipt: Receipt) -> ReachError:
+        """Build the error for a receipt whose status is not ``succeeded``."""
+        error = receipt.error
+        if error is None:
+            text = f"intent {receipt.intent_id} {receipt.status}"
+        else:
+            text = f"intent {receipt.intent_id} {receipt.status}: {error.code}: {error.message}"
+            if error.suggestion:
+                text += f" ({error.suggestion})"
+        return cls(text, receipt)
+
+
+class ReceiptTimeout(TimeoutError):
+    """No receipt arrived in time; the intent may still be queued or running."""
+
+
+class ReachClient:
+    """Publishes intents on ``reach.intents`` and collects receipts from ``reach.receipts``.
+
+    The receipt queue is exclusive to this client and bound before the first publish, so no
+    receipt for an intent published through this client is missed; it is deleted by the broker
+    when the client closes. Receipts that arrive while waiting for another one are buffered and
+    returned by later :meth:`wait` or :meth:`receipts` calls.
+
+    Not thread-safe: one connection and channel carry publishes and deliveries, so use one
+    client per thread (or guard it with a lock).
+
+    Example::
+
+        with ReachClient("ticket_qa_bot") as reach:
+            receipt = reach.call("query_ticket", {"tid": "TK-0001"})
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        broker_url: str | None = None,
+        *,
+        reply_to: str | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        """Connect, declare the exchanges and bind this client's receipt queue.
+
+        Args:
+            agent_id: The calling agent app (1-128 of ``A-Z a-z 0-9 . _ : -``).
+            broker_url: AMQP URL; default ``$REACH_BROKER_URL``, else
+                ``amqp://guest:guest@localhost:5672//``.
+            reply_to: Routing key for this client's receipts (default: ``agent_id``). Give
+                each concurrent client of one agent its own, or they share receipts.
+            connect_timeout: Seconds to wait for the broker to accept the connection, and for
+                it to confirm each publish.
+
+        Raises:
+            ValueError: ``agent_id`` or ``reply_to`` is malformed.
+            ReachError: The broker cannot be reached or refused a declaration.
+        """
+        if not isinstance(agent_id, str) or not AGENT_ID_PATTERN.match(agent_id):
+            raise ValueError("agent_id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        if reply_to is not None and (
+            not 1 <= len(reply_to) <= 255 or any(c in reply_to for c in "*#")
+        ):
+            raise ValueError("reply_to must be 1-255 characters without the wildcards * or #")
+        self.agent_id = agent_id
+        self.reply_to = reply_to
+        self._timeout = connect_timeout
+        self._buffer: deque[Receipt] = deque()
+        self._returned: list[str] = []
+        self._closed = False
+        url = broker_url or os.environ.get("REACH_BROKER_URL") or DEFAULT_BROKER_URL
+        self._conn = Connection(
+            url,
+            transport="pyamqp",
+            connect_timeout=connect_timeout,
+            transport_options={"confirm_publish": True},
+        )
+        try:
+            self._conn.connect()
+            channel = self._conn.default_channel
+            # py-amqp would turn bodies with a content_encoding into str; receipts are parsed
+            # from the bytes as they arrived
+            channel.auto_decode = False
+            INTENTS_EXCHANGE(channel).declare()
+            RECEIPTS_EXCHANGE(channel).declare()
+            self._queue = Queue(
+                name="",
+                exchange=RECEIPTS_EXCHANGE,
+                routing_key=reply_to or agent_id,
+                exclusive=True,
+                auto_delete=True,
+                durable=False,
+            )(channel)
+            self._queue.declare()
+            # on_message gets the raw message: the body is never handed to a kombu deserializer.
+            # auto_declare off: re-declaring by the server-given amq.gen-* name is refused (403)
+            self._consumer = Consumer(
+                channel,
+                queues=[self._queue],
+                on_message=self._on_message,
+                accept=["json"],
+                no_ack=True,
+                auto_declare=False,
+            )
+            self._consumer.consume()
+            self._producer = Producer(
+                channel,
+                exchange=INTENTS_EXCHANGE,
+                routing_key=INTENT_ROUTING_KEY,
+                auto_declare=False,
+                on_return=self._on_return,
+            )
+        except self._broker_errors() as exc:
+            self._conn.release()
+            self._closed = True
+            raise ReachError(f"cannot set up with the broker at {self._conn.as_uri()}: {exc}") from exc
+        except BaseException:
+            self._conn.release()
+            self._closed = True
+            raise
+
+    @property
+    def queue_name(self) -> str:
+        """The broker-generated name of this client's receipt queue."""
+        return str(self._queue.name)
+
+    def publish(
+        self,
+        action: str,
+        params: dict[str, Any] | None = None,
+        *,
+        intent_id: str | None = None,
+        idempotency_key: str | None = None,
+        deadline: datetime | str | None = None,
+        context: dict[str, Any] | None = None,
+        traceparent: str | None = None,
+    ) -> str:
+        """Publish a native intent and return as soon as the broker has confirmed it.
+
+        Args:
+            action: ``create_ticket``, ``connector.create_ticket`` or ``connector__create_ticket``.
+            params: The action's inputs (JSON-serialisable, finite numbers).
+            intent_id: Default: a new uuid4 hex.
+            idempotency_key: Default (on the router): the intent_id.
+            deadline: Time after which the action must not start; an aware datetime or
+                RFC 3339 text.
+            context: ``{"description", "domain"}`` to choose between connectors.
+            traceparent: W3C trace context.
+
+        Returns:
+            The intent_id; pass it to :meth:`wait`.
+
+        Raises:
+            ValueError: The intent is malformed (it would be rejected anyway).
+            ReachError: The broker did not accept the intent; it was not delivered.
+        """
+        intent_id = intent_id if intent_id is not None else uuid.uuid4().hex
+        doc: dict[str, Any] = {
+            "intent_id": intent_id,
+            "agent_id": self.agent_id,
+            "action": action,
+            "params": {} if params is None else params,
+        }
+        if isinstance(deadline, datetime):
+            if deadline.tzinfo is None:
+                raise ValueError("deadline must be timezone-aware (e.g. datetime.now(timezone.utc))")
+            deadline = deadline.isoformat()
+        optional = {
+            "idempotency_key": idempotency_key,
+            "reply_to": self.reply_to,
+            "deadline": deadline,
+            "context": context,
+            "traceparent": traceparent,
+        }
+        doc.update((k, v) for k, v in optional.items() if v is not None)
+        # fail here rather than with an INVALID_INTENT receipt later
+        try:
+            Intent.model_validate(doc)
+        except ValidationError as exc:
+            raise ValueError(f"invalid intent: {exc}") from exc
+        body = json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        self._publish(body, headers={"agent_id": self.agent_id}, message_id=intent_id)
+        return intent_id
+
+    def publish_raw(
+        self, body: bytes, *, headers: dict[str, Any] | None = None, message_id: str | None = None
+    ) -> None:
+        """Publish a body as it is, e.g. a foreign tool call or a deliberately broken intent.
+
+        Args:
+            body: The message body, sent with ``content_type: application/json``.
+            headers: AMQP headers; default ``{"agent_id": <this client's agent_id>}``, which is
+                how the router learns who sent a foreign-format intent. Pass ``{}`` for none.
+            message_id: AMQP ``message_id`` (the router's default intent_id).
+
+        Raises:
+            ReachError: The broker did not accept the message.
+        """
+        self._publish(
+            bytes(body),
+            headers={"agent_id": self.agent_id} if headers is None else dict(headers),
+            message_id=message_id,
+        )
+
+    def call(
+        self, action: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0, **kw: Any
+    ) -> Receipt:
+        """Publish an intent and wait for its receipt.
+
+        Args:
+            action: As for :meth:`publish`.
+            params: As for :meth:`publish`.
+            timeout: Seconds to wait for the receipt.
+            **kw: The keyword arguments of :meth:`publish`.
+
+        Returns:
+            The receipt, whatever its status.
+
+        Raises:
+            ReceiptTimeout: No receipt in time.
+            ReachError: The broker did not accept the intent.
+        """
+        return self.wait(self.publish(action, params, **kw), timeout=timeout)
+
+    def wait(self, intent_id: str, timeout: float = 30.0) -> Receipt:
+        """Return the receipt for ``intent_id``, buffering any others that arrive meanwhile.
+
+        Args:
+            intent_id: As returned by :meth:`publish`.
+            timeout: Seconds to wait.
+
+        Returns:
+            The receipt.
+
+        Raises:
+            ReceiptTimeout: None arrived in time.
+            ReachError: The connection to the broker was lost.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            receipt = self._take(intent_id)
+            if receipt is not None:
+                return receipt
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ReceiptTimeout(f"no receipt for intent {intent_id} within {timeout:g} s")
+            self._drain(remaining)
+
+    def receipts(self, timeout: float | None = None) -> Iterator[Receipt]:
+        """Yield receipts as they arrive, buffered ones first.
+
+        Args:
+            timeout: Stop after this many seconds without a receipt; None waits forever.
+
+        Yields:
+            Receipts in arrival order.
+
+        Raises:
+            ReachError: The connection to the broker was lost.
+        """
+        while True:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._buffer:
+                if deadline is None:
+                    self._drain(None)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._drain(remaining)
+            yield self._buffer.popleft()
+
+    def tools(self, fmt: str = "openai", timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Ask the router which actions this agent may call, as tool schemas.
+
+        Args:
+            fmt: ``"openai"``, ``"anthropic"``, ``"mcp"`` or ``"json"``.
+            timeout: Seconds to wait for the router's answer.
+
+        Returns:
+            The tools, rendered by :func:`producers.tools.export`.
+
+        Raises:
+            ValueError: ``fmt`` is unknown.
+            ReachError: The receipt is not ``succeeded`` or does not hold a tool list.
+            ReceiptTimeout: No answer in time (is the router running?).
+        """
+        if fmt not in EXPORT_FORMATS:
+            raise ValueError(f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
+        receipt = self.call(LIST_TOOLS_ACTION, {}, timeout=timeout)
+        if receipt.status != "succeeded":
+            raise ReachError.from_receipt(receipt)
+        data = receipt.data
+        if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+            raise ReachError(f"intent {receipt.intent_id}: the tool list receipt has no 'tools' list", receipt)
+        try:
+            specs = [ToolSpec.from_dict(d) for d in data["tools"]]
+        except ValueError as exc:
+            raise ReachError(f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt) from exc
+        return export(specs, fmt)
+
+    def close(self) -> None:
+        """Close the connection; the broker deletes the receipt queue. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._conn.release()
+        except self._broker_errors() as exc:
+            # the connection may already be gone; nothing is left to clean up on our side
+            log.debug("closing the broker connection failed: %s", exc)
+
+    def __enter__(self) -> ReachClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _broker_errors(self) -> tuple[type[BaseException], ...]:
+        return tuple(self._conn.connection_errors) + tuple(self._conn.channel_errors)
+
+    def _publish(self, body: bytes, *, headers: dict[str, Any], message_id: str | None) -> None:
+        if self._closed:
+            raise ReachError("the client is closed")
+        properties: dict[str, Any] = {}
+        if message_id is not None:
+            properties["message_id"] = message_id
+        self._returned.clear()
+        try:
+            # confirm mode makes this wait for the broker's ack; a basic.return for an
+            # unroutable message always comes before that ack, so _returned is current after it
+            self._producer.publish(
+                body,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                headers=headers,
+                mandatory=True,
+                timeout=self._timeout,
+                confirm_timeout=self._timeout,
+                **properties,
+            )
+        except MessageNacked as exc:
+            raise ReachError(f"the broker refused intent {message_id} (nack); it was not queued") from exc
+        except socket.timeout as exc:
+            raise ReachError(
+                f"the broker did not confirm intent {message_id} within {self._timeout:g} s; "
+                "it may or may not be queued: resend with the same intent_id or idempotency_key"
+            ) from exc
+        except self._broker_errors() as exc:
+            raise ReachError(f"publishing intent {message_id} failed: {exc}") from exc
+        if self._returned:
+            raise ReachError(
+                f"intent {message_id} was not routed ({self._returned[0]}): no queue is bound to "
+                f"exchange {INTENTS_EXCHANGE.name!r} with key {INTENT_ROUTING_KEY!r}; "
+                "is the fleet set up (reach setup, reach router)?"
+            )
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        self._returned.append(str(exc))
+
+    def _on_message(self, message: Message) -> None:
+        content_type = (message.content_type or "application/json").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            log.warning("ignoring a receipt with content type %r: only JSON is accepted", content_type)
+            return
+        try:
+            receipt = Receipt.model_validate_json(message.body)
+        except ValidationError as exc:
+            log.warning("ignoring a malformed receipt on %s: %s", self.queue_name, exc)
+            return
+        self._buffer.append(receipt)
+
+    def _take(self, intent_id: str) -> Receipt | None:
+        for i, receipt in enumerate(self._buffer):
+            if receipt.intent_id == intent_id:
+                del self._buffer[i]
+                return receipt
+        return None
+
+    def _drain(self, timeout: float | None) -> None:
+        if self._closed:
+            raise ReachError("the client is closed")
+        try:
+            self._conn.drain_events(timeout=timeout)
+        except socket.timeout:
+            return
+        except self._broker_errors() as exc:
+            raise ReachError(f"lost the broker connection; receipts may be missed: {exc}") from exc

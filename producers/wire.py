@@ -1,0 +1,201 @@
+"""The wire contract: intents in, receipts out, and the error codes that connect them.
+
+Everything that crosses the broker is JSON described here; every other package imports these
+models instead of re-declaring them (design.md sections 2 and 3).
+
+Error codes, grouped by the receipt status they produce::
+
+    rejected  (the downstream system was never called; fix and resend)
+      INVALID_INTENT  UNKNOWN_ACTION  AMBIGUOUS_ACTION  PERMISSION_DENIED  RATE_LIMITED*
+      VALIDATION_FAILED  OUTSIDE_TIME_WINDOW*  DEADLINE_EXCEEDED  CONNECTOR_UNAVAILABLE*
+      IDEMPOTENCY_KEY_REUSED
+    failed    (the system answered, or could not be reached)
+      DOWNSTREAM_VALIDATION_FAILED  DOWNSTREAM_AUTH_FAILED  DOWNSTREAM_NOT_FOUND
+      DOWNSTREAM_CONFLICT  DOWNSTREAM_RATE_LIMITED*  DOWNSTREAM_ERROR*  DOWNSTREAM_UNREACHABLE*
+      DOWNSTREAM_TIMEOUT*  DOWNSTREAM_CONTRACT_VIOLATION  INTERNAL*
+    unknown   (the call may or may not have taken effect)
+      OUTCOME_UNKNOWN
+
+    * retryable: sending the same intent again later can succeed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+INTENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+Status = Literal["succeeded", "rejected", "failed", "unknown"]
+
+
+class ErrorCode(StrEnum):
+    INVALID_INTENT = "INVALID_INTENT"
+    UNKNOWN_ACTION = "UNKNOWN_ACTION"
+    AMBIGUOUS_ACTION = "AMBIGUOUS_ACTION"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RATE_LIMITED = "RATE_LIMITED"
+    VALIDATION_FAILED = "VALIDATION_FAILED"
+    OUTSIDE_TIME_WINDOW = "OUTSIDE_TIME_WINDOW"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CONNECTOR_UNAVAILABLE = "CONNECTOR_UNAVAILABLE"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    DOWNSTREAM_VALIDATION_FAILED = "DOWNSTREAM_VALIDATION_FAILED"
+    DOWNSTREAM_AUTH_FAILED = "DOWNSTREAM_AUTH_FAILED"
+    DOWNSTREAM_NOT_FOUND = "DOWNSTREAM_NOT_FOUND"
+    DOWNSTREAM_CONFLICT = "DOWNSTREAM_CONFLICT"
+    DOWNSTREAM_RATE_LIMITED = "DOWNSTREAM_RATE_LIMITED"
+    DOWNSTREAM_ERROR = "DOWNSTREAM_ERROR"
+    DOWNSTREAM_UNREACHABLE = "DOWNSTREAM_UNREACHABLE"
+    DOWNSTREAM_TIMEOUT = "DOWNSTREAM_TIMEOUT"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    DOWNSTREAM_CONTRACT_VIOLATION = "DOWNSTREAM_CONTRACT_VIOLATION"
+    INTERNAL = "INTERNAL"
+
+    @property
+    def status(self) -> Status:
+        return _CODE_TABLE[self][0]
+
+    @property
+    def retryable(self) -> bool:
+        return _CODE_TABLE[self][1]
+
+
+# code -> (receipt status, retryable), exactly design.md section 3
+_CODE_TABLE: dict[ErrorCode, tuple[Status, bool]] = {
+    ErrorCode.INVALID_INTENT: ("rejected", False),
+    ErrorCode.UNKNOWN_ACTION: ("rejected", False),
+    ErrorCode.AMBIGUOUS_ACTION: ("rejected", False),
+    ErrorCode.PERMISSION_DENIED: ("rejected", False),
+    ErrorCode.RATE_LIMITED: ("rejected", True),
+    ErrorCode.VALIDATION_FAILED: ("rejected", False),
+    ErrorCode.OUTSIDE_TIME_WINDOW: ("rejected", True),
+    ErrorCode.DEADLINE_EXCEEDED: ("rejected", False),
+    ErrorCode.CONNECTOR_UNAVAILABLE: ("rejected", True),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: ("rejected", False),
+    ErrorCode.DOWNSTREAM_VALIDATION_FAILED: ("failed", False),
+    ErrorCode.DOWNSTREAM_AUTH_FAILED: ("failed", False),
+    ErrorCode.DOWNSTREAM_NOT_FOUND: ("failed", False),
+    ErrorCode.DOWNSTREAM_CONFLICT: ("failed", False),
+    ErrorCode.DOWNSTREAM_RATE_LIMITED: ("failed", True),
+    ErrorCode.DOWNSTREAM_ERROR: ("failed", True),
+    ErrorCode.DOWNSTREAM_UNREACHABLE: ("failed", True),
+    ErrorCode.DOWNSTREAM_TIMEOUT: ("failed", True),
+    ErrorCode.OUTCOME_UNKNOWN: ("unknown", False),
+    ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION: ("failed", False),
+    ErrorCode.INTERNAL: ("failed", True),
+}
+
+
+class ErrorInfo(BaseModel):
+    """Why an intent did not succeed, in a form a model can act on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+    suggestion: str
+    details: list[dict[str, Any]] = Field(default_factory=list)
+    retry_after_ms: int | None = None
+
+
+class Execution(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    trace_id: str
+    attempts: int = 0
+    latency_ms: float = 0.0
+    queue_ms: float | None = None
+    downstream_ms: float | None = None
+    received_at: str
+    finished_at: str
+    deduplicated: bool = False
+
+
+class Receipt(BaseModel):
+    """Exactly one per intent, on the reach.receipts exchange (design.md section 3)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    intent_id: str
+    agent_id: str | None
+    action: str | None
+    connector: str | None
+    status: Status
+    success: bool
+    data: Any = None
+    error: ErrorInfo | None = None
+    execution: Execution
+
+    def to_json(self) -> bytes:
+        # retry_after_ms appears only when set, as the contract writes it with a "?"
+        doc = self.model_dump(mode="json")
+        if doc["error"] is not None and doc["error"].get("retry_after_ms") is None:
+            doc["error"].pop("retry_after_ms", None)
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class IntentContext(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    description: str | None = None
+    domain: str | None = None
+
+
+class Intent(BaseModel):
+    """A request by an agent to perform one semantic action (design.md section 2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    intent_id: str | None = None
+    agent_id: str | None = None
+    action: str = Field(min_length=1, max_length=300)
+    params: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    reply_to: str | None = Field(default=None, min_length=1, max_length=255)
+    deadline: datetime | None = None
+    context: IntentContext | None = None
+    traceparent: str | None = Field(default=None, max_length=128)
+
+    @field_validator("intent_id")
+    @classmethod
+    def _intent_id(cls, v: str | None) -> str | None:
+        if v is not None and not INTENT_ID_PATTERN.match(v):
+            raise ValueError("must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, v: str | None) -> str | None:
+        if v is not None and not AGENT_ID_PATTERN.match(v):
+            raise ValueError("must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, v: Any) -> Any:
+        # strict mode refuses strings for datetimes; RFC 3339 text is what the wire carries
+        if isinstance(v, str):
+            try:
+                parsed = datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError as exc:
+                raise ValueError("must be an RFC 3339 time such as 2026-01-31T12:00:00Z") from exc
+            if parsed.tzinfo is None:
+                raise ValueError("must carry a timezone offset (e.g. Z or +02:00)")
+            return parsed
+        if v is not None:
+            raise ValueError("must be an RFC 3339 time string")
+        return v
+
+    @field_validator("reply_to")
+    @classmethod
+    def _reply_to(cls, v: str | None) -> str | None:
+        if v is not None and any(c in v for c in "*#"):
+            raise ValueError("must not contain topic wildcards * or #")
+        return v

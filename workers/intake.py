@@ -1,0 +1,143 @@
+"""Turning raw AMQP messages into intents, or into a precise reason why not.
+
+Nothing a message contains may crash this step: every failure is a ``ParseFailure`` value that
+the router turns into an INVALID_INTENT receipt (when it can tell who sent it) and a dead letter.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from producers.formats import FormatError, loads_strict, normalize
+from producers.wire import AGENT_ID_PATTERN, INTENT_ID_PATTERN, Intent
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """The parts of an AMQP delivery the router looks at."""
+
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    user_id: str | None = None
+    message_id: str | None = None
+    content_type: str | None = None
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ParsedIntent:
+    intent: Intent           # intent_id and agent_id are always set here
+    format: str
+    trace_id: str
+    traceparent: str | None
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    """Why a message is not an intent, and whatever identity could still be recovered."""
+
+    reason: str
+    intent_id: str
+    agent_id: str | None
+    reply_to: str | None
+    details: list[dict[str, Any]] = field(default_factory=list)
+    identity_mismatch: bool = False
+
+
+def new_trace_id() -> str:
+    return secrets.token_hex(16)
+
+
+def trace_from(traceparent: Any) -> tuple[str, str | None]:
+    """Continue a valid W3C traceparent, else start a new trace."""
+    if isinstance(traceparent, str):
+        match = _TRACEPARENT.match(traceparent.strip())
+        if match and match.group(1) != "0" * 32:
+            return match.group(1), traceparent.strip()
+    return new_trace_id(), None
+
+
+def _header_text(headers: dict[str, Any], name: str) -> str | None:
+    value = headers.get(name)
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
+    """Intent id and agent of a message the router could not handle, from its properties only."""
+    intent_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
+    agent = raw.user_id or _header_text(raw.headers, "agent_id")
+    return intent_id, agent if agent and AGENT_ID_PATTERN.match(agent) else None
+
+
+def parse(raw: RawMessage, max_bytes: int) -> ParsedIntent | ParseFailure:
+    """Decode, detect the format, fix identity and ids, and type-check the intent."""
+    user_id = raw.user_id or None
+    header_agent = _header_text(raw.headers, "agent_id")
+    if header_agent is not None and not AGENT_ID_PATTERN.match(header_agent):
+        header_agent = None
+    fallback_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
+    known_agent = user_id or header_agent
+
+    def fail(reason: str, *, intent_id: str = fallback_id, agent: str | None = known_agent, reply_to: str | None = None,
+             details: list[dict[str, Any]] | None = None, mismatch: bool = False) -> ParseFailure:
+        return ParseFailure(reason, intent_id, agent, reply_to, details or [], mismatch)
+
+    if len(raw.body) > max_bytes:
+        return fail(f"the intent is {len(raw.body)} bytes; the limit is {max_bytes} bytes")
+    try:
+        document = loads_strict(raw.body)
+        normalized = normalize(document)
+    except FormatError as exc:
+        return fail(str(exc))
+    doc = dict(normalized.intent)
+
+    # best-effort identity from the body, for the receipt of an intent that fails below
+    body_agent = doc.get("agent_id") if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"]) else None
+    body_intent = doc.get("intent_id") if isinstance(doc.get("intent_id"), str) and INTENT_ID_PATTERN.match(doc["intent_id"]) else None
+    reply_to = doc.get("reply_to") if isinstance(doc.get("reply_to"), str) else None
+    intent_id = body_intent or fallback_id
+
+    if user_id is not None:
+        # the broker vouches for user_id; anything claiming otherwise is refused, and the
+        # receipt goes to the authenticated agent, never to the claimed one
+        if doc.get("agent_id") not in (None, user_id):
+            return fail(f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
+                        intent_id=intent_id, agent=user_id, mismatch=True)
+        doc["agent_id"] = user_id
+    elif doc.get("agent_id") is None and header_agent is not None:
+        doc["agent_id"] = header_agent
+    elif header_agent is not None and doc.get("agent_id") != header_agent:
+        return fail("the agent_id header and the agent_id field disagree", intent_id=intent_id, agent=None,
+                    reply_to=None)
+    doc.setdefault("intent_id", intent_id)
+    if doc.get("intent_id") is None:
+        doc["intent_id"] = intent_id
+    header_trace = _header_text(raw.headers, "traceparent")
+    if doc.get("traceparent") is None and header_trace is not None:
+        doc["traceparent"] = header_trace[:128]
+
+    try:
+        intent = Intent.model_validate(doc)
+    except ValidationError as exc:
+        details = [{"field": ".".join(str(p) for p in e["loc"]) or "(intent)", "code": e["type"], "message": e["msg"]}
+                   for e in exc.errors(include_url=False, include_input=False)][:20]
+        summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
+        return fail(f"the intent does not match the contract: {summary}", intent_id=intent_id,
+                    agent=user_id or body_agent or header_agent, reply_to=reply_to, details=details)
+    if intent.agent_id is None:
+        return fail("no agent identity: set agent_id in the intent or the agent_id header", intent_id=intent_id,
+                    agent=None, reply_to=reply_to)
+    trace_id, traceparent = trace_from(intent.traceparent)
+    return ParsedIntent(intent, normalized.format, trace_id, traceparent)

@@ -1,0 +1,95 @@
+"""Receipts: built from an outcome, published (confirmed, persistent), stored in Redis by intent id."""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+
+from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
+from workers.publisher import Publisher
+from workers.topology import RECEIPTS_EXCHANGE
+
+log = logging.getLogger("reach.receipts")
+RECEIPT_KEY = "reach:receipt:"
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def build_receipt(
+    *,
+    intent_id: str,
+    agent_id: str | None,
+    action: str | None,
+    connector: str | None,
+    trace_id: str,
+    received_at: float,
+    data: Any = None,
+    code: ErrorCode | None = None,
+    message: str = "",
+    suggestion: str = "",
+    details: list[dict[str, Any]] | None = None,
+    retry_after_ms: int | None = None,
+    attempts: int = 0,
+    queue_ms: float | None = None,
+    downstream_ms: float | None = None,
+    deduplicated: bool = False,
+) -> Receipt:
+    """One receipt; ``code`` None means success. Status and retryable follow the code table."""
+    finished = time.time()
+    error = None
+    if code is not None:
+        error = ErrorInfo(code=code, message=message, retryable=code.retryable, suggestion=suggestion,
+                          details=details or [], retry_after_ms=retry_after_ms)
+    return Receipt(
+        intent_id=intent_id,
+        agent_id=agent_id,
+        action=action,
+        connector=connector,
+        status="succeeded" if code is None else code.status,
+        success=code is None,
+        data=data if code is None else None,
+        error=error,
+        execution=Execution(
+            trace_id=trace_id,
+            attempts=attempts,
+            latency_ms=round((finished - received_at) * 1000, 3),
+            queue_ms=None if queue_ms is None else round(queue_ms, 3),
+            downstream_ms=None if downstream_ms is None else round(downstream_ms, 3),
+            received_at=iso(received_at),
+            finished_at=iso(finished),
+            deduplicated=deduplicated,
+        ),
+    )
+
+
+class ReceiptSink:
+    """Publishes each receipt to reach.receipts and keeps a copy in Redis for ``ttl`` seconds."""
+
+    def __init__(self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int) -> None:
+        self._publisher = publisher
+        self._redis = redis_client
+        self._ttl = ttl_seconds
+
+    def send(self, receipt: Receipt, routing_key: str | None) -> None:
+        """Store, then publish with a confirm. Raises if the broker refuses, so the caller does not ack."""
+        body = receipt.to_json()
+        try:
+            self._redis.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
+        except redis.RedisError as exc:
+            # the receipt still reaches the agent; only lookup by id is lost
+            log.error("could not store receipt %s in Redis: %s", receipt.intent_id, exc)
+        if routing_key is None:
+            log.warning("receipt %s has no agent or reply_to to route to; stored only", receipt.intent_id)
+            return
+        self._publisher.publish(body, exchange=RECEIPTS_EXCHANGE, routing_key=routing_key,
+                                correlation_id=receipt.intent_id, message_id=receipt.intent_id,
+                                headers={"status": receipt.status})
+
+    def stored(self, intent_id: str) -> Receipt | None:
+        raw = self._redis.get(RECEIPT_KEY + intent_id)
+        return None if raw is None else Receipt.model_validate_json(raw)

@@ -1,0 +1,225 @@
+"""The router: every intent is checked here, in the order of design.md section 6, before any
+connector queue sees it.
+
+``Router.decide`` is pure (catalog lookups and checks, no I/O) so it can be driven by property
+tests; ``Router.handle`` carries the decision out: dispatch, or receipt (+ dead letter), then ack.
+
+The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Celery's task
+handler is replaced (``RouterConsumer.create_task_handler``) so no message, whatever headers it
+carries, can make this worker run a task by name.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from celery import Celery
+from celery.worker.consumer import Consumer
+from kombu.message import Message
+
+from connectors.catalog import ActionRef, Catalog, Refusal
+from connectors.schema import suggestion_for
+from producers.wire import ErrorCode, Receipt
+from workers import metrics
+from workers.app import EXECUTE_TASK
+from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
+from workers.publisher import Publisher
+from workers.receipts import ReceiptSink, build_receipt
+from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
+
+log = logging.getLogger("reach.router")
+LIST_TOOLS = "reach.list_tools"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A checked intent on its way to ``queue``; ``job`` is the pool task's only argument."""
+
+    queue: str
+    job: dict[str, Any]
+    intent_id: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The router answers itself: a rejection (or a built-in action), maybe with a dead letter."""
+
+    receipt: Receipt
+    routing_key: str | None
+    dead_letter_reason: str | None = None
+
+
+Decision = Dispatch | Answer
+
+
+class Router:
+    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, clock: Callable[[], float] = time.time) -> None:
+        self.catalog = catalog
+        self.max_intent_bytes = max_intent_bytes
+        self.clock = clock
+
+    def decide(self, raw: RawMessage) -> Decision:
+        received_at = raw.received_at or self.clock()
+        parsed = parse(raw, self.max_intent_bytes)
+        if isinstance(parsed, ParseFailure):
+            return self._invalid(parsed, received_at)
+        metrics.INTENTS_RECEIVED.labels(format=parsed.format).inc()
+        intent = parsed.intent
+        agent_id = intent.agent_id
+        assert agent_id is not None and intent.intent_id is not None
+
+        def refuse(code: ErrorCode, message: str, suggestion: str, *, ref: ActionRef | None = None,
+                   details: list[dict[str, Any]] | None = None, retry_after_ms: int | None = None) -> Answer:
+            metrics.INTENTS_REJECTED.labels(code=code.value).inc()
+            receipt = build_receipt(
+                intent_id=intent.intent_id or "", agent_id=agent_id, action=ref.action.action if ref else intent.action,
+                connector=ref.connector.name if ref else None, trace_id=parsed.trace_id, received_at=received_at,
+                code=code, message=message, suggestion=suggestion, details=details, retry_after_ms=retry_after_ms)
+            return Answer(receipt, intent.reply_to or agent_id)
+
+        if intent.action == LIST_TOOLS:
+            return self._list_tools(parsed, received_at)
+        resolved = self.catalog.resolve(intent.action, agent_id, intent.context.domain if intent.context else None)
+        if isinstance(resolved, Refusal):
+            return refuse(resolved.code, resolved.message, resolved.suggestion)
+        ref = resolved
+        refusal = self.catalog.check_permission(agent_id, ref)
+        if refusal is not None:
+            return refuse(refusal.code, refusal.message, refusal.suggestion, ref=ref)
+        # (issue 3 adds: time window, rate limit)
+        params, problems = ref.validator.validate(intent.params)
+        if problems:
+            return refuse(ErrorCode.VALIDATION_FAILED, f"{len(problems)} param(s) of {ref.qualified} are not valid",
+                          suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
+        # (issue 4 adds: breaker and health)
+        now = self.clock()
+        if intent.deadline is not None and intent.deadline.timestamp() <= now:
+            return refuse(ErrorCode.DEADLINE_EXCEEDED, f"the deadline {intent.deadline.isoformat()} has passed",
+                          "Send a new intent with a later deadline if the action is still wanted.", ref=ref)
+        job = {
+            "v": 1,
+            "intent_id": intent.intent_id,
+            "agent_id": agent_id,
+            "connector": ref.connector.name,
+            "action": ref.action.action,
+            "params": params,
+            "idempotency_key": intent.idempotency_key or intent.intent_id,
+            "reply_to": intent.reply_to or agent_id,
+            "deadline": intent.deadline.timestamp() if intent.deadline else None,
+            "trace_id": parsed.trace_id,
+            "traceparent": parsed.traceparent,
+            "format": parsed.format,
+            "received_at": received_at,
+            "dispatched_at": now,
+        }
+        return Dispatch(connector_queue(ref.connector.name).name, job, intent.intent_id)
+
+    def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
+        metrics.INTENTS_RECEIVED.labels(format="invalid").inc()
+        code = ErrorCode.PERMISSION_DENIED if failure.identity_mismatch else ErrorCode.INVALID_INTENT
+        metrics.INTENTS_REJECTED.labels(code=code.value).inc()
+        suggestion = (
+            "Send intents only under your own identity." if failure.identity_mismatch else
+            "Send a UTF-8 JSON object with at least an 'action' (see the intent contract), within the size limit."
+        )
+        receipt = build_receipt(
+            intent_id=failure.intent_id, agent_id=failure.agent_id, action=None, connector=None,
+            trace_id=new_trace_id(), received_at=received_at, code=code, message=failure.reason,
+            suggestion=suggestion, details=failure.details)
+        route = failure.reply_to or failure.agent_id if not failure.identity_mismatch else failure.agent_id
+        return Answer(receipt, route, dead_letter_reason=None if failure.identity_mismatch else failure.reason)
+
+    def _list_tools(self, parsed: ParsedIntent, received_at: float) -> Answer:
+        intent = parsed.intent
+        agent_id = intent.agent_id or ""
+        if agent_id not in self.catalog.agents:
+            code = ErrorCode.PERMISSION_DENIED
+            receipt = build_receipt(intent_id=intent.intent_id or "", agent_id=agent_id, action=LIST_TOOLS, connector=None,
+                                    trace_id=parsed.trace_id, received_at=received_at, code=code,
+                                    message=f"agent {agent_id!r} is not registered in the catalog",
+                                    suggestion="Use the agent id your operator registered as an agent_app.")
+        else:
+            tools = [t.to_dict() for t in self.catalog.tools_for(agent_id)]
+            receipt = build_receipt(intent_id=intent.intent_id or "", agent_id=agent_id, action=LIST_TOOLS, connector=None,
+                                    trace_id=parsed.trace_id, received_at=received_at, data={"tools": tools})
+        return Answer(receipt, intent.reply_to or agent_id)
+
+
+class RouterRuntime:
+    """Carries decisions out with confirmed publishes; the message is acked only afterwards."""
+
+    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher) -> None:
+        self.router = router
+        self.app = app
+        self.sink = sink
+        self.publisher = publisher
+
+    def handle(self, message: Message) -> None:
+        raw = RawMessage(
+            body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
+            headers=dict(message.headers or {}),
+            user_id=message.properties.get("user_id"),
+            message_id=message.properties.get("message_id"),
+            content_type=message.content_type,
+            received_at=time.time(),
+        )
+        try:
+            decision = self.router.decide(raw)
+        except Exception:  # a bug, not a bad message: answer INTERNAL rather than stall the queue
+            log.exception("router failed on a message; answering INTERNAL")
+            decision = self._internal(raw)
+        try:
+            self._carry_out(decision, raw)
+        except Exception:
+            # broker or Redis trouble: leave the message unacked so it is redelivered, not lost
+            log.exception("could not complete a routing decision; the intent will be redelivered")
+            message.requeue()
+            return
+        message.ack()
+
+    def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
+        if isinstance(decision, Dispatch):
+            self.app.send_task(EXECUTE_TASK, args=[decision.job], queue=connector_queue(decision.job["connector"]),
+                               task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True)
+            metrics.INTENTS_DISPATCHED.labels(connector=decision.job["connector"]).inc()
+            log.info("dispatched intent=%s agent=%s action=%s.%s trace=%s", decision.intent_id, decision.job["agent_id"],
+                     decision.job["connector"], decision.job["action"], decision.job["trace_id"])
+            return
+        if decision.dead_letter_reason is not None:
+            self._dead_letter(raw, decision)
+        self.sink.send(decision.receipt, decision.routing_key)
+        metrics.RECEIPTS_PUBLISHED.labels(status=decision.receipt.status).inc()
+        error = decision.receipt.error
+        log.info("answered intent=%s agent=%s status=%s code=%s trace=%s", decision.receipt.intent_id,
+                 decision.receipt.agent_id, decision.receipt.status, error.code.value if error else None,
+                 decision.receipt.execution.trace_id)
+
+    def _dead_letter(self, raw: RawMessage, decision: Answer) -> None:
+        headers = {
+            "x-reach-reason": (decision.dead_letter_reason or "")[:1000],
+            "x-reach-intent-id": decision.receipt.intent_id,
+            "x-reach-agent-id": decision.receipt.agent_id or "",
+            "x-reach-received-at": datetime.fromtimestamp(raw.received_at, timezone.utc).isoformat(),
+        }
+        self.publisher.publish(raw.body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
+                               message_id=decision.receipt.intent_id)
+
+    def _internal(self, raw: RawMessage) -> Answer:
+        intent_id, agent_id = fail_identity(raw)
+        receipt = build_receipt(intent_id=intent_id, agent_id=agent_id, action=None, connector=None, trace_id=new_trace_id(),
+                                received_at=raw.received_at, code=ErrorCode.INTERNAL,
+                                message="the router failed on this intent", suggestion="Retry later; operators were told.")
+        return Answer(receipt, agent_id, dead_letter_reason="router error")
+
+
+def consumer_class(runtime: RouterRuntime) -> type[Consumer]:
+    """A Celery consumer whose message handler routes raw JSON instead of running tasks."""
+
+    class RouterConsumer(Consumer):
+        def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:  # type: ignore[override]
+            return runtime.handle
+
+    return RouterConsumer

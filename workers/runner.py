@@ -1,0 +1,74 @@
+"""Starting the router and the pools as Celery workers, with everything they need built first."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import redis
+from celery import signals
+
+from connectors.adapters.http import HttpAdapter
+from connectors.auth import MissingSecret
+from connectors.catalog import Catalog
+from workers import metrics
+from workers.app import create_app
+from workers.pool import PoolRuntime, register_task
+from workers.publisher import Publisher
+from workers.receipts import ReceiptSink
+from workers.router import Router, RouterRuntime, consumer_class
+from workers.settings import Settings
+from workers.topology import INTENTS_QUEUE, connector_queue, declare_all
+
+log = logging.getLogger("reach")
+
+
+def _redis(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30)
+
+
+def _common_worker_args(loglevel: str) -> list[str]:
+    # mingle/gossip add start-up latency and chatter and are not needed: pools share nothing via Celery
+    return ["--without-mingle", "--without-gossip", "-l", loglevel]
+
+
+def run_router(settings: Settings, catalog: Catalog) -> None:
+    app = create_app(settings, [INTENTS_QUEUE], worker_prefetch_multiplier=settings.router_prefetch)
+    with app.connection_for_write() as conn:
+        declare_all(conn, catalog.connectors)
+    publisher = Publisher(app.producer_pool)
+    sink = ReceiptSink(publisher, _redis(settings), settings.receipt_ttl_seconds)
+    runtime = RouterRuntime(Router(catalog, max_intent_bytes=settings.max_intent_bytes), app, sink, publisher)
+    app.conf.worker_consumer = consumer_class(runtime)
+    metrics.serve(settings.metrics_port)
+    log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),
+             len(catalog.agents))
+    # solo: routing is quick CPU work done on the consumer's own loop, one intent after another
+    app.worker_main(["worker", "-P", "solo", "-Q", INTENTS_QUEUE.name, "-n", f"router.{os.getpid()}@%h",
+                     *_common_worker_args(settings.log_level)])
+
+
+def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int | None) -> None:
+    connector = catalog.connectors[name]
+    threads = concurrency or connector.pool.concurrency
+    queue = connector_queue(name)
+    app = create_app(settings, [queue])
+    try:
+        adapter = HttpAdapter(connector, max_connections=threads)
+    except MissingSecret as exc:
+        print(f"reach worker {name}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    with app.connection_for_write() as conn:
+        declare_all(conn, catalog.connectors)
+    sink = ReceiptSink(Publisher(app.producer_pool), _redis(settings), settings.receipt_ttl_seconds)
+    register_task(app, PoolRuntime(connector, catalog, adapter, sink))
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _close(**_: Any) -> None:
+        adapter.close()
+
+    metrics.serve(settings.metrics_port)
+    log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
+    app.worker_main(["worker", "-P", "threads", "-c", str(threads), "-Q", queue.name,
+                     "-n", f"{name}.{os.getpid()}@%h", *_common_worker_args(settings.log_level)])
