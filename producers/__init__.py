@@ -2,6 +2,7 @@
 
 This package imports nothing from ``workers`` or ``connectors``; both of them import it.
 """
+
 from producers.client import ReachClient, ReachError, ReceiptTimeout
 from producers.formats import FormatError, Normalized, normalize
 from producers.tools import ToolSpec, export, to_anthropic, to_mcp, to_openai

@@ -9,12 +9,12 @@ Errors::
 Any language can do the same with a plain AMQP client; this module is just the shortest correct
 way to do it from Python (design.md sections 1-3).
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from collections import deque
@@ -132,6 +132,9 @@ class ReachClient:
         self._buffer: deque[Receipt] = deque()
         self._returned: list[str] = []
         self._closed = False
+        # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
+        # as the confirm of the next publish, so a late ack would confirm the wrong message
+        self._publish_broken = False
         url = broker_url or os.environ.get("REACH_BROKER_URL") or DEFAULT_BROKER_URL
         self._conn = Connection(
             url,
@@ -177,7 +180,9 @@ class ReachClient:
         except self._broker_errors() as exc:
             self._conn.release()
             self._closed = True
-            raise ReachError(f"cannot set up with the broker at {self._conn.as_uri()}: {exc}") from exc
+            raise ReachError(
+                f"cannot set up with the broker at {self._conn.as_uri()}: {exc}"
+            ) from exc
         except BaseException:
             self._conn.release()
             self._closed = True
@@ -227,7 +232,9 @@ class ReachClient:
         }
         if isinstance(deadline, datetime):
             if deadline.tzinfo is None:
-                raise ValueError("deadline must be timezone-aware (e.g. datetime.now(timezone.utc))")
+                raise ValueError(
+                    "deadline must be timezone-aware (e.g. datetime.now(timezone.utc))"
+                )
             deadline = deadline.isoformat()
         optional = {
             "idempotency_key": idempotency_key,
@@ -350,17 +357,23 @@ class ReachClient:
             ReceiptTimeout: No answer in time (is the router running?).
         """
         if fmt not in EXPORT_FORMATS:
-            raise ValueError(f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
+            raise ValueError(
+                f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}"
+            )
         receipt = self.call(LIST_TOOLS_ACTION, {}, timeout=timeout)
         if receipt.status != "succeeded":
             raise ReachError.from_receipt(receipt)
         data = receipt.data
         if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
-            raise ReachError(f"intent {receipt.intent_id}: the tool list receipt has no 'tools' list", receipt)
+            raise ReachError(
+                f"intent {receipt.intent_id}: the tool list receipt has no 'tools' list", receipt
+            )
         try:
             specs = [ToolSpec.from_dict(d) for d in data["tools"]]
         except ValueError as exc:
-            raise ReachError(f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt) from exc
+            raise ReachError(
+                f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt
+            ) from exc
         return export(specs, fmt)
 
     def close(self) -> None:
@@ -393,6 +406,12 @@ class ReachClient:
     def _publish(self, body: bytes, *, headers: dict[str, Any], message_id: str | None) -> None:
         if self._closed:
             raise ReachError("the client is closed")
+        if self._publish_broken:
+            raise ReachError(
+                "an earlier publish of this client was never confirmed, so confirms can no "
+                "longer be matched to messages; create a new ReachClient to publish"
+            )
+        label = f"intent {message_id}" if message_id else "the message"
         properties: dict[str, Any] = {}
         if message_id is not None:
             properties["message_id"] = message_id
@@ -412,17 +431,19 @@ class ReachClient:
                 **properties,
             )
         except MessageNacked as exc:
-            raise ReachError(f"the broker refused intent {message_id} (nack); it was not queued") from exc
-        except socket.timeout as exc:
+            raise ReachError(f"the broker refused {label} (nack); it was not queued") from exc
+        except TimeoutError as exc:
+            self._publish_broken = True
             raise ReachError(
-                f"the broker did not confirm intent {message_id} within {self._timeout:g} s; "
-                "it may or may not be queued: resend with the same intent_id or idempotency_key"
+                f"the broker did not confirm {label} within {self._timeout:g} s; it may or may "
+                "not be queued: resend it from a new client with the same intent_id or "
+                "idempotency_key (receipts still arrive at this one)"
             ) from exc
         except self._broker_errors() as exc:
-            raise ReachError(f"publishing intent {message_id} failed: {exc}") from exc
+            raise ReachError(f"publishing {label} failed: {exc}") from exc
         if self._returned:
             raise ReachError(
-                f"intent {message_id} was not routed ({self._returned[0]}): no queue is bound to "
+                f"{label} was not routed ({self._returned[0]}): no queue is bound to "
                 f"exchange {INTENTS_EXCHANGE.name!r} with key {INTENT_ROUTING_KEY!r}; "
                 "is the fleet set up (reach setup, reach router)?"
             )
@@ -433,7 +454,9 @@ class ReachClient:
     def _on_message(self, message: Message) -> None:
         content_type = (message.content_type or "application/json").split(";")[0].strip().lower()
         if content_type != "application/json":
-            log.warning("ignoring a receipt with content type %r: only JSON is accepted", content_type)
+            log.warning(
+                "ignoring a receipt with content type %r: only JSON is accepted", content_type
+            )
             return
         try:
             receipt = Receipt.model_validate_json(message.body)
@@ -454,7 +477,7 @@ class ReachClient:
             raise ReachError("the client is closed")
         try:
             self._conn.drain_events(timeout=timeout)
-        except socket.timeout:
+        except TimeoutError:
             return
         except self._broker_errors() as exc:
             raise ReachError(f"lost the broker connection; receipts may be missed: {exc}") from exc

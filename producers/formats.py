@@ -8,6 +8,7 @@ module only decides which shape a document is and reshapes it.
 Every problem raises :class:`FormatError`, whose message is written for the model that sent the
 document: what is wrong and what shape is expected.
 """
+
 from __future__ import annotations
 
 import json
@@ -166,9 +167,7 @@ def _from_anthropic(doc: dict[str, Any]) -> dict[str, Any]:
     name = _tool_name(doc.get("name"), "Anthropic tool_use", "name")
     params = doc.get("input")
     if not isinstance(params, dict):
-        raise FormatError(
-            f"Anthropic tool_use: 'input' must be an object, got {_describe(params)}"
-        )
+        raise FormatError(f"Anthropic tool_use: 'input' must be an object, got {_describe(params)}")
     return _native(name, params, doc.get("id"))
 
 
@@ -208,17 +207,14 @@ def _from_langchain(doc: dict[str, Any]) -> dict[str, Any]:
     name = _tool_name(doc.get("name"), "LangChain ToolCall", "name")
     params = doc.get("args")
     if not isinstance(params, dict):
-        raise FormatError(
-            f"LangChain ToolCall: 'args' must be an object, got {_describe(params)}"
-        )
+        raise FormatError(f"LangChain ToolCall: 'args' must be an object, got {_describe(params)}")
     return _native(name, params, doc.get("id"))
 
 
 def _tool_name(value: Any, shape: str, field: str) -> str:
     if not isinstance(value, str) or not value:
         raise FormatError(
-            f"{shape}: '{field}' must be a non-empty string (the tool name), "
-            f"got {_describe(value)}"
+            f"{shape}: '{field}' must be a non-empty string (the tool name), got {_describe(value)}"
         )
     return value
 
@@ -255,8 +251,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         for key, _ in pairs:
             if key in seen:
                 raise FormatError(
-                    f"the JSON object has the key {key[:64]!r} more than once; "
-                    "send each key once"
+                    f"the JSON object has the key {key[:64]!r} more than once; send each key once"
                 )
             seen.add(key)
     return obj

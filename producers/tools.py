@@ -5,6 +5,7 @@ as ``to_dict()`` documents); this module renders that list for OpenAI, Anthropic
 names are ``connector__action`` because tool-name rules of those APIs forbid dots; the router
 resolves them back.
 """
+
 from __future__ import annotations
 
 import copy

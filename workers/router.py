@@ -92,7 +92,8 @@ class Router:
         # (issue 3 adds: time window, rate limit)
         params, problems = ref.validator.validate(intent.params)
         if problems:
-            return refuse(ErrorCode.VALIDATION_FAILED, f"{len(problems)} param(s) of {ref.qualified} are not valid",
+            summary = "; ".join(f"{p.field} {p.message}" for p in problems[:3]) + ("; …" if len(problems) > 3 else "")
+            return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
                           suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
         # (issue 4 adds: breaker and health)
         now = self.clock()

@@ -6,6 +6,7 @@ queue (a direct exchange copies a message to every queue bound with the key) and
 intent_id. Receipts the tests publish themselves use intent ids that were never sent, so a
 receipt from a running router can never be mistaken for one of them.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,9 @@ class Broker:
         INTENTS(channel).declare()
         RECEIPTS(channel).declare()
         # exclusive + auto_delete: the broker removes it when this connection closes
-        self.tap = Queue("", exchange=INTENTS, routing_key="intent", exclusive=True, auto_delete=True)(channel)
+        self.tap = Queue(
+            "", exchange=INTENTS, routing_key="intent", exclusive=True, auto_delete=True
+        )(channel)
         self.tap.declare()
         self.seen: dict[str, Message] = {}
         # auto_declare off: re-declaring by the server-given amq.gen-* name is refused (403)
@@ -74,12 +77,18 @@ class Broker:
                 pass
         return self.seen.pop(intent_id)
 
-    def send_receipt(self, receipt: Receipt | bytes, routing_key: str, content_type: str = "application/json") -> None:
+    def send_receipt(
+        self, receipt: Receipt | bytes, routing_key: str, content_type: str = "application/json"
+    ) -> None:
         body = receipt.to_json() if isinstance(receipt, Receipt) else receipt
         props = {"correlation_id": receipt.intent_id} if isinstance(receipt, Receipt) else {}
         self.producer.publish(
-            body, routing_key=routing_key, content_type=content_type, content_encoding="utf-8",
-            delivery_mode=2, **props,
+            body,
+            routing_key=routing_key,
+            content_type=content_type,
+            content_encoding="utf-8",
+            delivery_mode=2,
+            **props,
         )
 
     def close(self) -> None:
@@ -109,7 +118,9 @@ def make_receipt(agent_id: str, intent_id: str | None = None, **kw: Any) -> Rece
         "status": "succeeded",
         "success": True,
         "data": {"ticket_id": "TK-0001"},
-        "execution": Execution(trace_id=uuid.uuid4().hex, attempts=1, received_at=now, finished_at=now),
+        "execution": Execution(
+            trace_id=uuid.uuid4().hex, attempts=1, received_at=now, finished_at=now
+        ),
     }
     fields.update(kw)
     return Receipt(**fields)
@@ -160,12 +171,15 @@ def test_generated_intent_ids_are_unique_uuid_hex(client: ReachClient, broker: B
         assert json.loads(broker.intent(intent_id).body)["params"] == {"tid": "TK-0001"}
 
 
-def test_caller_chosen_intent_id_and_reply_to_are_sent(broker_url: str, broker: Broker, agent_id: str) -> None:
+def test_caller_chosen_intent_id_and_reply_to_are_sent(
+    broker_url: str, broker: Broker, agent_id: str
+) -> None:
     reply_to = f"{agent_id}.session-1"
     with ReachClient(agent_id, broker_url, reply_to=reply_to) as client:
-        intent_id = client.publish("query_ticket", intent_id="my-id:1")
-    body = json.loads(broker.intent("my-id:1").body)
-    assert intent_id == "my-id:1"
+        chosen = f"my-id:{uuid.uuid4().hex}"
+        intent_id = client.publish("query_ticket", intent_id=chosen)
+    body = json.loads(broker.intent(chosen).body)
+    assert intent_id == chosen
     assert body["reply_to"] == reply_to
     assert body["params"] == {}
 
@@ -182,7 +196,9 @@ def test_publish_raw_sends_the_body_unchanged_with_agent_header(
     assert message.content_type == "application/json"
     assert message.properties["delivery_mode"] == 2
 
-    client.publish_raw(b"not json", headers={}, message_id=message_id + "-bare")
+    # a valid intent, so that a running router answers it instead of dead-lettering it
+    bare = json.dumps({"action": "query_ticket", "agent_id": agent_id}).encode()
+    client.publish_raw(bare, headers={}, message_id=message_id + "-bare")
     assert not broker.intent(message_id + "-bare").headers
 
 
@@ -205,7 +221,9 @@ def test_broker_url_comes_from_environment_when_not_given(
         ({"params": ["not", "an", "object"]}, "params"),
     ],
 )
-def test_malformed_intent_is_refused_before_publishing(client: ReachClient, kwargs: dict[str, Any], match: str) -> None:
+def test_malformed_intent_is_refused_before_publishing(
+    client: ReachClient, kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         client.publish("query_ticket", **kwargs)
 
@@ -231,10 +249,21 @@ def test_unreachable_broker_raises_reach_error_quickly() -> None:
 def test_wait_returns_the_matching_receipt_and_buffers_others(
     client: ReachClient, broker: Broker, agent_id: str
 ) -> None:
-    first, second = make_receipt(agent_id), make_receipt(agent_id, status="rejected", success=False, data=None,
-                                                         error=ErrorInfo(code=ErrorCode.UNKNOWN_ACTION,
-                                                                         message="no such action", retryable=False,
-                                                                         suggestion="list the tools"))
+    first, second = (
+        make_receipt(agent_id),
+        make_receipt(
+            agent_id,
+            status="rejected",
+            success=False,
+            data=None,
+            error=ErrorInfo(
+                code=ErrorCode.UNKNOWN_ACTION,
+                message="no such action",
+                retryable=False,
+                suggestion="list the tools",
+            ),
+        ),
+    )
     broker.send_receipt(first, agent_id)
     broker.send_receipt(second, agent_id)
 
@@ -256,7 +285,9 @@ def test_buffered_receipts_come_out_of_receipts_first_in_arrival_order(
     assert got == sent[:2]
 
 
-def test_receipts_stops_after_the_given_silence(client: ReachClient, broker: Broker, agent_id: str) -> None:
+def test_receipts_stops_after_the_given_silence(
+    client: ReachClient, broker: Broker, agent_id: str
+) -> None:
     receipt = make_receipt(agent_id)
     broker.send_receipt(receipt, agent_id)
     started = time.monotonic()
@@ -286,7 +317,9 @@ def test_wait_times_out_with_the_intent_id_in_the_message(client: ReachClient) -
     assert 0.25 < time.monotonic() - started < 5
 
 
-def test_malformed_and_non_json_receipts_are_skipped(client: ReachClient, broker: Broker, agent_id: str) -> None:
+def test_malformed_and_non_json_receipts_are_skipped(
+    client: ReachClient, broker: Broker, agent_id: str
+) -> None:
     good = make_receipt(agent_id)
     broker.send_receipt(b"not json at all", agent_id)
     broker.send_receipt(b'{"intent_id": "x"}', agent_id)
@@ -299,28 +332,36 @@ def test_malformed_and_non_json_receipts_are_skipped(client: ReachClient, broker
 def test_call_publishes_and_waits_for_the_receipt_of_that_intent(
     client: ReachClient, broker: Broker, agent_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # play the fleet: answer the intent as soon as the client has published it
-    original_publish = client.publish
-    answered: list[Receipt] = []
+    # play the fleet without touching reach.intents: a running router would answer a real
+    # intent too, and its receipt could win the race against this one
+    published: list[tuple[Any, ...]] = []
+    answer = make_receipt(agent_id, data={"status": "open"})
 
-    def publish_and_answer(*args: Any, **kwargs: Any) -> str:
-        intent_id = original_publish(*args, **kwargs)
-        broker.intent(intent_id)
-        answered.append(make_receipt(agent_id, intent_id, data={"status": "open"}))
-        broker.send_receipt(answered[-1], agent_id)
-        return intent_id
+    def publish_and_answer(action: str, params: Any = None, **kwargs: Any) -> str:
+        published.append((action, params, kwargs))
+        broker.send_receipt(make_receipt(agent_id), agent_id)  # someone else's, arrives first
+        broker.send_receipt(answer, agent_id)
+        return answer.intent_id
 
     monkeypatch.setattr(client, "publish", publish_and_answer)
-    receipt = client.call("query_ticket", {"tid": "TK-0001"}, timeout=5, intent_id=f"call-{uuid.uuid4().hex}")
-    assert receipt == answered[0]
+    receipt = client.call("query_ticket", {"tid": "TK-0001"}, timeout=5, idempotency_key="k")
+    assert receipt == answer
+    assert published == [("query_ticket", {"tid": "TK-0001"}, {"idempotency_key": "k"})]
 
 
 def test_tools_renders_the_routers_tool_list(
     client: ReachClient, agent_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = {"name": "local_ticket_system__query_ticket", "description": "Get a ticket by its id",
-            "input_schema": {"type": "object", "properties": {"tid": {"type": "string"}},
-                             "required": ["tid"], "additionalProperties": False}}
+    spec = {
+        "name": "local_ticket_system__query_ticket",
+        "description": "Get a ticket by its id",
+        "input_schema": {
+            "type": "object",
+            "properties": {"tid": {"type": "string"}},
+            "required": ["tid"],
+            "additionalProperties": False,
+        },
+    }
     calls: list[tuple[Any, ...]] = []
 
     def fake_call(action: str, params: Any = None, *, timeout: float = 30.0, **kw: Any) -> Receipt:
@@ -329,7 +370,11 @@ def test_tools_renders_the_routers_tool_list(
 
     monkeypatch.setattr(client, "call", fake_call)
     assert client.tools("mcp", timeout=3) == [
-        {"name": spec["name"], "description": spec["description"], "inputSchema": spec["input_schema"]}
+        {
+            "name": spec["name"],
+            "description": spec["description"],
+            "inputSchema": spec["input_schema"],
+        }
     ]
     assert client.tools()[0]["function"]["parameters"] == spec["input_schema"]
     assert calls[0] == ("reach.list_tools", {}, 3)
@@ -339,23 +384,34 @@ def test_tools_raises_reach_error_carrying_a_failed_receipt(
     client: ReachClient, agent_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     denied = make_receipt(
-        agent_id, status="rejected", success=False, data=None,
-        error=ErrorInfo(code=ErrorCode.PERMISSION_DENIED, message="agent unknown", retryable=False,
-                        suggestion="register the agent app in the catalog"),
+        agent_id,
+        status="rejected",
+        success=False,
+        data=None,
+        error=ErrorInfo(
+            code=ErrorCode.PERMISSION_DENIED,
+            message="agent unknown",
+            retryable=False,
+            suggestion="register the agent app in the catalog",
+        ),
     )
     monkeypatch.setattr(client, "call", lambda *a, **k: denied)
     with pytest.raises(ReachError, match="PERMISSION_DENIED") as info:
         client.tools()
     assert info.value.receipt == denied
 
-    monkeypatch.setattr(client, "call", lambda *a, **k: make_receipt(agent_id, data={"tools": "none"}))
+    monkeypatch.setattr(
+        client, "call", lambda *a, **k: make_receipt(agent_id, data={"tools": "none"})
+    )
     with pytest.raises(ReachError, match="'tools'"):
         client.tools()
     with pytest.raises(ValueError, match="unknown tool format"):
         client.tools("yaml")
 
 
-def test_closed_client_refuses_to_publish_and_close_is_idempotent(broker_url: str, agent_id: str) -> None:
+def test_closed_client_refuses_to_publish_and_close_is_idempotent(
+    broker_url: str, agent_id: str
+) -> None:
     client = ReachClient(agent_id, broker_url)
     client.close()
     client.close()
@@ -363,3 +419,21 @@ def test_closed_client_refuses_to_publish_and_close_is_idempotent(broker_url: st
         client.publish("query_ticket")
     with pytest.raises(ReachError, match="closed"):
         client.wait("x", timeout=0.1)
+
+
+def test_unconfirmed_publish_stops_publishing_but_receipts_still_arrive(
+    client: ReachClient, broker: Broker, agent_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never_confirmed(*args: Any, **kwargs: Any) -> None:
+        raise TimeoutError("confirm timed out")
+
+    monkeypatch.setattr(client._producer, "publish", never_confirmed)
+    with pytest.raises(ReachError, match="did not confirm intent lost-1"):
+        client.publish("query_ticket", intent_id="lost-1")
+    monkeypatch.undo()
+    # a late ack could now be taken for the confirm of the next message: refuse instead
+    with pytest.raises(ReachError, match="new ReachClient"):
+        client.publish("query_ticket")
+    receipt = make_receipt(agent_id)
+    broker.send_receipt(receipt, agent_id)
+    assert client.wait(receipt.intent_id, timeout=5) == receipt

@@ -1,4 +1,5 @@
 """Pins the public surface of the producer SDK: changing it is a deliberate act."""
+
 from __future__ import annotations
 
 import producers

@@ -1,4 +1,5 @@
 """Intent shapes: detection, normalisation and the strict JSON parser (design.md section 2)."""
+
 from __future__ import annotations
 
 import json
@@ -93,7 +94,11 @@ def test_langchain_tool_call_becomes_native_intent(typed: bool) -> None:
         doc["type"] = "tool_call"
     result = normalize(doc)
     assert result.format == "langchain"
-    assert result.intent == {"action": "query_ticket", "params": {"tid": "TK-0001"}, "intent_id": "run-1"}
+    assert result.intent == {
+        "action": "query_ticket",
+        "params": {"tid": "TK-0001"},
+        "intent_id": "run-1",
+    }
 
 
 @pytest.mark.parametrize(
@@ -171,9 +176,17 @@ def _openai(function: Any) -> dict[str, Any]:
         ({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, "'method'"),
         ({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}, "'params'"),
         ({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ["a"]}, "'params'"),
-        ({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}}, "'params.name'"),
         (
-            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "a", "arguments": [1]}},
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}},
+            "'params.name'",
+        ),
+        (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "a", "arguments": [1]},
+            },
             "'params.arguments'",
         ),
         ({"name": ["a"], "args": {}, "id": "r"}, "'name'"),
@@ -235,7 +248,9 @@ def test_loads_strict_rejects_deep_nesting() -> None:
         loads_strict(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)
 
 
-@pytest.mark.parametrize("text", ['"\\ud800"', '{"\\udc00": 1}', '["ok", {"a": ["\\uDBFF"]}]', '"\ud800"'])
+@pytest.mark.parametrize(
+    "text", ['"\\ud800"', '{"\\udc00": 1}', '["ok", {"a": ["\\uDBFF"]}]', '"\ud800"']
+)
 def test_loads_strict_rejects_unpaired_surrogates(text: str) -> None:
     with pytest.raises(FormatError, match="surrogate"):
         loads_strict(text)
@@ -254,13 +269,33 @@ def test_loads_strict_rejects_overlong_integers() -> None:
 
 # -- fuzzing: nothing but FormatError comes out --------------------------------------------------
 
-_json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+_json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 _keys = st.sampled_from(
-    ["action", "type", "function", "name", "arguments", "input", "args", "id", "jsonrpc", "method", "params"]
+    [
+        "action",
+        "type",
+        "function",
+        "name",
+        "arguments",
+        "input",
+        "args",
+        "id",
+        "jsonrpc",
+        "method",
+        "params",
+    ]
 ) | st.text(max_size=5)
 _json_values = st.recursive(
     _json_scalars
-    | st.sampled_from(["function", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]),
+    | st.sampled_from(
+        ["function", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]
+    ),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=5),
     max_leaves=30,
 )
@@ -291,9 +326,13 @@ def test_normalize_of_arbitrary_bytes_and_text_raises_only_format_error(data: by
 @settings(max_examples=300, deadline=None)
 @given(
     st.fixed_dictionaries(
-        {"id": _json_values, "type": st.just("function"), "function": st.fixed_dictionaries(
-            {"name": _json_values, "arguments": st.text(max_size=50) | _json_values}
-        )}
+        {
+            "id": _json_values,
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": _json_values, "arguments": st.text(max_size=50) | _json_values}
+            ),
+        }
     )
 )
 def test_normalize_of_openai_lookalikes_raises_only_format_error(doc: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
 """Tool-schema export for OpenAI, Anthropic, MCP and plain JSON."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,12 @@ CREATE = ToolSpec("local_ticket_system__create_ticket", "Create a new ticket", S
 QUERY = ToolSpec(
     "local_ticket_system__query_ticket",
     "Get a ticket by its id",
-    {"type": "object", "properties": {"tid": {"type": "string"}}, "required": ["tid"],
-     "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"tid": {"type": "string"}},
+        "required": ["tid"],
+        "additionalProperties": False,
+    },
 )
 
 
@@ -40,20 +45,32 @@ def test_openai_export_wraps_each_tool_as_a_function() -> None:
 
 def test_anthropic_export_uses_input_schema() -> None:
     assert to_anthropic([CREATE]) == [
-        {"name": "local_ticket_system__create_ticket", "description": "Create a new ticket", "input_schema": SCHEMA}
+        {
+            "name": "local_ticket_system__create_ticket",
+            "description": "Create a new ticket",
+            "input_schema": SCHEMA,
+        }
     ]
 
 
 def test_mcp_export_uses_camel_case_input_schema() -> None:
     assert to_mcp([CREATE]) == [
-        {"name": "local_ticket_system__create_ticket", "description": "Create a new ticket", "inputSchema": SCHEMA}
+        {
+            "name": "local_ticket_system__create_ticket",
+            "description": "Create a new ticket",
+            "inputSchema": SCHEMA,
+        }
     ]
 
 
 @pytest.mark.parametrize(
     ("fmt", "render"),
-    [("openai", to_openai), ("anthropic", to_anthropic), ("mcp", to_mcp),
-     ("json", lambda tools: [t.to_dict() for t in tools])],
+    [
+        ("openai", to_openai),
+        ("anthropic", to_anthropic),
+        ("mcp", to_mcp),
+        ("json", lambda tools: [t.to_dict() for t in tools]),
+    ],
 )
 def test_export_dispatches_by_format_and_keeps_order(fmt: str, render: object) -> None:
     result = export(iter([CREATE, QUERY]), fmt)
@@ -81,8 +98,11 @@ def test_to_dict_and_from_dict_round_trip() -> None:
 
 
 def test_exported_schemas_are_copies_so_callers_cannot_change_the_spec() -> None:
-    for rendered in (to_openai([CREATE])[0]["function"]["parameters"], to_mcp([CREATE])[0]["inputSchema"],
-                     CREATE.to_dict()["input_schema"]):
+    for rendered in (
+        to_openai([CREATE])[0]["function"]["parameters"],
+        to_mcp([CREATE])[0]["inputSchema"],
+        CREATE.to_dict()["input_schema"],
+    ):
         rendered["properties"].clear()
     assert CREATE.input_schema == SCHEMA
 

@@ -1,0 +1,149 @@
+"""Test harness: a real fleet (``reach router`` + ``reach worker`` processes) on the real broker."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kombu import Connection
+
+from producers.client import ReachClient
+from workers.topology import INTENTS_QUEUE, connector_queue
+
+REPO = Path(__file__).resolve().parent.parent
+BROKER_URL = os.environ.get("REACH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("REACH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def reachable(url: str, default_port: int) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def queue_depth(name: str) -> tuple[int, int]:
+    """(messages ready, consumers) of a queue."""
+    with Connection(BROKER_URL) as conn:
+        channel = conn.channel()
+        try:
+            result = channel.queue_declare(name, passive=True)
+            return int(result.message_count), int(result.consumer_count)
+        finally:
+            channel.close()
+
+
+def purge(*names: str) -> None:
+    with Connection(BROKER_URL) as conn:
+        channel = conn.channel()
+        for name in names:
+            try:
+                channel.queue_purge(name)
+            except Exception:  # not declared yet: nothing to purge
+                channel = conn.channel()
+        channel.close()
+
+
+class Fleet:
+    """Starts the router and one pool per named connector against a catalog text."""
+
+    def __init__(self, catalog_yaml: str, pools: list[str], *, env: dict[str, str] | None = None,
+                 log_dir: Path | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="reach-test-catalog-"))
+        (self.dir / "catalog.yaml").write_text(catalog_yaml)
+        self.pools = pools
+        self.log_dir = log_dir or self.dir
+        self.env = dict(os.environ, REACH_CATALOG=str(self.dir), REACH_BROKER_URL=BROKER_URL, REACH_REDIS_URL=REDIS_URL,
+                        REACH_LOG_LEVEL="INFO", **(env or {}))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, timeout: float = 60.0) -> Fleet:
+        purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools))
+        self.start_process("router", ["router"])
+        for pool in self.pools:
+            self.start_process(pool, ["worker", pool])
+        deadline = time.time() + timeout
+        for pool in self.pools:
+            while True:
+                self.check_alive()
+                try:
+                    if queue_depth(connector_queue(pool).name)[1] > 0:
+                        break
+                except Exception:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"pool {pool} did not start consuming; see {self.log_dir}")
+                time.sleep(0.2)
+        # the router is ready when it answers
+        with ReachClient(f"probe-{uuid.uuid4().hex[:8]}", BROKER_URL) as probe:
+            while True:
+                self.check_alive()
+                try:
+                    probe.call("reach.list_tools", {}, timeout=2)
+                    break
+                except TimeoutError:
+                    if time.time() > deadline:
+                        raise RuntimeError(f"router did not answer; see {self.log_dir}") from None
+        return self
+
+    def start_process(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        env = dict(self.env, REACH_METRICS_PORT=str(free_port()), **(extra_env or {}))
+        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=REPO)
+        self.procs[name] = proc
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_process(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.stop_process(name)
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def agent(agent_id: str) -> ReachClient:
+    return ReachClient(agent_id, BROKER_URL)

@@ -1,0 +1,178 @@
+"""``reach demo``: the whole fleet on this machine, against an example ticket system.
+
+Starts the ticket system (in this process), ``reach router`` and ``reach worker
+local_ticket_system`` (as child processes), sends a handful of intents as two agents, prints
+their receipts as a table, and stops everything it started.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+from producers.client import ReachClient, ReceiptTimeout
+from producers.wire import Receipt
+from workers.settings import Settings
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CONNECTOR = "local_ticket_system"
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "localhost", parts.port or default_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _load_ticket_system() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("reach_demo_ticket_system", EXAMPLES / "ticket_system.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def _row(n: int, who: str, what: str, receipt: Receipt | None) -> tuple[str, ...]:
+    if receipt is None:
+        return (str(n), who, what, "-", "-", "no receipt")
+    if receipt.success:
+        outcome = ", ".join(f"{k}={v}" for k, v in list((receipt.data or {}).items())[:4])
+    else:
+        assert receipt.error is not None
+        outcome = receipt.error.message
+    code = receipt.error.code.value if receipt.error else "-"
+    return (str(n), who, what, receipt.status, code, outcome)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    header = ("#", "agent", "intent", "status", "code", "result")
+    cells = [header, *rows]
+    widths = [min(60, max(len(r[i]) for r in cells)) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run_demo(settings: Settings, keep_running: bool = False) -> int:
+    """Returns the process exit code: 0 when every receipt was what the script expects."""
+    for name, url, port in (("RabbitMQ", settings.broker_url, 5672), ("Redis", settings.redis_url, 6379)):
+        if not _reachable(url, port):
+            print(f"{name} is not reachable at {url}. `bash .ci/demo` installs and starts it for you.", file=sys.stderr)
+            return 2
+    if not (EXAMPLES / "catalog").is_dir():
+        print(f"the demo needs the repository's examples/ folder (looked in {EXAMPLES})", file=sys.stderr)
+        return 2
+    tickets = _load_ticket_system().TicketSystem(0).start()
+    logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
+    env = dict(os.environ, REACH_CATALOG=str(EXAMPLES / "catalog"), TICKETS_URL=tickets.url,
+               REACH_BROKER_URL=settings.broker_url, REACH_REDIS_URL=settings.redis_url)
+    env.pop("REACH_METRICS_PORT", None)
+    procs: list[subprocess.Popen[bytes]] = []
+    print(f"ticket system on {tickets.url}; fleet logs in {logs}")
+    try:
+        for name, args in (("router", ["router"]), ("pool", ["worker", CONNECTOR])):
+            out = open(logs / f"{name}.log", "wb")
+            procs.append(subprocess.Popen([sys.executable, "-m", "workers.cli", *args], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+            print(f"started reach {' '.join(args)} (pid {procs[-1].pid})")
+        return _script(settings, tickets, procs, logs, keep_running)
+    finally:
+        for proc in procs:
+            _stop(proc)
+        tickets.stop()
+        print("stopped the router, the pool and the ticket system")
+
+
+def _script(settings: Settings, tickets: Any, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool) -> int:
+    desk = ReachClient("ticket_desk_bot", settings.broker_url)
+    qa = ReachClient("ticket_qa_bot", settings.broker_url)
+    try:
+        deadline = time.time() + 90
+        tools: list[dict[str, Any]] = []
+        while not tools:
+            if any(p.poll() is not None for p in procs) or time.time() > deadline:
+                print(f"the fleet did not come up; see the logs in {logs}", file=sys.stderr)
+                return 1
+            try:
+                tools = desk.tools("openai", timeout=3)
+            except ReceiptTimeout:
+                continue
+        print(f"fleet ready; ticket_desk_bot sees {len(tools)} tools: {', '.join(t['function']['name'] for t in tools)}\n")
+        results: list[tuple[str, str, Receipt | None, str]] = []
+
+        def run(client: ReachClient, what: str, expect: str, action: str, params: dict[str, Any]) -> Receipt | None:
+            try:
+                receipt = client.call(action, params, timeout=20)
+            except ReceiptTimeout:
+                receipt = None
+            results.append((client.agent_id, what, receipt, expect))
+            return receipt
+
+        created = run(desk, "create_ticket priority=high", "succeeded", "create_ticket",
+                      {"title": "Printer on fire", "description": "Third floor, smells of toner", "priority": "high"})
+        run(desk, "create_ticket priority=urgent", "VALIDATION_FAILED", "create_ticket",
+            {"title": "VPN down", "description": "since 9am", "priority": "urgent"})
+        run(qa, "create_ticket (read-only agent)", "PERMISSION_DENIED", "local_ticket_system.create_ticket",
+            {"title": "Hello", "description": "I should not be able to do this"})
+        tid = (created.data or {}).get("ticket_id", "TK-0001") if created and created.success else "TK-0001"
+        run(qa, f"query_ticket tid={tid}", "succeeded", "query_ticket", {"tid": tid})
+        run(qa, "query_ticket tid=TK-9999", "DOWNSTREAM_NOT_FOUND", "local_ticket_system__query_ticket", {"tid": "TK-9999"})
+        run(desk, "delete_everything", "UNKNOWN_ACTION", "delete_everything", {})
+        # a malformed message: not JSON at all, identified by its agent_id header
+        desk.publish_raw(b"{this is not json", headers={"agent_id": "ticket_desk_bot"}, message_id="demo-malformed-1")
+        try:
+            malformed: Receipt | None = desk.wait("demo-malformed-1", timeout=20)
+        except ReceiptTimeout:
+            malformed = None
+        results.append(("ticket_desk_bot", "{this is not json", malformed, "INVALID_INTENT"))
+
+        rows = [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)]
+        print(_table(rows))
+        ok = all(r is not None and (r.status == expect or (r.error and r.error.code.value == expect))
+                 for _, _, r, expect in results)
+        calls = tickets.requests()
+        print(f"\nthe ticket system received {len(calls)} request(s): "
+              + ", ".join(f"{c['method']} {c['path']}" for c in calls))
+        print("the bad enum, the forbidden action, the unknown action and the malformed message never reached it.")
+        print("\nall receipts as expected" if ok else "\nSOME RECEIPTS WERE NOT AS EXPECTED")
+        if keep_running:
+            print(f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
+                  f"  REACH_CATALOG={EXAMPLES / 'catalog'} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
+                  "Ctrl-C stops everything.")
+            try:
+                while all(p.poll() is None for p in procs):
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        return 0 if ok and len(calls) == 3 else 1
+    finally:
+        desk.close()
+        qa.close()
