@@ -68,6 +68,11 @@ class Catalog:
         granted = [r for r in candidates if self.allows(agent_id, r)]
         if len(granted) == 1:
             return granted[0]
+        if not granted:
+            # the agent may use none of them: that, not the ambiguity, is what it must hear
+            refusal = self.check_permission(agent_id, candidates[0])
+            assert refusal is not None
+            return refusal
         pool = granted or candidates
         if domain:
             in_domain = [r for r in pool if r.connector.domain == domain]

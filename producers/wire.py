@@ -138,7 +138,8 @@ class Receipt(BaseModel):
         doc = self.model_dump(mode="json")
         if doc["error"] is not None and doc["error"].get("retry_after_ms") is None:
             doc["error"].pop("retry_after_ms", None)
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        # ASCII escapes: a lone surrogate in a system's answer must not make the receipt unsendable
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 class IntentContext(BaseModel):

@@ -162,7 +162,7 @@ def _parse_param(text: str) -> tuple[str, Any]:
 def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str | None, intent_id: str | None,
          wait: bool, timeout: float) -> None:
     """Publish an intent from the shell; with --wait, print its receipt (exit 1 unless it succeeded)."""
-    from producers.client import ReachClient, ReceiptTimeout
+    from producers.client import ReachClient, ReachError, ReceiptTimeout
 
     settings = _settings()
     values = dict(_parse_param(p) for p in params)
@@ -172,7 +172,11 @@ def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str 
         click.echo(f"cannot reach the broker at {_redact(settings.broker_url)}: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     with client:
-        sent_id = client.publish(action, values, intent_id=intent_id, idempotency_key=idempotency_key)
+        try:
+            sent_id = client.publish(action, values, intent_id=intent_id, idempotency_key=idempotency_key)
+        except (ValueError, ReachError) as exc:
+            click.echo(f"not sent: {exc}", err=True)
+            sys.exit(EXIT_CONFIG)
         if not wait:
             click.echo(sent_id)
             return

@@ -160,7 +160,7 @@ class RouterRuntime:
 
     def handle(self, message: Message) -> None:
         raw = RawMessage(
-            body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
+            body=_raw_body(message),
             headers=dict(message.headers or {}),
             user_id=message.properties.get("user_id"),
             message_id=message.properties.get("message_id"),
@@ -214,6 +214,19 @@ class RouterRuntime:
                                 received_at=raw.received_at, code=ErrorCode.INTERNAL,
                                 message="the router failed on this intent", suggestion="Retry later; operators were told.")
         return Answer(receipt, agent_id, dead_letter_reason="router error")
+
+
+def _raw_body(message: Message) -> bytes:
+    """The bytes the agent sent. py-amqp decodes bodies by their declared content_encoding;
+    encoding back with the same codec restores the original bytes, so UTF-8 is checked on what
+    was actually sent."""
+    body = message.body
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    try:
+        return str(body).encode(message.content_encoding or "utf-8")
+    except (LookupError, UnicodeEncodeError):
+        return str(body).encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
 
 
 def consumer_class(runtime: RouterRuntime) -> type[Consumer]:
