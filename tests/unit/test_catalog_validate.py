@@ -869,3 +869,10 @@ def test_permission_is_granted_for_bound_and_wildcard_actions(two_systems: Catal
     ref = two_systems.resolve(name, "both_bot")
     assert isinstance(ref, ActionRef)
     assert two_systems.check_permission("both_bot", ref) is None
+
+
+@pytest.mark.parametrize("agent", ["idle_bot", "ghost"])
+def test_a_shared_action_the_agent_may_use_on_no_connector_is_permission_denied(two_systems: Catalog, agent: str) -> None:
+    result = two_systems.resolve("create_ticket", agent)
+    assert isinstance(result, Refusal)
+    assert result.code is ErrorCode.PERMISSION_DENIED
