@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from connectors.loader import CatalogError, LoadResult, Problem, line_of, load_directory
-from connectors.schema import ParamValidator, object_json_schema
+from connectors.schema import ParamValidator, default_problems, object_json_schema
 from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec
 from producers.tools import ToolSpec
 from producers.wire import ErrorCode
@@ -164,7 +164,10 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
             problems.append(Problem(doc.file, line_of(doc, "connector", "name"), f"connector {spec.name!r} is declared twice"))
             continue
         connectors[spec.name] = spec
-        for action in spec.actions:
+        for i, action in enumerate(spec.actions):
+            for field_name, message in default_problems(action):
+                problems.append(Problem(doc.file, line_of(doc, "connector", "actions", i, "input", field_name, "default"),
+                                        f"connector.actions.{i}.input.{field_name}.default: {message}"))
             ref = ActionRef(spec, action, ParamValidator(action))
             refs[(spec.name, action.action)] = ref
             by_action.setdefault(action.action, []).append(ref)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from connectors.spec import AgentApp, AgentAppDocument, ConnectorDocument, ConnectorSpec
+from connectors.spec import AgentApp, AgentAppDocument, ConnectorDocument, ConnectorSpec, path_param_problems
 
 
 @dataclass(frozen=True, order=True)
@@ -113,16 +113,17 @@ def _load_file(path: Path, result: LoadResult, env: Any) -> None:
         for fixed_line, words in _rejoin_flow_commas(node):
             result.warnings.append(Problem(name, fixed_line, f"read {words!r} as part of the text before it (a comma inside "
                                                              "{ } splits a value; quote the text to say so explicitly)"))
-        try:
-            doc = _UniqueKeyLoader.construct(node)
-        except _DuplicateKey as dup:
-            result.problems.append(Problem(name, dup.line, str(dup)))
+        doc, duplicates = _UniqueKeyLoader.construct(node)
+        if duplicates:
+            result.problems.extend(Problem(name, dup.line, str(dup)) for dup in duplicates)
             continue
         if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app"):
             keys = ", ".join(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
             result.problems.append(Problem(name, line, f"a document must hold exactly one of connector: or agent_app: (found {keys})"))
             continue
         kind = next(iter(doc))
+        structural = _structure_problems(doc, node, name) if kind == "connector" else []
+        result.problems.extend(structural)
         if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get("endpoint"), str):
             try:
                 doc["connector"]["endpoint"] = expand_env(doc["connector"]["endpoint"], env)
@@ -140,7 +141,13 @@ def _load_file(path: Path, result: LoadResult, env: Any) -> None:
             if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get("name"), str):
                 result.broken_connectors.add(doc["connector"]["name"])
             for err in exc.errors():
-                result.problems.append(Problem(name, _line_of(node, err["loc"]), _describe(err)))
+                problem = Problem(name, _line_of(node, err["loc"]), _describe(err))
+                if problem not in structural:  # the model re-checks what the raw pass reported
+                    result.problems.append(problem)
+            continue
+        if structural and kind == "connector":
+            result.broken_connectors.add(model.name)
+            result.connectors.pop()
 
 
 _TEXT_KEYS = ("description",)
@@ -182,6 +189,32 @@ def _rejoin_flow_commas(node: yaml.Node) -> list[tuple[int, str]]:
 def _between(start: yaml.Mark, end: yaml.Mark) -> str:
     buffer = start.buffer or ""
     return buffer[start.index:end.index] if buffer else ":"
+
+
+def _structure_problems(doc: dict[str, Any], node: yaml.Node, file: str) -> list[Problem]:
+    """Checks across fields, made on the raw document so they are reported even when some
+    field has its own problem (pydantic skips a model's cross-field checks then)."""
+    connector = doc.get("connector")
+    actions = connector.get("actions") if isinstance(connector, dict) else None
+    if not isinstance(actions, list):
+        return []
+    problems = []
+    seen: set[str] = set()
+    for i, action in enumerate(actions):
+        if not isinstance(action, dict):
+            continue
+        loc = ("connector", "actions", i)
+        name = action.get("action")
+        if isinstance(name, str):
+            if name in seen:
+                problems.append(Problem(file, _line_of(node, (*loc, "action")),
+                                        f"connector.actions.{i}.action: action {name!r} is declared twice in this connector"))
+            seen.add(name)
+        inputs = action.get("input") if isinstance(action.get("input"), dict) else {}
+        placements = {str(k): (v.get("in") if isinstance(v, dict) else None) for k, v in inputs.items()}
+        for message in path_param_problems(action.get("path"), placements):
+            problems.append(Problem(file, _line_of(node, loc), f"connector.actions.{i}: {message}"))
+    return problems
 
 
 def _describe(err: Any) -> str:
@@ -231,13 +264,16 @@ class _DuplicateKey(ValueError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that notes every duplicate key (PyYAML silently keeps the last one)."""
+
+    duplicates: list[_DuplicateKey]
 
     @classmethod
-    def construct(cls, node: yaml.Node) -> Any:
+    def construct(cls, node: yaml.Node) -> tuple[Any, list[_DuplicateKey]]:
         loader = cls("")
+        loader.duplicates = []
         try:
-            return loader.construct_document(node)
+            return loader.construct_document(node), loader.duplicates
         finally:
             loader.dispose()
 
@@ -245,7 +281,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
-            seen.add(key)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key; PyYAML reports it itself
+                continue
+            if duplicate:
+                self.duplicates.append(_DuplicateKey(str(key), key_node.start_mark.line + 1))
         return super().construct_mapping(node, deep=deep)

@@ -54,13 +54,17 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def compile_field(spec: FieldSpec, in_header: bool = False) -> Check:
-    """Build the check for one field: returns the (possibly normalised) value, appends problems."""
+def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False) -> Check:
+    """Build the check for one field: returns the (possibly normalised) value, appends problems.
+
+    ``hidden``: an enclosing field is sensitive, so this one's values are never echoed either.
+    """
     kind = spec.type
     pattern = re.compile(spec.pattern) if spec.pattern else None
-    items = compile_field(spec.items) if spec.items is not None else None
-    props = {k: (compile_field(v), v) for k, v in spec.properties.items()} if spec.properties is not None else None
-    show = not spec.sensitive  # sensitive values are never echoed back
+    show = not (spec.sensitive or hidden)  # sensitive values are never echoed back
+    items = compile_field(spec.items, hidden=not show) if spec.items is not None else None
+    props = ({k: (compile_field(v, hidden=not show), v) for k, v in spec.properties.items()}
+             if spec.properties is not None else None)
 
     def bad(problems: list[FieldProblem], where: str, code: str, message: str, allowed: list[Any] | None = None) -> None:
         problems.append(FieldProblem(where, code, message, allowed))
@@ -77,8 +81,8 @@ def compile_field(spec: FieldSpec, in_header: bool = False) -> Check:
             if pattern is not None and not pattern.search(value):
                 bad(problems, where, "pattern", f"must match the pattern {spec.pattern}"
                     + (f" (got {value[:60]!r})" if show else ""))
-            if in_header and _CONTROL.search(value):
-                bad(problems, where, "header", "must not contain line breaks or control characters")
+            if in_header and (_CONTROL.search(value) or not value.isascii()):
+                bad(problems, where, "header", "must be plain ASCII without line breaks or control characters")
             return value
         if kind == "integer":
             if isinstance(value, float) and not isinstance(value, bool) and value.is_integer():
@@ -88,7 +92,8 @@ def compile_field(spec: FieldSpec, in_header: bool = False) -> Check:
             _check_range(value, where, problems)
             return value
         if kind == "number":
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or (isinstance(value, float) and not math.isfinite(value))):
                 return bad(problems, where, "type", f"must be a number, got {_type_name(value)}")
             _check_range(value, where, problems)
             return value
@@ -188,6 +193,19 @@ class ParamValidator:
             if cleaned.get(name) in ("", None) and not any(p.field == name for p in problems):
                 problems.append(FieldProblem(name, "min_length", "is a path parameter and must not be empty"))
         return cleaned, problems
+
+
+def default_problems(action: ActionSpec) -> list[tuple[str, str]]:
+    """(field, message) for each input whose ``default`` breaks its own declaration: such a
+    default would be sent downstream for every intent that leaves the field out."""
+    found = []
+    for name, spec in action.input.items():
+        if spec.default is None:
+            continue
+        problems: list[FieldProblem] = []
+        compile_field(spec, in_header=spec.in_ == "header")(spec.default, name, problems)
+        found.extend((name, p.message) for p in problems)
+    return found
 
 
 def suggestion_for(problems: list[FieldProblem]) -> str:

@@ -194,6 +194,25 @@ def split_path(path: str) -> tuple[str, str]:
     return method, template
 
 
+def path_param_problems(path: Any, placements: dict[str, Any]) -> list[str]:
+    """Path parameters of ``path`` not declared in input, or declared elsewhere (name -> ``in``)."""
+    try:
+        _, template = split_path(path)
+    except ValueError:
+        return []  # reported as a bad path on its own
+    named = PATH_PARAM.findall(template)
+    problems = []
+    for name in named:
+        if name not in placements:
+            problems.append(f"path parameter {{{name}}} is not declared in input")
+        elif placements[name] not in (None, "path"):
+            problems.append(f"path parameter {{{name}}} is declared with in: {placements[name]}")
+    for name, place in placements.items():
+        if place == "path" and name not in named:
+            problems.append(f"input {name} has in: path but the template has no {{{name}}}")
+    return problems
+
+
 class ActionSpec(_Spec):
     """One semantic action: what an agent may ask for, and how it reaches the system."""
 
@@ -229,16 +248,10 @@ class ActionSpec(_Spec):
 
     @model_validator(mode="after")
     def _path_params_declared(self) -> ActionSpec:
-        _, template = split_path(self.path)
-        for name in PATH_PARAM.findall(template):
-            field = self.input.get(name)
-            if field is None:
-                raise ValueError(f"path parameter {{{name}}} is not declared in input")
-            if field.in_ not in (None, "path"):
-                raise ValueError(f"path parameter {{{name}}} is declared with in: {field.in_}")
-        for name, field in self.input.items():
-            if field.in_ == "path" and name not in PATH_PARAM.findall(template):
-                raise ValueError(f"input {name} has in: path but the template has no {{{name}}}")
+        # the loader reports the same problems from the raw YAML with lines (structure_problems);
+        # this keeps programmatically built specs honest too
+        for problem in path_param_problems(self.path, {k: v.in_ for k, v in self.input.items()}):
+            raise ValueError(problem)
         return self
 
     @property
@@ -302,15 +315,6 @@ class ConnectorSpec(_Spec):
         if parts.query or parts.fragment or parts.username or parts.password:
             raise ValueError(f"endpoint {v!r} must not carry a query, fragment or credentials (use auth)")
         return v.rstrip("/")
-
-    @model_validator(mode="after")
-    def _unique_actions(self) -> ConnectorSpec:
-        seen: set[str] = set()
-        for action in self.actions:
-            if action.action in seen:
-                raise ValueError(f"action {action.action!r} is declared twice in connector {self.name}")
-            seen.add(action.action)
-        return self
 
     def action(self, name: str) -> ActionSpec | None:
         for action in self.actions:

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INTENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# sent downstream as a header: visible ASCII only
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 Status = Literal["succeeded", "rejected", "failed", "unknown"]
 
@@ -169,6 +171,13 @@ class Intent(BaseModel):
     def _intent_id(cls, v: str | None) -> str | None:
         if v is not None and not INTENT_ID_PATTERN.match(v):
             raise ValueError("must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _idempotency_key(cls, v: str | None) -> str | None:
+        if v is not None and not IDEMPOTENCY_KEY_PATTERN.match(v):
+            raise ValueError("must be 1-255 visible ASCII characters (no spaces or control characters)")
         return v
 
     @field_validator("agent_id")

@@ -76,7 +76,8 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
 
     catalog = _load_catalog(directory or _settings().catalog_dir)
     if agent is not None and agent not in catalog.agents:
-        raise click.ClickException(f"no agent_app named {agent!r} (known: {', '.join(sorted(catalog.agents)) or 'none'})")
+        click.echo(f"no agent_app named {agent!r} (known: {', '.join(sorted(catalog.agents)) or 'none'})", err=True)
+        sys.exit(EXIT_CONFIG)
     tools = catalog.tools_for(agent) if agent else catalog.all_tools()
     if fmt != "table":
         click.echo(json.dumps(export(tools, fmt), indent=2, ensure_ascii=False))

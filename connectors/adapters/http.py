@@ -44,6 +44,10 @@ def encode_path_segment(value: Any) -> str:
     return encoded
 
 
+def _header_safe(text: str) -> bool:
+    return text.isascii() and not any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def _scalar_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -131,16 +135,17 @@ class HttpAdapter:
                 if converted is None:
                     continue
                 text = _scalar_text(converted)
-                if any(ord(c) < 32 or ord(c) == 127 for c in text):
-                    raise UnsafeRequest(f"header value for {name!r} contains control characters")
+                if not _header_safe(text):
+                    raise UnsafeRequest(f"header value for {name!r} must be plain ASCII without control characters")
                 headers[wire] = text
             else:
                 body[wire] = converted
         path = PATH_PARAM.sub(lambda m: path_values[m.group(1)], template)
-        if self.connector.idempotency_header and ctx.idempotency_key:
-            headers[self.connector.idempotency_header] = ctx.idempotency_key
-        if ctx.traceparent:
-            headers["traceparent"] = ctx.traceparent
+        for header, value in ((self.connector.idempotency_header, ctx.idempotency_key), ("traceparent", ctx.traceparent)):
+            if header and value:
+                if not _header_safe(value):
+                    raise UnsafeRequest(f"the {header} value must be plain ASCII without control characters")
+                headers[header] = value
         url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
         content = None
         if method not in ("GET", "DELETE") or body:
@@ -175,7 +180,7 @@ class HttpAdapter:
         try:
             response = self._client.send(request, stream=True)
             try:
-                raw = self._read_capped(response)
+                raw = self._read_capped(response, started + timeout)
             finally:
                 response.close()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -198,10 +203,14 @@ class HttpAdapter:
         elapsed = (time.perf_counter() - started) * 1000
         return self._map_response(action, response, raw, elapsed)
 
-    def _read_capped(self, response: httpx.Response) -> bytes:
+    def _read_capped(self, response: httpx.Response, deadline: float) -> bytes:
+        """Read the body up to the size limit, and within the action's timeout as a whole: httpx's
+        timeouts apply per read, so a system trickling bytes could otherwise hold a thread for ever."""
         chunks: list[bytes] = []
         size = 0
         for chunk in response.iter_bytes():
+            if time.perf_counter() > deadline:
+                raise httpx.ReadTimeout("the response did not complete within the action's timeout")
             size += len(chunk)
             if size > self._max_response_bytes:
                 raise _ResponseTooLarge(response.status_code, self._max_response_bytes)

@@ -468,9 +468,6 @@ def test_duplicate_action_names_are_reported(tmp_path: Path) -> None:
     assert validate(tmp_path).exit_code == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a duplicate action name is reported at the `connector:` line (1), "
-                   "not at the second `- action:` item, because ConnectorSpec._unique_actions is a model "
-                   "validator whose error location is the whole connector")
 def test_duplicate_action_names_point_at_the_second_action(tmp_path: Path) -> None:
     text = TICKETS + "    - action: query_ticket   #!\n      path: GET /other\n"
     path = write(tmp_path, "tickets.yaml", text)
@@ -491,8 +488,6 @@ connector:
     assert_reported(tmp_path, path, 7, "path", "twice")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _UniqueKeyLoader raises on the first duplicate key, so a second "
-                   "duplicate key in the same document is never reported (validate must list every problem)")
 def test_every_duplicate_yaml_key_of_a_document_is_reported(tmp_path: Path) -> None:
     text = """\
 connector:
@@ -582,9 +577,6 @@ agent_app:
     assert f"{len(expected)} problem(s)" in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: model-level checks (undeclared path parameter, duplicate action "
-                   "names) are pydantic after-validators, which never run when a field of the same model already "
-                   "failed; validate then hides these problems until the first ones are fixed")
 def test_structural_problems_are_reported_alongside_field_problems(tmp_path: Path) -> None:
     text = """\
 connector:
@@ -605,9 +597,6 @@ connector:
     assert [p.line for p in problems_of(tmp_path) if p.file == str(path)] == marked_lines(text)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a field's `default` is not checked against its own type/values at "
-                   "load time; `default: urgent` for enum [low, medium, high] validates and is then sent downstream "
-                   "for every intent that omits the field")
 def test_default_outside_the_enum_values_is_a_problem(tmp_path: Path) -> None:
     text = """\
 connector:
@@ -716,9 +705,6 @@ def test_catalog_for_an_unknown_agent_fails_with_the_known_names(tmp_path: Path)
     assert "tickets__" not in result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: workers/cli.py documents exit 2 for usage errors (like an unknown "
-                   "connector in `reach worker`), but an unknown --agent raises click.ClickException, which exits 1 "
-                   "(the code for 'the thing checked is not right')")
 def test_catalog_for_an_unknown_agent_exits_with_the_usage_code(tmp_path: Path) -> None:
     write(tmp_path, "tickets.yaml", TICKETS + TWO_BOTS)
     assert run_catalog(tmp_path, "--agent", "nobody").exit_code == 2
