@@ -81,8 +81,9 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             if pattern is not None and not pattern.search(value):
                 bad(problems, where, "pattern", f"must match the pattern {spec.pattern}"
                     + (f" (got {value[:60]!r})" if show else ""))
-            if in_header and (_CONTROL.search(value) or not value.isascii()):
-                bad(problems, where, "header", "must be plain ASCII without line breaks or control characters")
+            if in_header and (_CONTROL.search(value) or not value.isascii() or value != value.strip(" ")):
+                bad(problems, where, "header",
+                    "must be plain ASCII without line breaks, control characters or surrounding spaces")
             return value
         if kind == "integer":
             if isinstance(value, float) and not isinstance(value, bool) and value.is_integer():

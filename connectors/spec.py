@@ -21,6 +21,8 @@ HOURS_WINDOW = re.compile(r"^\s*(\d{2}):(\d{2})\s*-\s*(\d{2}):(\d{2})\s+(\S+)\s*
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
 # reserved: the router answers `reach.list_tools` itself
 RESERVED_CONNECTOR_NAMES = frozenset({"reach"})
+# an agent named "intent" could bind its receipts back into reach.intents (routing key "intent")
+RESERVED_AGENT_NAMES = frozenset({"intent"})
 
 
 class _Spec(BaseModel):
@@ -355,10 +357,12 @@ class AgentApp(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        from producers.wire import AGENT_ID_PATTERN
-
-        if not AGENT_ID_PATTERN.match(v):
-            raise ValueError(f"agent name {v!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        # no dots: receipts route by "<agent>" and "<agent>.<suffix>", so agent "a" could
+        # read the receipts of an agent "a.b"
+        if not re.match(r"^[A-Za-z0-9_:-]{1,128}$", v):
+            raise ValueError(f"agent name {v!r} must be 1-128 characters of A-Z a-z 0-9 _ : - (no dots)")
+        if v in RESERVED_AGENT_NAMES:
+            raise ValueError(f"agent name {v!r} is reserved")
         return v
 
 

@@ -8,6 +8,10 @@ Errors::
 
 Any language can do the same with a plain AMQP client; this module is just the shortest correct
 way to do it from Python (design.md sections 1-3).
+
+It needs no configure permission: the fleet declares the exchanges, the client only checks them
+with passive declares, so an agent's broker user can be confined to publishing intents and
+reading its own receipts (``reach agent-user create``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import MessageNacked, NotFound
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.message import Message
 from pydantic import ValidationError
@@ -46,8 +50,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
 INTENT_ROUTING_KEY = "intent"
 LIST_TOOLS_ACTION = "reach.list_tools"
-# declared with the fleet's arguments (durable, not auto-delete, no x-arguments): a declaration
-# with different ones would be refused by the broker with PRECONDITION_FAILED
+# the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
+# passively only, which needs no permission and leaves them as the fleet made them
 INTENTS_EXCHANGE = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
 RECEIPTS_EXCHANGE = Exchange("reach.receipts", type="topic", durable=True, auto_delete=False)
 
@@ -91,10 +95,18 @@ class ReachClient:
     Not thread-safe: one connection and channel carry publishes and deliveries, so use one
     client per thread (or guard it with a lock).
 
+    With ``user_id`` (or ``authenticated=True``) every message carries the AMQP ``user_id``
+    property; RabbitMQ refuses it unless it equals the connection's login, so the router can
+    trust it as the agent's identity (and with ``REACH_REQUIRE_USER_ID=1`` requires it).
+
     Example::
 
         with ReachClient("ticket_qa_bot") as reach:
             receipt = reach.call("query_ticket", {"tid": "TK-0001"})
+
+        url = "amqp://ticket_qa_bot:<password>@broker:5672//"
+        with ReachClient("ticket_qa_bot", url, authenticated=True) as reach:
+            ...
     """
 
     def __init__(
@@ -104,8 +116,10 @@ class ReachClient:
         *,
         reply_to: str | None = None,
         connect_timeout: float = 10.0,
+        user_id: str | None = None,
+        authenticated: bool = False,
     ) -> None:
-        """Connect, declare the exchanges and bind this client's receipt queue.
+        """Connect, check the exchanges exist and bind this client's receipt queue.
 
         Args:
             agent_id: The calling agent app (1-128 of ``A-Z a-z 0-9 . _ : -``).
@@ -115,10 +129,16 @@ class ReachClient:
                 each concurrent client of one agent its own, or they share receipts.
             connect_timeout: Seconds to wait for the broker to accept the connection, and for
                 it to confirm each publish.
+            user_id: Set the AMQP ``user_id`` property to this on every publish. It must be
+                the broker login (the broker refuses anything else) and equal ``agent_id``
+                (the router refuses anything else).
+            authenticated: Shorthand for ``user_id`` = the broker URL's login.
 
         Raises:
-            ValueError: ``agent_id`` or ``reply_to`` is malformed.
-            ReachError: The broker cannot be reached or refused a declaration.
+            ValueError: ``agent_id`` or ``reply_to`` is malformed, or ``user_id`` is not
+                ``agent_id``.
+            ReachError: The broker cannot be reached, the fleet's exchanges do not exist, or
+                the broker refused the receipt queue or its binding.
         """
         if not isinstance(agent_id, str) or not AGENT_ID_PATTERN.match(agent_id):
             raise ValueError("agent_id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
@@ -126,6 +146,8 @@ class ReachClient:
             not 1 <= len(reply_to) <= 255 or any(c in reply_to for c in "*#")
         ):
             raise ValueError("reply_to must be 1-255 characters without the wildcards * or #")
+        if user_id is not None and authenticated:
+            raise ValueError("give user_id or authenticated=True, not both")
         self.agent_id = agent_id
         self.reply_to = reply_to
         self._timeout = connect_timeout
@@ -142,14 +164,27 @@ class ReachClient:
             connect_timeout=connect_timeout,
             transport_options={"confirm_publish": True},
         )
+        if authenticated:
+            # a URL without a login connects as the transport's default user (guest)
+            user_id = self._conn.userid or self._conn.transport.default_connection_params["userid"]
+        if user_id is not None and user_id != agent_id:
+            self._conn.release()
+            self._closed = True
+            raise ValueError(
+                f"user_id {user_id!r} must equal agent_id {agent_id!r}: the router refuses an "
+                "intent whose agent_id is not the authenticated user"
+            )
+        self.user_id: str | None = user_id
         try:
             self._conn.connect()
             channel = self._conn.default_channel
             # py-amqp would turn bodies with a content_encoding into str; receipts are parsed
             # from the bytes as they arrived
             channel.auto_decode = False
-            INTENTS_EXCHANGE(channel).declare()
-            RECEIPTS_EXCHANGE(channel).declare()
+            # passive: needs no permission, and never creates the fleet's exchanges with
+            # arguments of its own
+            INTENTS_EXCHANGE(channel).declare(passive=True)
+            RECEIPTS_EXCHANGE(channel).declare(passive=True)
             self._queue = Queue(
                 name="",
                 exchange=RECEIPTS_EXCHANGE,
@@ -158,7 +193,9 @@ class ReachClient:
                 auto_delete=True,
                 durable=False,
             )(channel)
-            self._queue.declare()
+            # queue and binding only: Queue.declare() would also declare the exchange actively
+            self._queue.queue_declare()
+            self._queue.queue_bind()
             # on_message gets the raw message: the body is never handed to a kombu deserializer.
             # auto_declare off: re-declaring by the server-given amq.gen-* name is refused (403)
             self._consumer = Consumer(
@@ -177,6 +214,13 @@ class ReachClient:
                 auto_declare=False,
                 on_return=self._on_return,
             )
+        except NotFound as exc:
+            self._conn.release()
+            self._closed = True
+            raise ReachError(
+                "the fleet's exchanges do not exist on this broker; run `reach setup` or start "
+                "`reach router`"
+            ) from exc
         except self._broker_errors() as exc:
             self._conn.release()
             self._closed = True
@@ -415,6 +459,8 @@ class ReachClient:
         properties: dict[str, Any] = {}
         if message_id is not None:
             properties["message_id"] = message_id
+        if self.user_id is not None:
+            properties["user_id"] = self.user_id
         self._returned.clear()
         try:
             # confirm mode makes this wait for the broker's ack; a basic.return for an

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import uuid
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,9 @@ class Fleet:
                     raise RuntimeError(f"pool {pool} did not start consuming; see {self.log_dir}")
                 time.sleep(0.2)
         # the router is ready when it answers
-        with ReachClient(f"probe-{uuid.uuid4().hex[:8]}", BROKER_URL) as probe:
+        # the probe sends as the broker login with user_id set, so it is answered in every identity mode
+        login = urlsplit(BROKER_URL).username or "guest"
+        with ReachClient(login, BROKER_URL, authenticated=True) as probe:
             while True:
                 self.check_alive()
                 try:

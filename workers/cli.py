@@ -26,7 +26,8 @@ def _settings() -> Settings:
     try:
         return Settings.from_env()
     except SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
+        click.echo(f"configuration error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 def _setup_logging(level: str) -> None:
@@ -167,8 +168,11 @@ def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str 
 
     settings = _settings()
     values = dict(_parse_param(p) for p in params)
+    from urllib.parse import urlsplit
+
     try:
-        client = ReachClient(agent, settings.broker_url)
+        # logged in as the agent itself: send user_id, so REACH_REQUIRE_USER_ID fleets accept it
+        client = ReachClient(agent, settings.broker_url, authenticated=urlsplit(settings.broker_url).username == agent)
     except Exception as exc:  # connection refused, auth: say so plainly
         click.echo(f"cannot reach the broker at {_redact(settings.broker_url)}: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -197,6 +201,11 @@ def demo(keep_running: bool) -> None:
     from workers.demo import run_demo
 
     sys.exit(run_demo(_settings(), keep_running=keep_running))
+
+
+from workers.agents import agent_user  # noqa: E402
+
+main.add_command(agent_user, "agent-user")
 
 
 def _redact(url: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from producers.formats import FormatError, loads_strict, normalize
-from producers.wire import AGENT_ID_PATTERN, INTENT_ID_PATTERN, Intent
+from producers.wire import AGENT_ID_PATTERN, INTENT_ID_PATTERN, ErrorCode, Intent
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -46,9 +46,18 @@ class ParseFailure:
     reason: str
     intent_id: str
     agent_id: str | None
-    reply_to: str | None
+    reply_to: str | None      # where the receipt goes; None: nobody can be told (dead letter only)
     details: list[dict[str, Any]] = field(default_factory=list)
-    identity_mismatch: bool = False
+    code: ErrorCode = ErrorCode.INVALID_INTENT
+    dead_letter: bool = True  # unreadable messages are kept for operators; refused identities are not
+
+
+def reply_allowed(agent_id: str, reply_to: str) -> bool:
+    """Receipts go to the agent's own routing keys only: ``agent`` or ``agent.<anything>``.
+
+    RabbitMQ topic permissions can then confine each agent to reading its own receipts.
+    """
+    return reply_to == agent_id or reply_to.startswith(agent_id + ".")
 
 
 def new_trace_id() -> str:
@@ -81,18 +90,28 @@ def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
     return intent_id, agent if agent and AGENT_ID_PATTERN.match(agent) else None
 
 
-def parse(raw: RawMessage, max_bytes: int) -> ParsedIntent | ParseFailure:
-    """Decode, detect the format, fix identity and ids, and type-check the intent."""
+def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False) -> ParsedIntent | ParseFailure:
+    """Decode, detect the format, fix identity and ids, and type-check the intent.
+
+    ``require_user_id`` (REACH_REQUIRE_USER_ID): only the broker-validated AMQP user_id counts
+    as identity; an intent without one is refused.
+    """
     user_id = raw.user_id or None
     header_agent = _header_text(raw.headers, "agent_id")
     if header_agent is not None and not AGENT_ID_PATTERN.match(header_agent):
         header_agent = None
     fallback_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
-    known_agent = user_id or header_agent
+    # in production mode only the broker-validated login may receive an answer: anything else
+    # could push receipts into another agent's stream
+    trusted = (lambda *claims: user_id) if require_user_id else (lambda *claims: user_id or next(
+        (c for c in claims if c), None))
+    known_agent = trusted(header_agent)
 
     def fail(reason: str, *, intent_id: str = fallback_id, agent: str | None = known_agent, reply_to: str | None = None,
-             details: list[dict[str, Any]] | None = None, mismatch: bool = False) -> ParseFailure:
-        return ParseFailure(reason, intent_id, agent, reply_to, details or [], mismatch)
+             details: list[dict[str, Any]] | None = None, code: ErrorCode = ErrorCode.INVALID_INTENT,
+             dead_letter: bool = True) -> ParseFailure:
+        route = reply_to if agent is not None and reply_to is not None and reply_allowed(agent, reply_to) else agent
+        return ParseFailure(reason, intent_id, agent, route, details or [], code, dead_letter)
 
     if len(raw.body) > max_bytes:
         return fail(f"the intent is {len(raw.body)} bytes; the limit is {max_bytes} bytes")
@@ -114,13 +133,16 @@ def parse(raw: RawMessage, max_bytes: int) -> ParsedIntent | ParseFailure:
         # receipt goes to the authenticated agent, never to the claimed one
         if doc.get("agent_id") not in (None, user_id):
             return fail(f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
-                        intent_id=intent_id, agent=user_id, mismatch=True)
+                        intent_id=intent_id, agent=user_id, code=ErrorCode.PERMISSION_DENIED, dead_letter=False)
         doc["agent_id"] = user_id
+    elif require_user_id:
+        # nobody the broker vouched for can be told: kept for operators in the dead-letter queue
+        return fail("this fleet accepts intents only with the AMQP user_id property set to your broker login",
+                    intent_id=intent_id, agent=None, code=ErrorCode.PERMISSION_DENIED)
     elif doc.get("agent_id") is None and header_agent is not None:
         doc["agent_id"] = header_agent
     elif header_agent is not None and doc.get("agent_id") != header_agent:
-        return fail("the agent_id header and the agent_id field disagree", intent_id=intent_id, agent=None,
-                    reply_to=None)
+        return fail("the agent_id header and the agent_id field disagree", intent_id=intent_id, agent=None)
     doc.setdefault("intent_id", intent_id)
     if doc.get("intent_id") is None:
         doc["intent_id"] = intent_id
@@ -135,9 +157,12 @@ def parse(raw: RawMessage, max_bytes: int) -> ParsedIntent | ParseFailure:
                    for e in exc.errors(include_url=False, include_input=False)][:20]
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
         return fail(f"the intent does not match the contract: {summary}", intent_id=intent_id,
-                    agent=user_id or body_agent or header_agent, reply_to=reply_to, details=details)
+                    agent=trusted(body_agent, header_agent), reply_to=reply_to, details=details)
     if intent.agent_id is None:
         return fail("no agent identity: set agent_id in the intent or the agent_id header", intent_id=intent_id,
-                    agent=None, reply_to=reply_to)
+                    agent=None)
+    if intent.reply_to is not None and not reply_allowed(intent.agent_id, intent.reply_to):
+        return fail(f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
+                    intent_id=intent.intent_id or intent_id, agent=intent.agent_id)
     trace_id, traceparent = trace_from(intent.traceparent)
     return ParsedIntent(intent, normalized.format, trace_id, traceparent)

@@ -21,13 +21,16 @@ from celery.worker.consumer import Consumer
 from kombu.message import Message
 
 from connectors.catalog import ActionRef, Catalog, Refusal
+from connectors.hours import parse_window
 from connectors.schema import suggestion_for
 from producers.wire import ErrorCode, Receipt
 from workers import metrics
 from workers.app import EXECUTE_TASK
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
+from workers.ratelimit import RateLimiter, parse_rate
 from workers.receipts import ReceiptSink, build_receipt
+from workers.redact import redact_body
 from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
 
 log = logging.getLogger("reach.router")
@@ -56,14 +59,17 @@ Decision = Dispatch | Answer
 
 
 class Router:
-    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, limiter: RateLimiter, require_user_id: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
         self.catalog = catalog
+        self.limiter = limiter
         self.max_intent_bytes = max_intent_bytes
+        self.require_user_id = require_user_id
         self.clock = clock
 
     def decide(self, raw: RawMessage) -> Decision:
         received_at = raw.received_at or self.clock()
-        parsed = parse(raw, self.max_intent_bytes)
+        parsed = parse(raw, self.max_intent_bytes, self.require_user_id)
         if isinstance(parsed, ParseFailure):
             return self._invalid(parsed, received_at)
         metrics.INTENTS_RECEIVED.labels(format=parsed.format).inc()
@@ -89,14 +95,29 @@ class Router:
         refusal = self.catalog.check_permission(agent_id, ref)
         if refusal is not None:
             return refuse(refusal.code, refusal.message, refusal.suggestion, ref=ref)
-        # (issue 3 adds: time window, rate limit)
+        now = self.clock()
+        binding = self.catalog.binding(agent_id, ref.connector.name)
+        assert binding is not None  # check_permission passed
+        for text in (ref.action.allowed_hours, binding.allowed_hours):
+            if text:
+                window = parse_window(text)
+                moment = datetime.fromtimestamp(now, timezone.utc)
+                if not window.is_open(moment):
+                    return refuse(ErrorCode.OUTSIDE_TIME_WINDOW, f"{ref.qualified} may only run {text}",
+                                  f"Send it again when the window opens (in about {_human_ms(window.ms_until_open(moment))}).",
+                                  ref=ref, retry_after_ms=window.ms_until_open(moment))
+        if binding.rate_limit:
+            verdict = self.limiter.hit(agent_id, ref.connector.name, parse_rate(binding.rate_limit))
+            if not verdict.allowed:
+                return refuse(ErrorCode.RATE_LIMITED, f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
+                              f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
+                              ref=ref, retry_after_ms=verdict.retry_after_ms)
         params, problems = ref.validator.validate(intent.params)
         if problems:
             summary = "; ".join(f"{p.field} {p.message}" for p in problems[:3]) + ("; …" if len(problems) > 3 else "")
             return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
                           suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
         # (issue 4 adds: breaker and health)
-        now = self.clock()
         if intent.deadline is not None and intent.deadline.timestamp() <= now:
             return refuse(ErrorCode.DEADLINE_EXCEEDED, f"the deadline {intent.deadline.isoformat()} has passed",
                           "Send a new intent with a later deadline if the action is still wanted.", ref=ref)
@@ -120,18 +141,17 @@ class Router:
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()
-        code = ErrorCode.PERMISSION_DENIED if failure.identity_mismatch else ErrorCode.INVALID_INTENT
-        metrics.INTENTS_REJECTED.labels(code=code.value).inc()
+        metrics.INTENTS_REJECTED.labels(code=failure.code.value).inc()
         suggestion = (
-            "Send intents only under your own identity." if failure.identity_mismatch else
             "Send a UTF-8 JSON object with at least an 'action' (see the intent contract), within the size limit."
+            if failure.code is ErrorCode.INVALID_INTENT else
+            "Send intents only under your own identity: the AMQP user_id property set to your broker login."
         )
         receipt = build_receipt(
             intent_id=failure.intent_id, agent_id=failure.agent_id, action=None, connector=None,
-            trace_id=new_trace_id(), received_at=received_at, code=code, message=failure.reason,
+            trace_id=new_trace_id(), received_at=received_at, code=failure.code, message=failure.reason,
             suggestion=suggestion, details=failure.details)
-        route = failure.reply_to or failure.agent_id if not failure.identity_mismatch else failure.agent_id
-        return Answer(receipt, route, dead_letter_reason=None if failure.identity_mismatch else failure.reason)
+        return Answer(receipt, failure.reply_to, dead_letter_reason=failure.reason if failure.dead_letter else None)
 
     def _list_tools(self, parsed: ParsedIntent, received_at: float) -> Answer:
         intent = parsed.intent
@@ -205,7 +225,8 @@ class RouterRuntime:
             "x-reach-agent-id": decision.receipt.agent_id or "",
             "x-reach-received-at": datetime.fromtimestamp(raw.received_at, timezone.utc).isoformat(),
         }
-        self.publisher.publish(raw.body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
+        body = redact_body(raw.body, self.router.catalog)
+        self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
                                message_id=decision.receipt.intent_id)
 
     def _internal(self, raw: RawMessage) -> Answer:
@@ -214,6 +235,16 @@ class RouterRuntime:
                                 received_at=raw.received_at, code=ErrorCode.INTERNAL,
                                 message="the router failed on this intent", suggestion="Retry later; operators were told.")
         return Answer(receipt, agent_id, dead_letter_reason="router error")
+
+
+def _human_ms(ms: int) -> str:
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.0f} s"
+    if ms < 7_200_000:
+        return f"{ms / 60_000:.0f} min"
+    return f"{ms / 3_600_000:.1f} h"
 
 
 def _raw_body(message: Message) -> bytes:

@@ -16,6 +16,7 @@ from workers import metrics
 from workers.app import create_app
 from workers.pool import PoolRuntime, register_task
 from workers.publisher import Publisher
+from workers.ratelimit import RedisRateLimiter
 from workers.receipts import ReceiptSink
 from workers.router import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
@@ -38,8 +39,11 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     publisher = Publisher(app.producer_pool)
-    sink = ReceiptSink(publisher, _redis(settings), settings.receipt_ttl_seconds)
-    runtime = RouterRuntime(Router(catalog, max_intent_bytes=settings.max_intent_bytes), app, sink, publisher)
+    redis_client = _redis(settings)
+    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
+    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, limiter=RedisRateLimiter(redis_client),
+                    require_user_id=settings.require_user_id)
+    runtime = RouterRuntime(router, app, sink, publisher)
     app.conf.worker_consumer = consumer_class(runtime)
     metrics.serve(settings.metrics_port)
     log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),

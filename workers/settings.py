@@ -29,6 +29,7 @@ class Settings:
     receipt_ttl_seconds: int = 24 * 3600
     router_prefetch: int = 32
     log_level: str = "INFO"
+    require_user_id: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -45,6 +46,14 @@ class Settings:
             if value < minimum:
                 raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
             return value
+
+        def flag(name: str) -> bool:
+            raw = env.get(name, "").strip().lower()
+            if raw in ("", "0", "false", "no", "off"):
+                return False
+            if raw in ("1", "true", "yes", "on"):
+                return True
+            raise SettingsError(f"{name}={raw!r} must be 1 or 0")
 
         def seconds(name: str, default: int) -> int:
             raw = env.get(name, "").strip()
@@ -64,4 +73,5 @@ class Settings:
             receipt_ttl_seconds=seconds("REACH_RECEIPT_TTL", 24 * 3600),
             router_prefetch=integer("REACH_ROUTER_PREFETCH", 32, 1) or 32,
             log_level=(env.get("REACH_LOG_LEVEL") or "INFO").upper(),
+            require_user_id=flag("REACH_REQUIRE_USER_ID"),
         )

@@ -45,7 +45,8 @@ def encode_path_segment(value: Any) -> str:
 
 
 def _header_safe(text: str) -> bool:
-    return text.isascii() and not any(ord(c) < 32 or ord(c) == 127 for c in text)
+    """What HTTP/1.1 allows in a field value: visible ASCII, inner spaces, no edges of blank."""
+    return text.isascii() and text == text.strip(" \t") and not any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def _scalar_text(value: Any) -> str:
@@ -191,6 +192,11 @@ class HttpAdapter:
                 return self._failed(ErrorCode.DOWNSTREAM_TIMEOUT, f"{self.connector.name} did not answer within {timeout:g}s",
                                     "Retry later; the action is safe to repeat.", started)
             return self._unknown(f"{self.connector.name} did not answer within {timeout:g}s after the request was sent", action, started)
+        except httpx.LocalProtocolError as exc:
+            # the HTTP library refused to form the request: nothing was sent
+            return self._failed(ErrorCode.VALIDATION_FAILED, f"the request could not be formed: {exc}",
+                                "Remove control characters and surrounding spaces from the params and send again.",
+                                started, sent=False)
         except _ResponseTooLarge as exc:
             return self._failed(ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION, str(exc), "Ask an operator to check the action's response size.",
                                 started, status=exc.status)

@@ -23,11 +23,21 @@ from kombu.message import Message
 
 from producers import ReachClient, ReachError, Receipt, ReceiptTimeout
 from producers.wire import ErrorCode, ErrorInfo, Execution
+from tests.fleet import BROKER_URL
+from workers.topology import declare_all
 
 pytestmark = pytest.mark.integration
 
 INTENTS = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
 RECEIPTS = Exchange("reach.receipts", type="topic", durable=True, auto_delete=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fleet_topology() -> None:
+    """ReachClient only checks that the fleet's exchanges exist (passive declares); on a fresh
+    broker nothing else may have declared them yet."""
+    with Connection(BROKER_URL) as conn:
+        declare_all(conn, [])
 
 
 @pytest.fixture
@@ -161,6 +171,29 @@ def test_published_intent_is_plain_persistent_json_with_message_id(
     assert message.headers == {"agent_id": agent_id}
     assert message.delivery_info["exchange"] == "reach.intents"
     assert message.delivery_info["routing_key"] == "intent"
+
+
+def test_user_id_property_is_set_on_every_message_only_when_asked(
+    client: ReachClient, broker_url: str, broker: Broker
+) -> None:
+    assert client.user_id is None
+    plain = client.publish("no_such_action_for_client_tests")
+    assert "user_id" not in broker.intent(plain).properties
+
+    login = Connection(broker_url).userid or "guest"
+    with ReachClient(login, broker_url, authenticated=True) as authenticated:
+        assert authenticated.user_id == login
+        intent_id = authenticated.publish("no_such_action_for_client_tests")
+        authenticated.publish_raw(b'{"action": "x"}', message_id=intent_id + "-raw")
+    assert broker.intent(intent_id).properties["user_id"] == login
+    assert broker.intent(intent_id + "-raw").properties["user_id"] == login
+
+
+def test_user_id_must_be_the_agent_id(broker_url: str) -> None:
+    with pytest.raises(ValueError, match="must equal agent_id"):
+        ReachClient("ok-agent", broker_url, user_id="someone-else")
+    with pytest.raises(ValueError, match="not both"):
+        ReachClient("ok-agent", broker_url, user_id="ok-agent", authenticated=True)
 
 
 def test_generated_intent_ids_are_unique_uuid_hex(client: ReachClient, broker: Broker) -> None:

@@ -154,7 +154,7 @@ def test_valid_intent_executes_once_and_receipt_has_every_contract_field(fast: T
 
 
 def test_receipt_is_persistent_json_correlated_and_routed_to_reply_to(fast: TicketSystem) -> None:
-    reply_to = f"custom.{uuid.uuid4().hex[:8]}"
+    reply_to = f"tester.custom{uuid.uuid4().hex[:8]}"
     conn, queue = raw_receipts(reply_to)
     try:
         with ReachClient("tester", BROKER_URL, reply_to=reply_to) as client:

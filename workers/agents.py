@@ -1,0 +1,277 @@
+r"""Agents as RabbitMQ users with least privilege, so the broker itself refuses what they may not do.
+
+An agent user may, in its vhost (checked against RabbitMQ 3.10 by
+``tests/integration/test_agent_identity.py``)::
+
+    configure  ^amq\.gen-.*$                       declare its own server-named receipt queue
+                                                   (checked on the generated amq.gen-* name)
+    write      ^(reach\.intents|amq\.gen-.*)$      publish intents; queue.bind needs write on the queue
+    read       ^(reach\.receipts|amq\.gen-.*)$     queue.bind needs read on the exchange; consume its queue
+    topic permissions on reach.receipts:
+      write    ^$                                  (it may not publish there anyway)
+      read     ^<agent>(\..+)?$                    bind only its own routing keys: no ``#``, no other agent
+
+Nothing on ``amq.default`` (the default exchange reaches every queue by name), ``reach.dispatch``,
+``reach.connector.*``, ``reach.dlq`` or the ``reach.intents`` queue. Passive declares need no
+permission, so the client checks that the fleet's exchanges exist without configure rights.
+Exclusive queues are locked to the connection that declared them, so the shared ``amq.gen-*``
+pattern does not let one agent read another's receipts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+from urllib.parse import unquote, urlsplit
+
+import click
+
+from producers.wire import AGENT_ID_PATTERN
+from workers.settings import Settings, SettingsError
+from workers.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
+
+EXIT_CONFIG = 2  # as in workers.cli: usage or configuration errors
+PASSWORD_PLACEHOLDER = "<password>"
+_SERVER_NAMED_QUEUE = r"amq\.gen-.*"
+
+
+class AgentUserError(RuntimeError):
+    """rabbitmqctl refused or failed; the message carries its output."""
+
+
+@dataclass(frozen=True)
+class AgentPermissions:
+    """The regular expressions RabbitMQ matches resource names and routing keys against."""
+
+    configure: str
+    write: str
+    read: str
+    topic_write: str
+    topic_read: str
+    topic_exchange: str = RECEIPTS_EXCHANGE.name
+
+
+def check_agent_name(agent: str) -> None:
+    """Raise ValueError unless ``agent`` can be an agent's broker user.
+
+    ``intent`` is refused: its own receipt key would equal the intents routing key, and an agent
+    may bind reach.receipts to reach.intents (exchange.bind needs only the write and read
+    permissions it has), which would feed its receipts back to the router without end.
+    """
+    if not isinstance(agent, str) or not AGENT_ID_PATTERN.match(agent):
+        raise ValueError(f"agent name {agent!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    if agent == INTENTS_QUEUE.routing_key:
+        raise ValueError(f"agent name {agent!r} is reserved: it is the routing key of the intents exchange")
+
+
+def agent_permissions(agent: str) -> AgentPermissions:
+    """The least privilege an agent needs to publish intents and read its own receipts.
+
+    Raises:
+        ValueError: The name is not a valid agent id, or is reserved.
+    """
+    check_agent_name(agent)
+    return AgentPermissions(
+        configure=f"^{_SERVER_NAMED_QUEUE}$",
+        write=f"^({re.escape(INTENTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE})$",
+        read=f"^({re.escape(RECEIPTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE})$",
+        topic_write="^$",
+        topic_read=rf"^{re.escape(agent)}(\..+)?$",
+    )
+
+
+def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = True) -> list[list[str]]:
+    """The rabbitmqctl commands that create ``agent`` with :func:`agent_permissions`.
+
+    With ``password_stdin`` add_user reads the password from stdin (it strips the line end);
+    otherwise the command carries :data:`PASSWORD_PLACEHOLDER` where the password goes. ``--``
+    keeps a name that starts with ``-`` from being read as an option.
+    """
+    perms = agent_permissions(agent)
+    add_user = ["rabbitmqctl", "add_user", "--", agent]
+    if not password_stdin:
+        add_user.append(PASSWORD_PLACEHOLDER)
+    return [
+        add_user,
+        ["rabbitmqctl", "set_permissions", f"--vhost={vhost}", "--", agent, perms.configure, perms.write, perms.read],
+        ["rabbitmqctl", "set_topic_permissions", f"--vhost={vhost}", "--", agent, perms.topic_exchange,
+         perms.topic_write, perms.topic_read],
+    ]
+
+
+def create_agent_user(agent: str, password: str, vhost: str = "/",
+                      rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> None:
+    """Create the agent's user (or change its password if it exists) and set its permissions.
+
+    Args:
+        agent: The agent id, which becomes the broker login.
+        password: Sent to rabbitmqctl on stdin, never on a command line.
+        vhost: The fleet's vhost.
+        rabbitmqctl: The command to run, e.g. ``"docker exec -i rabbitmq rabbitmqctl"``.
+
+    Raises:
+        ValueError: Bad agent name, or a password rabbitmqctl would store differently.
+        AgentUserError: rabbitmqctl failed; the message carries its output. A user created
+            before the failure has no permissions yet (it can open no vhost); run it again.
+    """
+    if not password or password != password.strip() or any(c in password for c in "\r\n"):
+        raise ValueError("the password must be non-empty, without line breaks or leading/trailing "
+                         "whitespace (rabbitmqctl strips them when reading stdin)")
+    add_user, *grants = rabbitmqctl_commands(agent, vhost)
+    prefix = _prefix(rabbitmqctl)
+    result = _run(prefix, add_user[1:], stdin=password + "\n", check=False)
+    if result.returncode != 0:
+        # rabbitmqctl has no "create or update": an existing user gets the new password instead
+        if "already exists" not in result.stderr + result.stdout:
+            raise _failure(add_user[1:], result)
+        _run(prefix, ["change_password", "--", agent], stdin=password + "\n")
+    for command in grants:
+        _run(prefix, command[1:])
+
+
+def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> None:
+    """Revoke the agent's permissions in ``vhost``; delete the user when no other vhost grants it any.
+
+    RabbitMQ closes a deleted user's connections at once.
+
+    Raises:
+        ValueError: Bad agent name.
+        AgentUserError: No such user, or rabbitmqctl failed.
+    """
+    if not isinstance(agent, str) or not AGENT_ID_PATTERN.match(agent):
+        raise ValueError(f"agent name {agent!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    prefix = _prefix(rabbitmqctl)
+    listed = _run(prefix, ["list_user_permissions", "--silent", "--formatter", "json", "--", agent], check=False)
+    if listed.returncode != 0:
+        if "no_such_user" in listed.stderr + listed.stdout:
+            raise AgentUserError(f"there is no broker user named {agent!r}")
+        raise _failure(["list_user_permissions"], listed)
+    try:
+        elsewhere = [p for p in json.loads(listed.stdout or "[]") if p.get("vhost") != vhost]
+    except (ValueError, AttributeError) as exc:
+        raise AgentUserError(
+            f"unexpected output of rabbitmqctl list_user_permissions: {listed.stdout[:500]!r}") from exc
+    if elsewhere:
+        _run(prefix, ["clear_topic_permissions", f"--vhost={vhost}", "--", agent])
+        _run(prefix, ["clear_permissions", f"--vhost={vhost}", "--", agent])
+    else:
+        _run(prefix, ["delete_user", "--", agent])
+
+
+def vhost_of(broker_url: str) -> str:
+    """The vhost of an AMQP URL: the path without its leading slash, ``/`` when empty."""
+    return unquote(urlsplit(broker_url).path[1:]) or "/"
+
+
+def _prefix(rabbitmqctl: str | Sequence[str]) -> list[str]:
+    return shlex.split(rabbitmqctl) if isinstance(rabbitmqctl, str) else list(rabbitmqctl)
+
+
+def _run(prefix: list[str], args: list[str], *, stdin: str | None = None,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        result = subprocess.run([*prefix, *args], input=stdin if stdin is not None else "", capture_output=True,
+                                text=True, timeout=120)
+    except FileNotFoundError as exc:
+        raise AgentUserError(f"{prefix[0]!r} not found: run this where rabbitmqctl works, or print the "
+                             "commands with --print and run them on the broker host") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise AgentUserError(f"rabbitmqctl {args[0]} did not finish within {exc.timeout:g} s") from exc
+    if check and result.returncode != 0:
+        raise _failure(args, result)
+    return result
+
+
+def _failure(args: list[str], result: subprocess.CompletedProcess[str]) -> AgentUserError:
+    output = (result.stderr.strip() or result.stdout.strip())[-2000:]
+    return AgentUserError(f"rabbitmqctl {args[0]} failed (exit {result.returncode}): {output}")
+
+
+# -- the `reach agent-user` command ----------------------------------------------------------------
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(message, err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def _vhost(option: str | None) -> str:
+    if option is not None:
+        return option
+    try:
+        return vhost_of(Settings.from_env().broker_url)
+    except SettingsError as exc:
+        _fail(str(exc))
+
+
+def _checked_name(name: str) -> str:
+    try:
+        check_agent_name(name)
+    except ValueError as exc:
+        _fail(str(exc))
+    if "." in name:
+        click.echo(f"warning: {name!r} contains '.': it may read the receipts of any agent named "
+                   f"{name!r} + '.<suffix>', so do not also create such agents", err=True)
+    return name
+
+
+@click.group("agent-user")
+def agent_user() -> None:
+    """Create and delete agents' RabbitMQ users with least privilege (runs rabbitmqctl)."""
+
+
+@agent_user.command("create")
+@click.argument("name")
+@click.option("--password-env", metavar="VAR", help="Take the password from this environment variable "
+              "(default: generate one and print it once).")
+@click.option("--vhost", help="Default: the vhost of $REACH_BROKER_URL.")
+@click.option("--print", "print_only", is_flag=True, help="Only print the rabbitmqctl commands, with a "
+              "password placeholder, to run on the broker host.")
+def create_cmd(name: str, password_env: str | None, vhost: str | None, print_only: bool) -> None:
+    """Create agent NAME's user: write on reach.intents, read its own receipts, nothing else.
+
+    An existing user gets the new password and the permissions reset.
+    """
+    name = _checked_name(name)
+    target = _vhost(vhost)
+    if print_only:
+        for command in rabbitmqctl_commands(name, target, password_stdin=False):
+            click.echo(shlex.join(command))
+        click.echo(f"(or leave out {PASSWORD_PLACEHOLDER} and pipe the password into add_user, "
+                   "which keeps it off the command line)", err=True)
+        return
+    if password_env is not None:
+        password = os.environ.get(password_env, "")
+        if not password:
+            _fail(f"${password_env} is not set or empty")
+    else:
+        password = secrets.token_urlsafe(32)
+    try:
+        create_agent_user(name, password, target)
+    except (ValueError, AgentUserError) as exc:
+        _fail(f"cannot create agent user {name!r}: {exc}")
+    if password_env is not None:
+        click.echo(f"agent user {name!r} ready in vhost {target!r}")
+        return
+    click.echo(f"agent user {name!r} ready in vhost {target!r}; its password follows, shown only once:", err=True)
+    click.echo(password)
+
+
+@agent_user.command("delete")
+@click.argument("name")
+@click.option("--vhost", help="Default: the vhost of $REACH_BROKER_URL.")
+def delete_cmd(name: str, vhost: str | None) -> None:
+    """Revoke agent NAME's permissions in the vhost, and delete the user if no other vhost grants it any."""
+    target = _vhost(vhost)
+    try:
+        delete_agent_user(name, target)
+    except (ValueError, AgentUserError) as exc:
+        _fail(f"cannot delete agent user {name!r}: {exc}")
+    click.echo(f"agent user {name!r} removed from vhost {target!r}")

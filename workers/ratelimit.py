@@ -1,0 +1,85 @@
+"""Per-binding rate limits, shared by every router replica through Redis.
+
+Each (agent, connector) binding with ``rate_limit: N/min`` is a GCRA bucket: up to N intents
+at once, then one every period/N. The check and the update are one Lua script, so one round
+trip per intent and no race between replicas; the clock is Redis's own, so router clocks may
+drift without changing the limit.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+import redis
+
+_PERIOD_MS = {"sec": 1000, "min": 60_000, "hour": 3_600_000}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(sec|min|hour)\s*$")
+
+# KEYS[1] bucket; ARGV[1] emission interval (ms), ARGV[2] burst (intents)
+# returns {allowed (1/0), retry_after_ms}
+_GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local new_tat = tat + interval
+local over = new_tat - now - burst * interval
+if over > 0 then
+  return {0, over}
+end
+redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now)
+return {1, 0}
+"""
+
+
+@dataclass(frozen=True)
+class Rate:
+    count: int
+    period_ms: int
+
+    @property
+    def interval_ms(self) -> float:
+        return self.period_ms / self.count
+
+
+@lru_cache(maxsize=4096)
+def parse_rate(text: str) -> Rate:
+    """``"10/min"`` -> Rate(10, 60000). The catalog has already checked the form."""
+    match = _RATE.match(text)
+    if not match:
+        raise ValueError(f"rate_limit {text!r} must look like 10/sec, 10/min or 10/hour")
+    return Rate(int(match.group(1)), _PERIOD_MS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    retry_after_ms: int = 0
+
+
+class RateLimiter(Protocol):
+    def hit(self, agent: str, connector: str, rate: Rate) -> Verdict: ...
+
+
+class RedisRateLimiter:
+    """The limiter the router uses; state lives in Redis under ``reach:rl:<agent>:<connector>``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._script = client.register_script(_GCRA)
+
+    def hit(self, agent: str, connector: str, rate: Rate) -> Verdict:
+        # interval in whole ms (at least 1): 1000/sec is as fine as the clock goes
+        interval = max(1, round(rate.interval_ms))
+        allowed, retry_after = self._script(keys=[f"reach:rl:{agent}:{connector}"], args=[interval, rate.count])
+        return Verdict(bool(allowed), int(retry_after))
+
+
+class NoRateLimit:
+    """For tools and tests that route without Redis: every intent passes."""
+
+    def hit(self, agent: str, connector: str, rate: Rate) -> Verdict:
+        return Verdict(True)
