@@ -324,6 +324,12 @@ class ConnectorSpec(_Spec):
                 return action
         return None
 
+    def check_first_suggestion(self, action: str) -> str:
+        """What to tell a model when a write's outcome is unknown: look before resending."""
+        reads = [a.action for a in self.actions if not a.is_write]
+        check = f" with a read action such as {self.name}.{reads[0]}" if reads else " with a read action"
+        return f"Do not resend blindly: {action} may have taken effect. Check its result{check} first."
+
 
 class Binding(_Spec):
     """What one agent app may do on one connector."""

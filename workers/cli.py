@@ -140,6 +140,16 @@ def worker(connector: str, concurrency: int | None) -> None:
     run_pool(settings, catalog, connector, concurrency)
 
 
+@main.command()
+def beat() -> None:
+    """Probe every connector's health and mark it up or down for the router."""
+    from workers.runner import run_beat
+
+    settings = _settings()
+    _setup_logging(settings.log_level)
+    run_beat(settings, _load_catalog(settings.catalog_dir))
+
+
 def _parse_param(text: str) -> tuple[str, Any]:
     """``key=value`` gives a string; ``key:=json`` gives a typed value (httpie's convention)."""
     key, sep, value = text.partition("=")

@@ -1,95 +1,236 @@
 """A connector's isolated pool: executes dispatched intents against one system.
 
-One ``PoolRuntime`` per worker process holds the connector spec, its adapter (one httpx client)
-and the receipt sink. The Celery task ``reach.execute`` is a thin shell around ``execute``.
+One ``PoolRuntime`` per worker process holds the connector spec, its adapter (one httpx client),
+the idempotency ledger, the shared breaker and the receipt sink. The Celery task
+``reach.execute`` is a thin shell around ``execute``. Per job, in order:
+
+    receipt already sent?  -> ack silently (a redelivery)           exactly one receipt
+    delivered too often?   -> INTERNAL receipt + dead letter          poison messages stop
+    deadline passed?       -> DEADLINE_EXCEEDED                      checked right before the call
+    ledger claim           -> completed: the stored outcome (deduplicated), no second call
+                              reused: IDEMPOTENCY_KEY_REUSED; held by a live worker: wait for it
+                              held by a dead worker: OUTCOME_UNKNOWN unless repeating is safe
+    call with retries      -> receipt; the ledger keeps every final outcome
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import Celery
 
 from connectors.adapters.base import Adapter, CallContext, Outcome
-from connectors.catalog import Catalog
+from connectors.catalog import ActionRef, Catalog
 from connectors.spec import ConnectorSpec
-from producers.wire import ErrorCode
+from producers.wire import ErrorCode, Execution, Receipt
 from workers import metrics
 from workers.app import EXECUTE_TASK
-from workers.receipts import ReceiptSink, build_receipt
+from workers.breaker import SharedBreaker
+from workers.idempotency import Claim, Ledger, payload_hash
+from workers.publisher import Publisher
+from workers.receipts import ReceiptSink, build_receipt, iso
+from workers.retry import run_with_retries
+from workers.topology import DEFAULT_EXCHANGE, DLQ
 
 log = logging.getLogger("reach.pool")
+DELIVERIES_KEY = "reach:deliveries:"
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    max_deliveries: int = 5
+    wait_for_holder_seconds: float = 30.0
 
 
 class PoolRuntime:
-    def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, sink: ReceiptSink) -> None:
+    def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, sink: ReceiptSink, *,
+                 ledger: Ledger, breaker: SharedBreaker | None, redis_client: redis.Redis, publisher: Publisher,
+                 options: PoolOptions = PoolOptions(), sleep: Callable[[float], None] = time.sleep) -> None:
         self.connector = connector
         self.catalog = catalog
         self.adapter = adapter
         self.sink = sink
+        self.ledger = ledger
+        self.breaker = breaker
+        self.redis = redis_client
+        self.publisher = publisher
+        self.options = options
+        self.sleep = sleep
 
     def execute(self, job: dict[str, Any], redelivered: bool = False) -> None:
         """Run one dispatched intent and publish its receipt (raises only if the receipt cannot be sent)."""
         started = time.time()
         intent_id = str(job.get("intent_id") or "")
-        agent_id = job.get("agent_id")
+        agent_id = str(job.get("agent_id") or "")
         reply_to = job.get("reply_to") or agent_id
+        if self.sink.already_sent(intent_id):
+            log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
+            return
         if redelivered:
-            # the receipt may already exist: a crash after publishing must not execute twice
-            previous = self.sink.stored(intent_id)
-            if previous is not None and previous.agent_id == agent_id:
-                log.info("redelivered intent=%s already has a receipt; re-sending it", intent_id)
-                self.sink.send(previous, reply_to)
+            decided = self.sink.stored(intent_id)
+            if decided is not None and decided.agent_id == agent_id:
+                self._send(decided, reply_to, "redelivered")
                 return
-        connector_name = job.get("connector")
-        action_name = job.get("action")
+        connector_name, action_name = job.get("connector"), job.get("action")
         ref = self.catalog.refs.get((str(connector_name), str(action_name)))
         common = dict(intent_id=intent_id, agent_id=agent_id, action=action_name, connector=connector_name,
                       trace_id=str(job.get("trace_id") or ""), received_at=float(job.get("received_at") or started),
                       queue_ms=max(0.0, (started - float(job.get("dispatched_at") or started)) * 1000))
+
+        def answer(code: ErrorCode, message: str, suggestion: str, outcome: str, **extra: Any) -> Receipt:
+            receipt = build_receipt(**common, code=code, message=message, suggestion=suggestion, **extra)
+            self._send(receipt, reply_to, outcome)
+            return receipt
+
+        deliveries = self._count_delivery(intent_id)
+        if deliveries > self.options.max_deliveries:
+            self._dead_letter(job, f"delivered {deliveries} times without finishing (a worker died each time)")
+            answer(ErrorCode.INTERNAL, f"the intent was delivered {deliveries - 1} times and never finished",
+                   "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
+            return
         if connector_name != self.connector.name or ref is None:
             # only the router publishes here; anything else is a misrouted or forged message
-            receipt = build_receipt(**common, code=ErrorCode.INTERNAL,
-                                    message=f"pool {self.connector.name} received an intent for {connector_name}.{action_name}",
-                                    suggestion="Retry later; operators were told.")
             log.error("misrouted job for %s.%s on pool %s", connector_name, action_name, self.connector.name)
-            self._send(receipt, reply_to, "misrouted")
+            answer(ErrorCode.INTERNAL, f"pool {self.connector.name} received an intent for {connector_name}.{action_name}",
+                   "Retry later; operators were told.", "misrouted")
             return
-        deadline = job.get("deadline")
-        if deadline is not None and time.time() >= float(deadline):
-            receipt = build_receipt(**common, code=ErrorCode.DEADLINE_EXCEEDED,
-                                    message="the deadline passed while the intent waited in the queue",
-                                    suggestion="Send a new intent with a later deadline if the action is still wanted.")
-            self._send(receipt, reply_to, "deadline")
+        deadline = float(job["deadline"]) if job.get("deadline") is not None else None
+        if deadline is not None and time.time() >= deadline:
+            answer(ErrorCode.DEADLINE_EXCEEDED, "the deadline passed while the intent waited in the queue",
+                   "Send a new intent with a later deadline if the action is still wanted.", "deadline")
             return
-        remaining = None if deadline is None else max(0.1, float(deadline) - time.time())
+
+        params = dict(job.get("params") or {})
+        key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
+        params_hash = payload_hash(params)
+        safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
+        claim = self._claim(key, params_hash, intent_id, deadline, safe)
+        if claim.state == "completed":
+            self._send(self._deduplicated(claim.receipt_json, common), reply_to, "deduplicated")
+            return
+        if claim.state == "reused":
+            answer(ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                   f"idempotency key was already used by intent {claim.holder_intent} with different params",
+                   "Use a new idempotency_key for a different request, or resend the original params.", "reused")
+            return
+        if claim.state == "in_progress":
+            if claim.holder_intent == intent_id:
+                log.info("intent=%s is still running in another worker; this delivery leaves the answer to it", intent_id)
+                return
+            answer(ErrorCode.CONNECTOR_UNAVAILABLE,
+                   f"the intent {claim.holder_intent} with the same idempotency key is still running",
+                   "Send it again after retry_after_ms; it will get that intent's outcome.", "in_progress",
+                   retry_after_ms=int(self.options.wait_for_holder_seconds * 1000))
+            return
+        if claim.state == "orphaned":
+            receipt = answer(ErrorCode.OUTCOME_UNKNOWN,
+                             "a worker died while calling the system for this idempotency key; the call may or may not have taken effect",
+                             _check_first(self.connector, ref), "orphaned")
+            self.ledger.complete(key, receipt.to_json().decode())
+            return
+        self._run(ref, job, params, key, deadline, safe, common, reply_to)
+
+    def _run(self, ref: ActionRef, job: dict[str, Any], params: dict[str, Any], key: str, deadline: float | None,
+             safe: bool, common: dict[str, Any], reply_to: str) -> None:
+        remaining = None if deadline is None else max(0.1, deadline - time.time())
         ctx = CallContext(
-            intent_id=intent_id,
+            intent_id=common["intent_id"],
             idempotency_key=job.get("idempotency_key"),
             traceparent=job.get("traceparent"),
             timeout=min(ref.action.timeout_seconds, remaining) if remaining is not None else None,
         )
-        try:
-            outcome = self.adapter.call(ref.action, dict(job.get("params") or {}), ctx)
-        except Exception:
-            log.exception("adapter failed on intent=%s", intent_id)
-            outcome = Outcome(False, code=ErrorCode.INTERNAL, message="the connector's adapter failed on this intent",
-                              suggestion="Retry later; operators were told.")
-        metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(outcome.downstream_ms / 1000)
+
+        def call() -> Outcome:
+            try:
+                return self.adapter.call(ref.action, params, ctx)
+            except Exception:
+                log.exception("adapter failed on intent=%s", common["intent_id"])
+                return Outcome(False, code=ErrorCode.INTERNAL, message="the connector's adapter failed on this intent",
+                               suggestion="Retry later; operators were told.", sent=False)
+
+        result = run_with_retries(call, ref.action.retry or self.connector.retry, safe_to_repeat=safe, deadline=deadline,
+                                  gate=self.breaker, before_attempt=lambda n: self.ledger.mark_sending(key),
+                                  sleep=self.sleep)
+        outcome = result.outcome
+        metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
         receipt = build_receipt(**common, data=outcome.data, code=outcome.code, message=outcome.message,
-                                suggestion=outcome.suggestion, details=outcome.details,
-                                retry_after_ms=outcome.retry_after_ms, attempts=1, downstream_ms=outcome.downstream_ms)
+                                suggestion=_check_first(self.connector, ref) if outcome.code is ErrorCode.OUTCOME_UNKNOWN
+                                else outcome.suggestion, details=outcome.details, retry_after_ms=outcome.retry_after_ms,
+                                attempts=result.attempts, downstream_ms=result.downstream_ms)
+        if outcome.code is not None and outcome.code.retryable:
+            self.ledger.release(key)  # nothing took effect (or repeating is safe): a re-send may execute
+        else:
+            self.ledger.complete(key, receipt.to_json().decode())
         self._send(receipt, reply_to, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
 
-    def _send(self, receipt: Any, reply_to: str | None, outcome: str) -> None:
-        self.sink.send(receipt, reply_to)
+    def _claim(self, key: str, params_hash: str, intent_id: str, deadline: float | None, safe: bool) -> Claim:
+        claim = self.ledger.claim(key, params_hash, intent_id)
+        if claim.state == "orphaned" and (safe or not self.ledger.was_sending(key)):
+            # the dead worker's call is safe to repeat, or it never reached the system
+            if self.ledger.take_over(key, intent_id):
+                return Claim("claimed")
+            claim = self.ledger.claim(key, params_hash, intent_id)
+        if claim.state == "in_progress" and claim.holder_intent != intent_id:
+            wait = self.options.wait_for_holder_seconds
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.time()))
+            settled = self.ledger.wait_completed(key, wait)
+            if settled is not None and settled.state == "completed":
+                return settled
+            if settled is not None:  # released by its holder: ours to try
+                return self.ledger.claim(key, params_hash, intent_id)
+        return claim
+
+    def _deduplicated(self, stored_json: str, common: dict[str, Any]) -> Receipt:
+        original = Receipt.model_validate_json(stored_json)
+        now = time.time()
+        execution = Execution(trace_id=common["trace_id"], attempts=0,
+                              latency_ms=round((now - common["received_at"]) * 1000, 3),
+                              queue_ms=round(common["queue_ms"], 3), downstream_ms=None,
+                              received_at=iso(common["received_at"]), finished_at=iso(now), deduplicated=True)
+        return original.model_copy(update={"intent_id": common["intent_id"], "execution": execution})
+
+    def _count_delivery(self, intent_id: str) -> int:
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incr(DELIVERIES_KEY + intent_id)
+            pipe.expire(DELIVERIES_KEY + intent_id, 24 * 3600)
+            return int(pipe.execute()[0])
+        except redis.RedisError as exc:
+            log.error("cannot count deliveries of %s: %s", intent_id, exc)
+            return 1
+
+    def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
+        from workers.redact import redact_params
+
+        ref = self.catalog.refs.get((str(job.get("connector")), str(job.get("action"))))
+        safe_job = dict(job, params=redact_params(job.get("params"), ref.action.input) if ref else "[redacted]")
+        self.publisher.publish(json.dumps(safe_job, default=str).encode(), exchange=DEFAULT_EXCHANGE,
+                               routing_key=DLQ.name, message_id=str(job.get("intent_id") or ""),
+                               headers={"x-reach-reason": reason, "x-reach-intent-id": str(job.get("intent_id") or ""),
+                                        "x-reach-agent-id": str(job.get("agent_id") or ""),
+                                        "x-reach-connector": self.connector.name})
+
+    def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
+        if not self.sink.send(receipt, reply_to):
+            return
         metrics.ACTIONS_EXECUTED.labels(connector=self.connector.name, action=str(receipt.action), outcome=outcome).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
         error = receipt.error
-        log.info("executed intent=%s agent=%s action=%s.%s status=%s code=%s downstream_ms=%s trace=%s",
+        log.info("executed intent=%s agent=%s action=%s.%s status=%s code=%s attempts=%s downstream_ms=%s trace=%s",
                  receipt.intent_id, receipt.agent_id, self.connector.name, receipt.action, receipt.status,
-                 error.code.value if error else None, receipt.execution.downstream_ms, receipt.execution.trace_id)
+                 error.code.value if error else None, receipt.execution.attempts, receipt.execution.downstream_ms,
+                 receipt.execution.trace_id)
+
+
+def _check_first(connector: ConnectorSpec, ref: ActionRef) -> str:
+    return (connector.check_first_suggestion(ref.action.action)
+            + " Resending with the same idempotency_key returns this same answer.")
 
 
 def register_task(app: Celery, runtime: PoolRuntime) -> None:

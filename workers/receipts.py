@@ -14,6 +14,7 @@ from workers.topology import RECEIPTS_EXCHANGE
 
 log = logging.getLogger("reach.receipts")
 RECEIPT_KEY = "reach:receipt:"
+SENT_KEY = "reach:receipt-sent:"
 
 
 def iso(epoch: float) -> str:
@@ -68,27 +69,47 @@ def build_receipt(
 
 
 class ReceiptSink:
-    """Publishes each receipt to reach.receipts and keeps a copy in Redis for ``ttl`` seconds."""
+    """Publishes each receipt to reach.receipts and keeps a copy in Redis for ``ttl`` seconds.
+
+    Exactly one receipt per intent, also under redelivery: the receipt is stored before it is
+    published and marked sent after the broker confirmed it. A redelivered intent whose receipt
+    was sent is acked silently; one whose receipt was decided but maybe not sent gets that same
+    receipt again (a duplicate only if the process died between confirm and mark).
+    """
 
     def __init__(self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int) -> None:
         self._publisher = publisher
         self._redis = redis_client
         self._ttl = ttl_seconds
 
-    def send(self, receipt: Receipt, routing_key: str | None) -> None:
-        """Store, then publish with a confirm. Raises if the broker refuses, so the caller does not ack."""
+    def send(self, receipt: Receipt, routing_key: str | None) -> bool:
+        """Store, publish with a confirm, mark sent. False when this intent already had its receipt.
+
+        Raises if the broker refuses, so the caller does not ack and the intent is redelivered.
+        """
         body = receipt.to_json()
         try:
+            if self._redis.exists(SENT_KEY + receipt.intent_id):
+                log.info("receipt for %s was already sent; not sending another", receipt.intent_id)
+                return False
             self._redis.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
         except redis.RedisError as exc:
-            # the receipt still reaches the agent; only lookup by id is lost
+            # the receipt still reaches the agent; lookup by id and redelivery dedupe are lost
             log.error("could not store receipt %s in Redis: %s", receipt.intent_id, exc)
         if routing_key is None:
             log.warning("receipt %s has no agent or reply_to to route to; stored only", receipt.intent_id)
-            return
+            return True
         self._publisher.publish(body, exchange=RECEIPTS_EXCHANGE, routing_key=routing_key,
                                 correlation_id=receipt.intent_id, message_id=receipt.intent_id,
                                 headers={"status": receipt.status})
+        try:
+            self._redis.set(SENT_KEY + receipt.intent_id, "1", ex=self._ttl)
+        except redis.RedisError as exc:
+            log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
+        return True
+
+    def already_sent(self, intent_id: str) -> bool:
+        return bool(self._redis.exists(SENT_KEY + intent_id))
 
     def stored(self, intent_id: str) -> Receipt | None:
         raw = self._redis.get(RECEIPT_KEY + intent_id)

@@ -26,6 +26,7 @@ from connectors.schema import suggestion_for
 from producers.wire import ErrorCode, Receipt
 from workers import metrics
 from workers.app import EXECUTE_TASK
+from workers.breaker import AlwaysAvailable
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
 from workers.ratelimit import RateLimiter, parse_rate
@@ -59,10 +60,12 @@ Decision = Dispatch | Answer
 
 
 class Router:
-    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, limiter: RateLimiter, require_user_id: bool = False,
+    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, limiter: RateLimiter,
+                 availability: Any = None, require_user_id: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         self.catalog = catalog
         self.limiter = limiter
+        self.availability = availability or AlwaysAvailable()
         self.max_intent_bytes = max_intent_bytes
         self.require_user_id = require_user_id
         self.clock = clock
@@ -117,7 +120,12 @@ class Router:
             summary = "; ".join(f"{p.field} {p.message}" for p in problems[:3]) + ("; …" if len(problems) > 3 else "")
             return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
                           suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
-        # (issue 4 adds: breaker and health)
+        unavailable = self.availability.refusal(ref.connector.name)
+        if unavailable is not None:
+            reason, retry_after_ms = unavailable
+            return refuse(ErrorCode.CONNECTOR_UNAVAILABLE, reason,
+                          f"{ref.connector.name} is failing; send the intent again after {_human_ms(retry_after_ms)}.",
+                          ref=ref, retry_after_ms=retry_after_ms)
         if intent.deadline is not None and intent.deadline.timestamp() <= now:
             return refuse(ErrorCode.DEADLINE_EXCEEDED, f"the deadline {intent.deadline.isoformat()} has passed",
                           "Send a new intent with a later deadline if the action is still wanted.", ref=ref)

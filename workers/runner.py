@@ -14,7 +14,10 @@ from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers import metrics
 from workers.app import create_app
-from workers.pool import PoolRuntime, register_task
+from workers.breaker import Availability, SharedBreaker
+from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
+from workers.idempotency import Heartbeat, Ledger
+from workers.pool import PoolOptions, PoolRuntime, register_task
 from workers.publisher import Publisher
 from workers.ratelimit import RedisRateLimiter
 from workers.receipts import ReceiptSink
@@ -41,7 +44,9 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     publisher = Publisher(app.producer_pool)
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
+    intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, limiter=RedisRateLimiter(redis_client),
+                    availability=Availability(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
     runtime = RouterRuntime(router, app, sink, publisher)
     app.conf.worker_consumer = consumer_class(runtime)
@@ -65,14 +70,42 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         sys.exit(2)
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
-    sink = ReceiptSink(Publisher(app.producer_pool), _redis(settings), settings.receipt_ttl_seconds)
-    register_task(app, PoolRuntime(connector, catalog, adapter, sink))
+    redis_client = _redis(settings)
+    publisher = Publisher(app.producer_pool)
+    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
+    heartbeat = Heartbeat(redis_client).start()
+    runtime = PoolRuntime(connector, catalog, adapter, sink,
+                          ledger=Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
+                          breaker=SharedBreaker(redis_client, name, connector.breaker), redis_client=redis_client,
+                          publisher=publisher, options=PoolOptions(max_deliveries=settings.max_deliveries))
+    register_task(app, runtime)
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:
+        heartbeat.stop()
         adapter.close()
 
     metrics.serve(settings.metrics_port)
     log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
     app.worker_main(["worker", "-P", "threads", "-c", str(threads), "-Q", queue.name,
                      "-n", f"{name}.{os.getpid()}@%h", *_common_worker_args(settings.log_level)])
+
+
+def run_beat(settings: Settings, catalog: Catalog) -> None:
+    """Probe every connector's health until stopped (SIGTERM/SIGINT)."""
+    import signal
+
+    from connectors.auth import build_auth
+
+    for connector in catalog.connectors.values():
+        try:
+            build_auth(connector.auth, connector.name)
+        except MissingSecret as exc:
+            print(f"reach beat: {exc}", file=sys.stderr)
+            sys.exit(2)
+    beat = Beat(list(catalog.connectors.values()), HealthBoard(_redis(settings)))
+    signal.signal(signal.SIGTERM, lambda *_: beat.stop())
+    signal.signal(signal.SIGINT, lambda *_: beat.stop())
+    metrics.serve(settings.metrics_port)
+    log.info("beat: probing %d connector(s)", len(catalog.connectors))
+    beat.run()

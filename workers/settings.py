@@ -30,6 +30,8 @@ class Settings:
     router_prefetch: int = 32
     log_level: str = "INFO"
     require_user_id: bool = False
+    idempotency_ttl_seconds: int = 24 * 3600
+    max_deliveries: int = 5
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -74,4 +76,6 @@ class Settings:
             router_prefetch=integer("REACH_ROUTER_PREFETCH", 32, 1) or 32,
             log_level=(env.get("REACH_LOG_LEVEL") or "INFO").upper(),
             require_user_id=flag("REACH_REQUIRE_USER_ID"),
+            idempotency_ttl_seconds=seconds("REACH_IDEMPOTENCY_TTL", 24 * 3600),
+            max_deliveries=integer("REACH_MAX_DELIVERIES", 5, 1) or 5,
         )

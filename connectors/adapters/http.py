@@ -229,10 +229,7 @@ class HttpAdapter:
                        retry_after_ms=retry_after_ms, downstream_ms=(time.perf_counter() - started) * 1000)
 
     def _unknown(self, message: str, action: ActionSpec, started: float) -> Outcome:
-        reads = [a.action for a in self.connector.actions if not a.is_write]
-        check = f" with a read action such as {self.connector.name}.{reads[0]}" if reads else ""
-        return self._failed(ErrorCode.OUTCOME_UNKNOWN, message,
-                            f"Do not resend blindly: {action.action} may have taken effect. Check its result{check} first.",
+        return self._failed(ErrorCode.OUTCOME_UNKNOWN, message, self.connector.check_first_suggestion(action.action),
                             started)
 
     def _map_response(self, action: ActionSpec, response: httpx.Response, raw: bytes, elapsed_ms: float) -> Outcome:

@@ -1,0 +1,290 @@
+{{/*
+Names, labels and the pieces every pod shares. Connector names may hold "_" and capitals
+(local_ticket_system); resource names use a DNS-safe form, labels keep the real name.
+*/}}
+
+{{- define "agent-reach.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agent-reach.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "agent-reach.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "agent-reach.labels" -}}
+helm.sh/chart: {{ include "agent-reach.chart" . }}
+{{ include "agent-reach.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: agent-reach
+{{- end }}
+
+{{- define "agent-reach.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agent-reach.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "router" ["connector" NAME]). */}}
+{{- define "agent-reach.componentSelectorLabels" -}}
+{{ include "agent-reach.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- with .connector }}
+agent-reach/connector: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Every label of one component (same argument). */}}
+{{- define "agent-reach.componentLabels" -}}
+{{ include "agent-reach.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- with .connector }}
+agent-reach/connector: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* DNS-safe resource name of a connector's objects: <fullname>-<connector>. */}}
+{{- define "agent-reach.connectorFullname" -}}
+{{- printf "%s-%s" (include "agent-reach.fullname" .root) (.name | lower | replace "_" "-") | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agent-reach.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "agent-reach.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "agent-reach.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret the chart creates when broker.url or redis.url is used. */}}
+{{- define "agent-reach.secretName" -}}
+{{- printf "%s-connections" (include "agent-reach.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agent-reach.brokerSecretName" -}}
+{{- if .Values.broker.existingSecret }}{{ .Values.broker.existingSecret }}{{ else }}{{ include "agent-reach.secretName" . }}{{ end }}
+{{- end }}
+
+{{- define "agent-reach.redisSecretName" -}}
+{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecret }}{{ else }}{{ include "agent-reach.secretName" . }}{{ end }}
+{{- end }}
+
+{{/* True (non-empty) when the chart renders its own Secret. */}}
+{{- define "agent-reach.ownSecret" -}}
+{{- if or (not .Values.broker.existingSecret) (not .Values.redis.existingSecret) }}true{{ end }}
+{{- end }}
+
+{{- define "agent-reach.catalogConfigMapName" -}}
+{{- if .Values.catalog.existingConfigMap }}{{ .Values.catalog.existingConfigMap }}{{ else }}{{ printf "%s-catalog" (include "agent-reach.fullname" .) | trunc 63 | trimSuffix "-" }}{{ end }}
+{{- end }}
+
+{{/*
+Checks that cannot be written in values.schema.json; every template includes this, so a bad
+release fails before anything is rendered.
+*/}}
+{{- define "agent-reach.validate" -}}
+{{- if and (not .Values.broker.existingSecret) (not .Values.broker.url) }}
+{{- fail "broker: set broker.existingSecret (recommended) or broker.url" }}
+{{- end }}
+{{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
+{{- fail "redis: set redis.existingSecret (recommended) or redis.url" }}
+{{- end }}
+{{- if and (not .Values.catalog.existingConfigMap) (not .Values.catalog.files) }}
+{{- fail "catalog: set catalog.files (inline catalog YAML) or catalog.existingConfigMap" }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $i, $c := .Values.connectors }}
+{{- $resource := include "agent-reach.connectorFullname" (dict "root" $ "name" $c.name) }}
+{{- if hasKey $seen $resource }}
+{{- fail (printf "connectors[%d]: %q and %q would both be named %s; connector names must differ after lower-casing and replacing _ with -" $i (get $seen $resource) $c.name $resource) }}
+{{- end }}
+{{- $_ := set $seen $resource $c.name }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- $as := $cfg.autoscaling }}
+{{- if and $as.enabled (gt (int $as.minReplicas) (int $as.maxReplicas)) }}
+{{- fail (printf "connectors[%d] (%s): autoscaling.minReplicas %d is greater than maxReplicas %d" $i $c.name (int $as.minReplicas) (int $as.maxReplicas)) }}
+{{- end }}
+{{- if hasKey $c "terminationGracePeriodSeconds" }}
+{{- $floor := mul (int $cfg.maxActionTimeoutSeconds) (int $cfg.maxAttempts) }}
+{{- if lt (int $c.terminationGracePeriodSeconds) (int $floor) }}
+{{- fail (printf "connectors[%d] (%s): terminationGracePeriodSeconds %d is shorter than maxActionTimeoutSeconds x maxAttempts = %d; a pod could be killed in the middle of an action" $i $c.name (int $c.terminationGracePeriodSeconds) (int $floor)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The effective settings of one connector, as YAML: connectorDefaults overlaid with the entry's
+own keys. Argument: (dict "root" $ "connector" ENTRY). Keys are checked with hasKey, never
+with `default` or `merge`, so an explicit false or 0 in an entry wins over a default.
+*/}}
+{{- define "agent-reach.connectorConfig" -}}
+{{- $c := .connector }}
+{{- $d := .root.Values.connectorDefaults }}
+{{- $out := dict "name" $c.name }}
+{{- range $key := list "replicas" "maxActionTimeoutSeconds" "maxAttempts" "gracePeriodMarginSeconds" "resources" "tolerations" "affinity" }}
+{{- $_ := set $out $key (ternary (index $c $key) (index $d $key) (hasKey $c $key)) }}
+{{- end }}
+{{- $_ := set $out "env" (concat ($d.env | default list) ($c.env | default list)) }}
+{{- $_ := set $out "envFrom" (concat ($d.envFrom | default list) ($c.envFrom | default list)) }}
+{{- range $key := list "nodeSelector" "podAnnotations" "podLabels" }}
+{{- $_ := set $out $key (mustMergeOverwrite (dict) (deepCopy (index $d $key | default dict)) (deepCopy (index $c $key | default dict))) }}
+{{- end }}
+{{- $as := dict }}
+{{- $own := $c.autoscaling | default dict }}
+{{- range $key, $value := $d.autoscaling }}
+{{- $_ := set $as $key (ternary (index $own $key) $value (hasKey $own $key)) }}
+{{- end }}
+{{- $_ := set $out "autoscaling" $as }}
+{{- if hasKey $c "concurrency" }}
+{{- $_ := set $out "concurrency" $c.concurrency }}
+{{- end }}
+{{- $grace := add (mul (int $out.maxActionTimeoutSeconds) (int $out.maxAttempts)) (int $out.gracePeriodMarginSeconds) }}
+{{- if hasKey $c "terminationGracePeriodSeconds" }}
+{{- $grace = $c.terminationGracePeriodSeconds }}
+{{- end }}
+{{- $_ := set $out "terminationGracePeriodSeconds" (int $grace) }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* Environment every process gets. */}}
+{{- define "agent-reach.commonEnv" -}}
+- name: REACH_BROKER_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "agent-reach.brokerSecretName" . }}
+      key: {{ .Values.broker.existingSecretKey }}
+- name: REACH_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "agent-reach.redisSecretName" . }}
+      key: {{ .Values.redis.existingSecretKey }}
+- name: REACH_CATALOG
+  value: {{ .Values.catalog.mountPath | quote }}
+- name: REACH_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: REACH_LOG_LEVEL
+  value: {{ .Values.config.logLevel | quote }}
+- name: REACH_REQUIRE_USER_ID
+  value: {{ ternary "1" "0" .Values.config.requireUserId | quote }}
+- name: REACH_RECEIPT_TTL
+  value: {{ .Values.config.receiptTTL | quote }}
+- name: REACH_MAX_INTENT_BYTES
+  value: {{ .Values.config.maxIntentBytes | quote }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-template annotations every component gets: checksums and scrape hints. */}}
+{{- define "agent-reach.podAnnotations" -}}
+checksum/catalog: {{ include "agent-reach.catalogChecksum" . }}
+{{- if include "agent-reach.ownSecret" . }}
+checksum/secret: {{ include "agent-reach.secretData" . | sha256sum }}
+{{- end }}
+{{- if .Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+Changes whenever the inline catalog does, so every pod rolls onto the new catalog. An
+existingConfigMap's content is out of the chart's sight: only its name counts.
+*/}}
+{{- define "agent-reach.catalogChecksum" -}}
+{{- if .Values.catalog.existingConfigMap }}
+{{- printf "configmap:%s" .Values.catalog.existingConfigMap | sha256sum }}
+{{- else }}
+{{- toJson .Values.catalog.files | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* The data of the chart's own Secret (only the URLs not taken from an existingSecret). */}}
+{{- define "agent-reach.secretData" -}}
+{{- if not .Values.broker.existingSecret }}
+{{ .Values.broker.existingSecretKey }}: {{ .Values.broker.url | b64enc | quote }}
+{{- end }}
+{{- if not .Values.redis.existingSecret }}
+{{ .Values.redis.existingSecretKey }}: {{ .Values.redis.url | b64enc | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Ports, probes, mounts and security shared by every container. */}}
+{{- define "agent-reach.containerCommon" -}}
+ports:
+  - name: metrics
+    containerPort: {{ .Values.metrics.port }}
+    protocol: TCP
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: {{ .Values.probes.startup.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.startup.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.liveness.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+volumeMounts:
+  - name: catalog
+    mountPath: {{ .Values.catalog.mountPath }}
+    readOnly: true
+  - name: tmp
+    mountPath: /tmp
+{{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-spec fields shared by every pod. */}}
+{{- define "agent-reach.podCommon" -}}
+serviceAccountName: {{ include "agent-reach.serviceAccountName" . }}
+automountServiceAccountToken: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+volumes:
+  - name: catalog
+    configMap:
+      name: {{ include "agent-reach.catalogConfigMapName" . }}
+  - name: tmp
+    emptyDir: {}
+{{- with .Values.extraVolumes }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

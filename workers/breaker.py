@@ -1,0 +1,217 @@
+"""A circuit breaker per connector, shared by every router and pool process through Redis.
+
+The states and their meaning are pybreaker's (closed / open / half-open, ``fail_max``,
+``reset_timeout``). pybreaker's own ``CircuitBreaker.call`` cannot be used here: it holds a
+process-wide lock for the whole call (a threads pool would make one call at a time) and its
+transitions span several storage operations, so processes race (INCR then GET, every process
+probing when half-open). Here every transition is one Lua script, and half-open lets at most
+``trials`` calls through at a time. ``RedisBreakerStorage`` exposes the same state to pybreaker
+for anyone who wants its API on top.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pybreaker
+import redis
+
+from connectors.spec import BreakerSpec
+
+OPEN, CLOSED, HALF_OPEN = pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS[1] breaker hash; ARGV: reset_timeout ms, max trials, trial lease ms
+# returns {allowed, state, retry_after_ms, is_trial}
+_ACQUIRE = _NOW + """
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'closed' then return {1, state, 0, 0} end
+local reset = tonumber(ARGV[1])
+if state == 'open' then
+  local opened = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
+  if now < opened + reset then return {0, state, opened + reset - now, 0} end
+  redis.call('HSET', KEYS[1], 'state', 'half-open', 'trials', 1, 'trial_until', now + tonumber(ARGV[3]))
+  return {1, 'half-open', 0, 1}
+end
+-- half-open: a bounded number of trial calls; a trial whose lease ran out (its worker died) frees its slot
+local trials = tonumber(redis.call('HGET', KEYS[1], 'trials') or '0')
+local until_ = tonumber(redis.call('HGET', KEYS[1], 'trial_until') or '0')
+if now > until_ then trials = 0 end
+if trials < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'trials', trials + 1, 'trial_until', now + tonumber(ARGV[3]))
+  return {1, state, 0, 1}
+end
+return {0, state, 1000, 0}
+"""
+
+# KEYS[1]; ARGV: 'success' | 'failure', fail_max; returns the new state
+_RECORD = _NOW + """
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if ARGV[1] == 'success' then
+  if state ~= 'open' then
+    redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'trials', 0)
+    return 'closed'
+  end
+  return state
+end
+if state == 'half-open' then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now, 'trials', 0)
+  return 'open'
+end
+if state == 'closed' then
+  local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+  if failures >= tonumber(ARGV[2]) then
+    redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now, 'failures', 0)
+    return 'open'
+  end
+end
+return state
+"""
+
+# KEYS[1] breaker, KEYS[2] health flag; ARGV: reset ms -> {state, retry_after_ms, health}
+# without changing anything: the router's one round trip before dispatch
+_PEEK = _NOW + """
+local health = redis.call('GET', KEYS[2]) or 'unknown'
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state ~= 'open' then return {state, 0, health} end
+local opened = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
+local left = opened + tonumber(ARGV[1]) - now
+if left < 0 then left = 0 end
+return {state, left, health}
+"""
+
+
+def breaker_key(connector: str) -> str:
+    return f"reach:breaker:{connector}"
+
+
+def health_key(connector: str) -> str:
+    return f"reach:health:{connector}"
+
+
+@dataclass(frozen=True)
+class Permit:
+    allowed: bool
+    state: str
+    retry_after_ms: int = 0
+    trial: bool = False
+
+
+class SharedBreaker:
+    """One connector's breaker. Only transient failures (unreachable, timeouts, 5xx) are recorded."""
+
+    def __init__(self, client: redis.Redis, connector: str, spec: BreakerSpec, trials: int = 1,
+                 trial_lease_seconds: float = 30.0) -> None:
+        self.connector = connector
+        self.key = breaker_key(connector)
+        self._spec = spec
+        self._trials = trials
+        self._lease_ms = int(trial_lease_seconds * 1000)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._record = client.register_script(_RECORD)
+        self._peek = client.register_script(_PEEK)
+
+    @property
+    def reset_ms(self) -> int:
+        return int(self._spec.reset_timeout * 1000)
+
+    def acquire(self) -> Permit:
+        allowed, state, retry_after, trial = self._acquire(keys=[self.key], args=[self.reset_ms, self._trials, self._lease_ms])
+        return Permit(bool(allowed), _text(state), int(retry_after), bool(trial))
+
+    def success(self) -> str:
+        return _text(self._record(keys=[self.key], args=["success", self._spec.fail_max]))
+
+    def failure(self) -> str:
+        return _text(self._record(keys=[self.key], args=["failure", self._spec.fail_max]))
+
+    def peek(self) -> tuple[str, int, str]:
+        """(breaker state, ms until it may half-open, health: up | down | unknown)."""
+        state, left, health = self._peek(keys=[self.key, health_key(self.connector)], args=[self.reset_ms])
+        return _text(state), int(left), _text(health)
+
+
+class RedisBreakerStorage(pybreaker.CircuitBreakerStorage):
+    """pybreaker's storage interface over the same Redis hash (reads; writes go through Lua)."""
+
+    def __init__(self, client: redis.Redis, connector: str) -> None:
+        super().__init__(connector)
+        self._client = client
+        self._key = breaker_key(connector)
+
+    @property
+    def state(self) -> str:
+        return _text(self._client.hget(self._key, "state")) or CLOSED
+
+    @state.setter
+    def state(self, state: str) -> None:
+        self._client.hset(self._key, "state", state)
+
+    def increment_counter(self) -> None:
+        self._client.hincrby(self._key, "failures", 1)
+
+    def reset_counter(self) -> None:
+        self._client.hset(self._key, "failures", 0)
+
+    def increment_success_counter(self) -> None:
+        self._client.hincrby(self._key, "successes", 1)
+
+    def reset_success_counter(self) -> None:
+        self._client.hset(self._key, "successes", 0)
+
+    @property
+    def counter(self) -> int:
+        return int(self._client.hget(self._key, "failures") or 0)
+
+    @property
+    def success_counter(self) -> int:
+        return int(self._client.hget(self._key, "successes") or 0)
+
+    @property
+    def opened_at(self) -> datetime | None:
+        raw = self._client.hget(self._key, "opened_at")
+        return None if raw is None else datetime.fromtimestamp(int(raw) / 1000, timezone.utc)
+
+    @opened_at.setter
+    def opened_at(self, when: datetime) -> None:
+        self._client.hset(self._key, "opened_at", int(when.timestamp() * 1000))
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Availability:
+    """The router's view: is a connector's breaker open, or its health marked down?"""
+
+    def __init__(self, client: redis.Redis, connectors: dict[str, object], health_interval: dict[str, float]) -> None:
+        from connectors.spec import ConnectorSpec
+
+        self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()
+                          if isinstance(spec, ConnectorSpec)}
+        self._interval = health_interval
+
+    def refusal(self, connector: str) -> tuple[str, int] | None:
+        """(reason, retry_after_ms) when the connector must not get intents now, else None."""
+        breaker = self._breakers.get(connector)
+        if breaker is None:
+            return None
+        state, left, health = breaker.peek()
+        if state == OPEN and left > 0:
+            return f"the circuit breaker of {connector} is open after repeated failures", left
+        if health == "down":
+            return f"{connector} failed its health checks", int(self._interval.get(connector, 10.0) * 1000)
+        return None
+
+
+class AlwaysAvailable:
+    """For tools and tests that route without Redis."""
+
+    def refusal(self, connector: str) -> tuple[str, int] | None:
+        return None

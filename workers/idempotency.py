@@ -1,0 +1,166 @@
+"""The idempotency ledger: one record per (agent, connector, action, idempotency key) in Redis.
+
+A record is *in progress* (with the id of the worker process that holds it; that process keeps
+a heartbeat key alive while it runs) or *completed* (with the receipt it produced and a hash of
+the params). Claiming is one Lua script, so two deliveries can never both execute:
+
+    claim ->  claimed       nobody had it: execute
+              completed     answer the stored outcome (deduplicated), never call again
+              reused        same key, other params: IDEMPOTENCY_KEY_REUSED
+              in_progress   a live worker holds it: wait for its outcome
+              orphaned      the holder died mid-call: the outcome is unknown unless repeating is safe
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
+
+# KEYS[1] record, ARGV: payload hash, owner, intent id, in-progress ttl ms
+# returns {state, stored receipt or "", holder intent id or ""}
+_CLAIM = """
+local rec = redis.call('HMGET', KEYS[1], 'state', 'hash', 'owner', 'receipt', 'intent')
+if not rec[1] then
+  redis.call('HSET', KEYS[1], 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'claimed', '', ''}
+end
+if rec[2] ~= ARGV[1] then
+  return {'reused', '', rec[5] or ''}
+end
+if rec[1] == 'completed' then
+  return {'completed', rec[4] or '', rec[5] or ''}
+end
+if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then
+  return {'in_progress', '', rec[5] or ''}
+end
+return {'orphaned', '', rec[5] or ''}
+"""
+
+# take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner... new owner, intent
+_TAKE_OVER = """
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def payload_hash(params: dict[str, Any]) -> str:
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    receipt_json: str = ""
+    holder_intent: str = ""
+
+
+class Heartbeat:
+    """Proves this worker process is alive: ``reach:alive:<id>`` exists while it runs.
+
+    A record held by an id whose heartbeat expired belongs to a dead worker (kill -9 included).
+    """
+
+    def __init__(self, client: redis.Redis, ttl_seconds: float = 3.0) -> None:
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._client = client
+        self._ttl_ms = int(ttl_seconds * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reach-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        self._client.set(f"reach:alive:{self.worker_id}", "1", px=self._ttl_ms)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._ttl_ms / 3000):
+            try:
+                self._beat()
+            except redis.RedisError:
+                pass  # the next beat retries; records stay ours while the key lives
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._client.delete(f"reach:alive:{self.worker_id}")
+        except redis.RedisError:
+            pass
+
+
+class Ledger:
+    def __init__(self, client: redis.Redis, heartbeat: Heartbeat, ttl_seconds: int) -> None:
+        self._client = client
+        self._heartbeat = heartbeat
+        self._ttl_ms = ttl_seconds * 1000
+        self._claim = client.register_script(_CLAIM)
+        self._take_over = client.register_script(_TAKE_OVER)
+
+    @staticmethod
+    def key(agent: str, connector: str, action: str, idempotency_key: str) -> str:
+        return f"reach:idem:{agent}:{connector}:{action}:{idempotency_key}"
+
+    def claim(self, key: str, params_hash: str, intent_id: str) -> Claim:
+        state, receipt, holder = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms])
+        return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
+
+    def take_over(self, key: str, intent_id: str) -> bool:
+        """Claim an orphaned record for this worker (only used when repeating is safe)."""
+        owner = self._client.hget(key, "owner")
+        if owner is None:
+            return False
+        return bool(self._take_over(keys=[key], args=[owner, self._heartbeat.worker_id, intent_id]))
+
+    def mark_sending(self, key: str) -> None:
+        """Noted right before each attempt: an orphaned record without it never reached the system."""
+        self._client.hset(key, "sending", "1")
+
+    def was_sending(self, key: str) -> bool:
+        return self._client.hget(key, "sending") is not None
+
+    def complete(self, key: str, receipt_json: str) -> None:
+        """Keep the outcome: every later intent with this key gets it instead of a new call."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
+        pipe.pexpire(key, self._ttl_ms)
+        pipe.execute()
+
+    def release(self, key: str) -> None:
+        """Forget the attempt (nothing took effect, or repeating is safe): a re-send executes again."""
+        self._client.delete(key)
+
+    def wait_completed(self, key: str, timeout: float, interval: float = 0.1) -> Claim | None:
+        """Poll until the record is completed or gone; None on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state, receipt = self._client.hmget(key, "state", "receipt")
+            if state is None:
+                return Claim("claimed")  # released: the caller may claim again
+            if _text(state) == "completed":
+                return Claim("completed", _text(receipt))
+            time.sleep(interval)
+        return None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
