@@ -1,7 +1,9 @@
 """Test harness: a real fleet (``reach router`` + ``reach worker`` processes) on the real broker."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,8 +21,39 @@ from producers.client import ReachClient
 from workers.topology import INTENTS_QUEUE, connector_queue
 
 REPO = Path(__file__).resolve().parent.parent
-BROKER_URL = os.environ.get("REACH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
-REDIS_URL = os.environ.get("REACH_REDIS_URL", "redis://127.0.0.1:6379/0")
+SHARED_BROKER_URL = os.environ.get("REACH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+SHARED_REDIS_URL = os.environ.get("REACH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _isolated() -> tuple[str, str]:
+    """A vhost and a Redis database of this test run's own, so two runs on one machine (a developer
+    and CI, or parallel sessions) never consume each other's intents or share breaker state.
+
+    Needs rabbitmqctl next to the broker (as `bash .ci/test` sets up); REACH_TEST_ISOLATE=0, or a
+    remote broker, uses the given URLs as they are.
+    """
+    from urllib.parse import quote, urlunsplit
+
+    parts = urlsplit(SHARED_BROKER_URL)
+    local = parts.hostname in ("localhost", "127.0.0.1", "::1")
+    if os.environ.get("REACH_TEST_ISOLATE", "1") == "0" or not local or shutil.which("rabbitmqctl") is None:
+        return SHARED_BROKER_URL, SHARED_REDIS_URL
+    vhost = f"reach-test-{os.getpid()}"
+    user = parts.username or "guest"
+    try:
+        subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+        subprocess.run(["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"], check=True,
+                       capture_output=True, timeout=60)
+    except (subprocess.SubprocessError, OSError):
+        return SHARED_BROKER_URL, SHARED_REDIS_URL  # not ours to manage: share (and run alone)
+    atexit.register(lambda: subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60))
+    broker = urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+    redis_parts = urlsplit(SHARED_REDIS_URL)
+    redis_url = urlunsplit(redis_parts._replace(path=f"/{1 + os.getpid() % 15}"))
+    return broker, redis_url
+
+
+BROKER_URL, REDIS_URL = _isolated()
 
 
 def reachable(url: str, default_port: int) -> bool:

@@ -111,6 +111,9 @@ release fails before anything is rendered.
 {{- end }}
 {{- $seen := dict }}
 {{- range $i, $c := .Values.connectors }}
+{{- if or (eq $c.name "reach") (contains "__" $c.name) }}
+{{- fail (printf "connectors[%d]: %q is not a usable connector name (\"reach\" is reserved and \"__\" separates connector and action in tool names)" $i $c.name) }}
+{{- end }}
 {{- $resource := include "agent-reach.connectorFullname" (dict "root" $ "name" $c.name) }}
 {{- if hasKey $seen $resource }}
 {{- fail (printf "connectors[%d]: %q and %q would both be named %s; connector names must differ after lower-casing and replacing _ with -" $i (get $seen $resource) $c.name $resource) }}
