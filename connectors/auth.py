@@ -27,6 +27,10 @@ def _secret(environ: Mapping[str, str], var: str | None, connector: str) -> str:
     return value
 
 
+class TokenError(RuntimeError):
+    """The token endpoint refused the client or answered something that is not a token."""
+
+
 class StaticAuth(httpx.Auth):
     """api_key (header or query), bearer."""
 
@@ -72,10 +76,14 @@ class ClientCredentialsAuth(httpx.Auth):
         if self._scope:
             data["scope"] = self._scope
         response = httpx.post(self._token_url, data=data, auth=(self._client_id, self._client_secret), timeout=self._timeout)
-        response.raise_for_status()
-        body = response.json()
-        self._token = str(body["access_token"])
-        self._expires_at = time.monotonic() + float(body.get("expires_in", 3600))
+        if response.status_code != 200:
+            raise TokenError(f"the token endpoint answered HTTP {response.status_code}")
+        try:
+            body = response.json()
+            self._token = str(body["access_token"])
+            self._expires_at = time.monotonic() + float(body.get("expires_in", 3600))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TokenError("the token endpoint's answer has no access_token") from exc
 
     def token(self, force: bool = False, stale: str | None = None) -> str:
         with self._lock:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import httpx
 
 from connectors.adapters.base import CallContext, Outcome
-from connectors.auth import build_auth
+from connectors.auth import TokenError, build_auth
 from connectors.schema import Check, FieldProblem, compile_field
 from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
 from producers.wire import ErrorCode
@@ -192,6 +192,10 @@ class HttpAdapter:
                 return self._failed(ErrorCode.DOWNSTREAM_TIMEOUT, f"{self.connector.name} did not answer within {timeout:g}s",
                                     "Retry later; the action is safe to repeat.", started)
             return self._unknown(f"{self.connector.name} did not answer within {timeout:g}s after the request was sent", action, started)
+        except TokenError as exc:
+            return self._failed(ErrorCode.DOWNSTREAM_AUTH_FAILED, f"could not obtain an access token: {exc}",
+                                "The connector's credentials were refused; do not retry. Tell an operator.", started,
+                                sent=False)
         except httpx.LocalProtocolError as exc:
             # the HTTP library refused to form the request: nothing was sent
             return self._failed(ErrorCode.VALIDATION_FAILED, f"the request could not be formed: {exc}",

@@ -1,0 +1,160 @@
+"""The idempotency ledger and the shared breaker against the real Redis: atomic across workers."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import redis
+
+from connectors.spec import BreakerSpec
+from tests.fleet import REDIS_URL
+from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker, health_key
+from workers.idempotency import Heartbeat, Ledger, payload_hash
+
+
+def client() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def worker(ttl: float = 3.0) -> tuple[Ledger, Heartbeat]:
+    beat = Heartbeat(client(), ttl_seconds=ttl).start()
+    return Ledger(client(), beat, ttl_seconds=3600), beat
+
+
+def fresh_key() -> str:
+    return Ledger.key("agent", "conn", "create", uuid.uuid4().hex)
+
+
+def test_first_claim_wins_and_the_others_see_it_in_progress_reused_or_completed() -> None:
+    (a, beat_a), (b, beat_b) = worker(), worker()
+    key, h = fresh_key(), payload_hash({"title": "x"})
+    assert a.claim(key, h, "i-1").state == "claimed"
+    assert b.claim(key, h, "i-2").state == "in_progress"
+    assert b.claim(key, payload_hash({"title": "other"}), "i-3").state == "reused"
+    a.complete(key, '{"receipt": 1}')
+    done = b.claim(key, h, "i-4")
+    assert done.state == "completed" and done.receipt_json == '{"receipt": 1}'
+    beat_a.stop()
+    beat_b.stop()
+
+
+def test_twenty_concurrent_claims_from_different_workers_execute_once() -> None:
+    workers = [worker() for _ in range(4)]
+    key, h = fresh_key(), payload_hash({"n": 1})
+    states: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(20)
+
+    def claim(i: int) -> None:
+        ledger = workers[i % 4][0]
+        barrier.wait()
+        state = ledger.claim(key, h, f"i-{i}").state
+        with lock:
+            states.append(state)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert states.count("claimed") == 1 and states.count("in_progress") == 19
+    for _, beat in workers:
+        beat.stop()
+
+
+def test_a_record_held_by_a_dead_worker_is_orphaned_and_can_be_taken_over_once() -> None:
+    (dead, dead_beat), (alive, alive_beat) = worker(ttl=0.3), worker()
+    key, h = fresh_key(), payload_hash({})
+    assert dead.claim(key, h, "i-1").state == "claimed"
+    dead.mark_sending(key)
+    dead_beat._stop.set()  # the process "dies": its heartbeat stops being renewed
+    time.sleep(0.5)
+    claim = alive.claim(key, h, "i-1")
+    assert claim.state == "orphaned" and claim.holder_intent == "i-1"
+    assert alive.was_sending(key)
+    assert alive.take_over(key, "i-1") is True
+    assert alive.take_over(key, "i-1") is False or alive.claim(key, h, "i-9").state == "in_progress"
+    alive_beat.stop()
+
+
+def test_released_records_let_a_resend_execute() -> None:
+    (ledger, beat) = worker()
+    key, h = fresh_key(), payload_hash({})
+    assert ledger.claim(key, h, "i-1").state == "claimed"
+    ledger.release(key)
+    assert ledger.claim(key, h, "i-2").state == "claimed"
+    beat.stop()
+
+
+def test_completed_records_expire() -> None:
+    beat = Heartbeat(client()).start()
+    ledger = Ledger(client(), beat, ttl_seconds=1)
+    key, h = fresh_key(), payload_hash({})
+    ledger.claim(key, h, "i-1")
+    ledger.complete(key, "{}")
+    assert 0 < client().pttl(key) <= 1000
+    beat.stop()
+
+
+def breaker(name: str, fail_max: int = 3, reset: str = "300ms", trials: int = 1) -> SharedBreaker:
+    return SharedBreaker(client(), name, BreakerSpec(fail_max=fail_max, reset_timeout=reset), trials=trials)
+
+
+def test_breaker_opens_after_fail_max_and_lets_one_trial_through_when_half_open() -> None:
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    replicas = [breaker(name) for _ in range(3)]  # three processes' views of one breaker
+    for b in replicas:
+        assert b.acquire().allowed
+        b.failure()
+    permit = replicas[0].acquire()
+    assert not permit.allowed and permit.state == OPEN and 0 < permit.retry_after_ms <= 300
+    state, left, health = replicas[1].peek()
+    assert state == OPEN and left > 0 and health == "unknown"
+    time.sleep(0.35)
+    granted: list[bool] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(12)
+
+    def try_acquire(i: int) -> None:
+        barrier.wait()
+        permit = replicas[i % 3].acquire()
+        with lock:
+            granted.append(permit.allowed)
+
+    threads = [threading.Thread(target=try_acquire, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert granted.count(True) == 1  # one trial, however many processes asked
+    assert RedisBreakerStorage(client(), name).state == HALF_OPEN
+    assert replicas[2].success() == CLOSED
+    assert all(b.acquire().allowed for b in replicas)
+
+
+def test_a_failed_trial_opens_the_breaker_again() -> None:
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    b = breaker(name, fail_max=1)
+    b.failure()
+    time.sleep(0.35)
+    assert b.acquire().trial
+    assert b.failure() == OPEN
+    assert not b.acquire().allowed
+
+
+def test_successes_reset_the_failure_count() -> None:
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    b = breaker(name, fail_max=3)
+    b.failure()
+    b.failure()
+    b.success()
+    b.failure()
+    b.failure()
+    assert b.acquire().allowed and RedisBreakerStorage(client(), name).state == CLOSED
+
+
+def test_peek_reports_health_marks() -> None:
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    client().set(health_key(name), "down", px=5000)
+    assert breaker(name).peek()[2] == "down"
