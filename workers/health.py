@@ -70,9 +70,11 @@ class Beat:
                    for c in self._connectors]
         for thread in threads:
             thread.start()
+        from workers.probes import PROBE
+
         try:
             while not self._stop.wait(0.5):
-                pass
+                PROBE.beat()  # beat's own loop: liveness fails if it stalls
         finally:
             self._stop.set()
             for thread in threads:

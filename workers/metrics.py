@@ -1,25 +1,83 @@
-"""Prometheus metrics. Labels are bounded (connector, action, code, outcome, format, status):
-never intent ids, trace ids or free text."""
+"""Prometheus metrics. Names start with ``reach_``; labels are bounded (connector, action, code,
+outcome, format, status) — never intent ids, trace ids or free text. Latencies are seconds.
+
+Each process uses the threads or solo pool, so the default single-process registry is correct;
+``FleetCollector`` (router only) reads shared state from Redis and the broker at scrape time.
+"""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("reach.metrics")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 INTENTS_RECEIVED = Counter("reach_intents_received", "Intents read from reach.intents, by format", ["format"])
 INTENTS_REJECTED = Counter("reach_intents_rejected", "Intents answered by the router without dispatch, by code", ["code"])
 INTENTS_DISPATCHED = Counter("reach_intents_dispatched", "Intents dispatched to a connector queue", ["connector"])
-ACTIONS_EXECUTED = Counter("reach_actions_executed", "Actions executed by a pool, by outcome",
+ACTIONS_EXECUTED = Counter("reach_actions_executed", "Intents finished by a pool, by outcome",
                            ["connector", "action", "outcome"])
-DOWNSTREAM_SECONDS = Histogram("reach_downstream_call_seconds", "Duration of downstream calls", ["connector"])
+RETRIES = Counter("reach_retries", "Downstream calls repeated after a transient failure", ["connector"])
 RECEIPTS_PUBLISHED = Counter("reach_receipts_published", "Receipts published, by status", ["status"])
+DOWNSTREAM_SECONDS = Histogram("reach_downstream_call_seconds", "Time spent calling the downstream system per intent",
+                               ["connector"], buckets=_LATENCY_BUCKETS)
+QUEUE_WAIT_SECONDS = Histogram("reach_queue_wait_seconds", "Time a dispatched intent waited in its connector queue",
+                               ["connector"], buckets=_LATENCY_BUCKETS)
+INTENT_LATENCY_SECONDS = Histogram("reach_intent_latency_seconds", "From the router reading an intent to its receipt",
+                                   ["connector"], buckets=_LATENCY_BUCKETS)
+
+_BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
+_HEALTH_VALUE = {"up": 1, "down": 0, "unknown": -1}
 
 
-def serve(port: int | None) -> None:
-    """Serve /metrics on ``port`` (REACH_METRICS_PORT); nothing when unset."""
-    if port is None:
-        return
-    start_http_server(port)
-    log.info("metrics on :%d/metrics", port)
+class FleetCollector(Collector):
+    """Breaker state, connector health and queue depth, read when Prometheus scrapes."""
+
+    def __init__(self, redis_client: Any, connection_factory: Any, connectors: Iterable[str]) -> None:
+        self._redis = redis_client
+        self._connect = connection_factory
+        self._connectors = list(connectors)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from workers.breaker import breaker_key, health_key
+        from workers.topology import connector_queue
+
+        breaker = GaugeMetricFamily("reach_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["connector"])
+        health = GaugeMetricFamily("reach_connector_health", "Health checks: 1 up, 0 down, -1 unknown", labels=["connector"])
+        depth = GaugeMetricFamily("reach_queue_depth", "Intents waiting in the connector's queue", labels=["connector"])
+        consumers = GaugeMetricFamily("reach_queue_consumers", "Consumers on the connector's queue", labels=["connector"])
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for name in self._connectors:
+                pipe.hget(breaker_key(name), "state")
+                pipe.get(health_key(name))
+            values = pipe.execute()
+            for i, name in enumerate(self._connectors):
+                state, mark = values[2 * i], values[2 * i + 1]
+                breaker.add_metric([name], _BREAKER_VALUE.get(state.decode() if state else "closed", 0))
+                health.add_metric([name], _HEALTH_VALUE.get(mark.decode() if mark else "unknown", -1))
+        except Exception as exc:  # a scrape must not fail because Redis blinked
+            log.warning("metrics: cannot read breaker/health state: %s", exc)
+        try:
+            with self._connect() as conn:
+                channel = conn.channel()
+                for name in self._connectors:
+                    try:
+                        ok = channel.queue_declare(connector_queue(name).name, passive=True)
+                        depth.add_metric([name], ok.message_count)
+                        consumers.add_metric([name], ok.consumer_count)
+                    except Exception:  # queue not declared yet: the channel is closed by the broker
+                        channel = conn.channel()
+        except Exception as exc:
+            log.warning("metrics: cannot read queue depth: %s", exc)
+        yield from (breaker, health, depth, consumers)
+
+
+def register_fleet_collector(collector: FleetCollector) -> None:
+    REGISTRY.register(collector)

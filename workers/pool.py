@@ -87,6 +87,7 @@ class PoolRuntime:
             self._send(receipt, reply_to, outcome)
             return receipt
 
+        metrics.QUEUE_WAIT_SECONDS.labels(connector=self.connector.name).observe(common["queue_ms"] / 1000)
         deliveries = self._count_delivery(intent_id)
         if deliveries > self.options.max_deliveries:
             self._dead_letter(job, f"delivered {deliveries} times without finishing (a worker died each time)")
@@ -158,6 +159,8 @@ class PoolRuntime:
                                   sleep=self.sleep)
         outcome = result.outcome
         metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
+        if result.attempts > 1:
+            metrics.RETRIES.labels(connector=self.connector.name).inc(result.attempts - 1)
         receipt = build_receipt(**common, data=outcome.data, code=outcome.code, message=outcome.message,
                                 suggestion=_check_first(self.connector, ref) if outcome.code is ErrorCode.OUTCOME_UNKNOWN
                                 else outcome.suggestion, details=outcome.details, retry_after_ms=outcome.retry_after_ms,
@@ -221,6 +224,7 @@ class PoolRuntime:
             return
         metrics.ACTIONS_EXECUTED.labels(connector=self.connector.name, action=str(receipt.action), outcome=outcome).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
+        metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(receipt.execution.latency_ms / 1000)
         error = receipt.error
         log.info("executed intent=%s agent=%s action=%s.%s status=%s code=%s attempts=%s downstream_ms=%s trace=%s",
                  receipt.intent_id, receipt.agent_id, self.connector.name, receipt.action, receipt.status,

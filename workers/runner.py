@@ -12,7 +12,7 @@ from celery import signals
 from connectors.adapters.http import HttpAdapter
 from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
-from workers import metrics
+from workers import metrics, probes
 from workers.app import create_app
 from workers.breaker import Availability, SharedBreaker
 from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
@@ -50,7 +50,9 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
                     require_user_id=settings.require_user_id)
     runtime = RouterRuntime(router, app, sink, publisher)
     app.conf.worker_consumer = consumer_class(runtime)
-    metrics.serve(settings.metrics_port)
+    metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
+    probes.install(app)
+    probes.serve(settings.metrics_port)
     log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),
              len(catalog.agents))
     # solo: routing is quick CPU work done on the consumer's own loop, one intent after another
@@ -85,7 +87,8 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         heartbeat.stop()
         adapter.close()
 
-    metrics.serve(settings.metrics_port)
+    probes.install(app)
+    probes.serve(settings.metrics_port)
     log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
     app.worker_main(["worker", "-P", "threads", "-c", str(threads), "-Q", queue.name,
                      "-n", f"{name}.{os.getpid()}@%h", *_common_worker_args(settings.log_level)])
@@ -106,6 +109,8 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
     beat = Beat(list(catalog.connectors.values()), HealthBoard(_redis(settings)))
     signal.signal(signal.SIGTERM, lambda *_: beat.stop())
     signal.signal(signal.SIGINT, lambda *_: beat.stop())
-    metrics.serve(settings.metrics_port)
+    probes.PROBE.ready = True
+    probes.PROBE.detail = "probing"
+    probes.serve(settings.metrics_port)
     log.info("beat: probing %d connector(s)", len(catalog.connectors))
     beat.run()
