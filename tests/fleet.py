@@ -170,6 +170,30 @@ class Fleet:
                 pass
             proc.wait(10)
 
+    def kill_process(self, name: str) -> int:
+        """kill -9 the process group of ``name`` (the process and anything it started), reap it,
+        and return its pid. Nothing runs its shutdown code: this is a crash, not a stop."""
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+        return proc.pid
+
+    def wait_consuming(self, queue: str, timeout: float = 60.0, consumers: int = 1) -> None:
+        """Wait until ``queue`` has at least ``consumers`` consumers (a process started or reconnected)."""
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if queue_depth(queue)[1] >= consumers:
+                    return
+            except Exception:  # broker not back yet
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"{queue} has no consumer after {timeout:g} s; see {self.log_dir}")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         for name in list(self.procs):
             self.stop_process(name)

@@ -150,6 +150,126 @@ def beat() -> None:
     run_beat(settings, _load_catalog(settings.catalog_dir))
 
 
+def _redis_client(settings: Settings) -> Any:
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def _known_connector(catalog: Catalog, connector: str) -> None:
+    if connector not in catalog.connectors:
+        click.echo(f"no connector named {connector!r} (known: {', '.join(sorted(catalog.connectors)) or 'none'})", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+@main.command()
+@click.argument("connector")
+def pause(connector: str) -> None:
+    """Make CONNECTOR's pools stop consuming; intents wait in its queue (nothing is lost)."""
+    from workers.control import set_paused
+
+    settings = _settings()
+    _known_connector(_load_catalog(settings.catalog_dir), connector)
+    set_paused(_redis_client(settings), connector, True)
+    click.echo(f"{connector}: paused (its pools stop consuming within a second; `reach resume {connector}` undoes it)")
+
+
+@main.command()
+@click.argument("connector")
+def resume(connector: str) -> None:
+    """Make CONNECTOR's pools consume again."""
+    from workers.control import set_paused
+
+    settings = _settings()
+    _known_connector(_load_catalog(settings.catalog_dir), connector)
+    set_paused(_redis_client(settings), connector, False)
+    click.echo(f"{connector}: resumed")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Per connector: queue depth, consumers, in-flight, breaker, health, paused, last error.
+
+    Exits 2 when the broker or Redis cannot be reached.
+    """
+    from workers.ops import fleet_status
+
+    settings = _settings()
+    catalog = _load_catalog(settings.catalog_dir)
+    try:
+        rows = fleet_status(catalog, settings.broker_url, _redis_client(settings))
+    except Exception as exc:
+        click.echo(f"cannot read the fleet's state: {type(exc).__name__}: {exc} "
+                   f"(broker {_redact(settings.broker_url)}, redis {_redact(settings.redis_url)})", err=True)
+        sys.exit(EXIT_CONFIG)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    _print_table(("connector", "queued", "consumers", "in-flight", "workers", "breaker", "health", "paused", "last error"),
+                 [(r.connector, "-" if r.queue_depth is None else r.queue_depth, "-" if r.consumers is None else r.consumers,
+                   r.in_flight, r.workers, r.breaker, r.health, "yes" if r.paused else "no", r.last_error or "-")
+                  for r in rows])
+
+
+@main.command()
+@click.argument("intent_id")
+def trace(intent_id: str) -> None:
+    """The stages of one intent with timings (kept in Redis for a day)."""
+    from workers.audit import read_trace
+
+    settings = _settings()
+    events = read_trace(_redis_client(settings), intent_id)
+    if not events:
+        click.echo(f"no stages recorded for {intent_id} (unknown id, expired, or audit_level none)", err=True)
+        sys.exit(EXIT_PROBLEMS)
+    start = events[0]["ts"]
+    skip = {"ts", "event", "stage", "intent_id"}
+    for event in events:
+        details = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip)
+        click.echo(f"+{(event['ts'] - start) * 1000:9.1f} ms  {event['stage']:<10} {details}")
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters: messages the fleet could not process, with the reason."""
+
+
+@dlq.command("list")
+@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True)
+def dlq_list(limit: int) -> None:
+    """Show dead letters (reason, agent, time, a redacted preview) without removing them."""
+    from workers.ops import list_dead_letters
+
+    letters = list_dead_letters(_settings().broker_url, limit)
+    if not letters:
+        click.echo("reach.dlq is empty")
+        return
+    _print_table(("message id", "received", "agent", "connector", "reason", "preview"),
+                 [(d.message_id or "-", d.received_at or "-", d.agent or "-", d.connector or "-", d.reason, d.preview)
+                  for d in letters])
+
+
+@dlq.command("replay")
+@click.option("--id", "ids", multiple=True, help="Message id to replay (repeatable); default: all.")
+def dlq_replay(ids: tuple[str, ...]) -> None:
+    """Send dead letters back through the fleet; idempotency keys are kept, so nothing runs twice."""
+    from workers.app import EXECUTE_TASK, create_app
+    from workers.ops import replay_dead_letters
+    from workers.topology import connector_queue
+
+    settings = _settings()
+    app = create_app(settings, [connector_queue("_replay")])
+
+    def send_job(job: dict[str, Any], connector: str) -> None:
+        app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(connector), retry=True)
+
+    done = replay_dead_letters(settings.broker_url, _redis_client(settings), set(ids) if ids else None, send_job)
+    missing = set(ids) - set(done)
+    click.echo(f"replayed {len(done)} dead letter(s)" + (f"; not found: {', '.join(sorted(missing))}" if missing else ""))
+    sys.exit(EXIT_PROBLEMS if missing else 0)
+
+
 def _parse_param(text: str) -> tuple[str, Any]:
     """``key=value`` gives a string; ``key:=json`` gives a typed value (httpie's convention)."""
     key, sep, value = text.partition("=")

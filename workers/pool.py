@@ -30,7 +30,9 @@ from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode, Execution, Receipt
 from workers import metrics
 from workers.app import EXECUTE_TASK
+from workers.audit import Audit
 from workers.breaker import SharedBreaker
+from workers.control import PoolStatus
 from workers.idempotency import Claim, Ledger, payload_hash
 from workers.publisher import Publisher
 from workers.receipts import ReceiptSink, build_receipt, iso
@@ -50,6 +52,7 @@ class PoolOptions:
 class PoolRuntime:
     def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, sink: ReceiptSink, *,
                  ledger: Ledger, breaker: SharedBreaker | None, redis_client: redis.Redis, publisher: Publisher,
+                 audit: Audit | None = None, status: PoolStatus | None = None,
                  options: PoolOptions = PoolOptions(), sleep: Callable[[float], None] = time.sleep) -> None:
         self.connector = connector
         self.catalog = catalog
@@ -61,9 +64,20 @@ class PoolRuntime:
         self.publisher = publisher
         self.options = options
         self.sleep = sleep
+        self.audit = audit or Audit(None, f"pool:{connector.name}")
+        self.status = status
 
     def execute(self, job: dict[str, Any], redelivered: bool = False) -> None:
         """Run one dispatched intent and publish its receipt (raises only if the receipt cannot be sent)."""
+        if self.status is not None:
+            self.status.enter()
+        try:
+            self._execute(job, redelivered)
+        finally:
+            if self.status is not None:
+                self.status.leave()
+
+    def _execute(self, job: dict[str, Any], redelivered: bool) -> None:
         started = time.time()
         intent_id = str(job.get("intent_id") or "")
         agent_id = str(job.get("agent_id") or "")
@@ -154,9 +168,20 @@ class PoolRuntime:
                 return Outcome(False, code=ErrorCode.INTERNAL, message="the connector's adapter failed on this intent",
                                suggestion="Retry later; operators were told.", sent=False)
 
+        binding = self.catalog.binding(common["agent_id"], self.connector.name)
+        level = binding.audit_level if binding else "full"
+        audit_common = {"agent": common["agent_id"], "action": ref.action.action, "connector": self.connector.name,
+                        "trace_id": common["trace_id"]}
+
+        def after_attempt(attempt: int, outcome: Outcome) -> None:
+            self.audit.event("attempt", common["intent_id"], level=level, **audit_common, attempt=attempt,
+                             outcome="ok" if outcome.ok else (outcome.code.value if outcome.code else "failed"),
+                             http_status=outcome.http_status, sent=outcome.sent,
+                             downstream_ms=round(outcome.downstream_ms, 3))
+
         result = run_with_retries(call, ref.action.retry or self.connector.retry, safe_to_repeat=safe, deadline=deadline,
                                   gate=self.breaker, before_attempt=lambda n: self.ledger.mark_sending(key),
-                                  sleep=self.sleep)
+                                  after_attempt=after_attempt, sleep=self.sleep)
         outcome = result.outcome
         metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
         if result.attempts > 1:
@@ -222,14 +247,19 @@ class PoolRuntime:
     def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
         if not self.sink.send(receipt, reply_to):
             return
+        error = receipt.error
+        binding = self.catalog.binding(receipt.agent_id or "", self.connector.name)
+        self.audit.event("receipt", receipt.intent_id, level=binding.audit_level if binding else "full",
+                         agent=receipt.agent_id, action=receipt.action, connector=self.connector.name,
+                         trace_id=receipt.execution.trace_id, status=receipt.status,
+                         code=error.code.value if error else None, attempts=receipt.execution.attempts,
+                         latency_ms=receipt.execution.latency_ms, queue_ms=receipt.execution.queue_ms,
+                         deduplicated=receipt.execution.deduplicated or None)
+        if error is not None and self.status is not None and receipt.status != "rejected":
+            self.status.record_error(error.code.value, error.message)
         metrics.ACTIONS_EXECUTED.labels(connector=self.connector.name, action=str(receipt.action), outcome=outcome).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
         metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(receipt.execution.latency_ms / 1000)
-        error = receipt.error
-        log.info("executed intent=%s agent=%s action=%s.%s status=%s code=%s attempts=%s downstream_ms=%s trace=%s",
-                 receipt.intent_id, receipt.agent_id, self.connector.name, receipt.action, receipt.status,
-                 error.code.value if error else None, receipt.execution.attempts, receipt.execution.downstream_ms,
-                 receipt.execution.trace_id)
 
 
 def _check_first(connector: ConnectorSpec, ref: ActionRef) -> str:

@@ -59,6 +59,7 @@ def run_with_retries(
     deadline: float | None = None,
     gate: Gate | None = None,
     before_attempt: Callable[[int], None] | None = None,
+    after_attempt: Callable[[int, Outcome], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
     rand: Callable[[], float] = random.random,
@@ -78,6 +79,8 @@ def run_with_retries(
             before_attempt(attempt)
         outcome = call()
         downstream_ms += outcome.downstream_ms
+        if after_attempt is not None:
+            after_attempt(attempt, outcome)
         if gate is not None:
             if outcome.code in TRANSIENT:
                 gate.failure()

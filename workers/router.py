@@ -31,7 +31,8 @@ from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity
 from workers.publisher import Publisher
 from workers.ratelimit import RateLimiter, parse_rate
 from workers.receipts import ReceiptSink, build_receipt
-from workers.redact import redact_body
+from workers.audit import Audit, params_digest
+from workers.redact import redact_body, redact_params
 from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
 
 log = logging.getLogger("reach.router")
@@ -180,11 +181,12 @@ class Router:
 class RouterRuntime:
     """Carries decisions out with confirmed publishes; the message is acked only afterwards."""
 
-    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher) -> None:
+    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher, audit: Audit) -> None:
         self.router = router
         self.app = app
         self.sink = sink
         self.publisher = publisher
+        self.audit = audit
 
     def handle(self, message: Message) -> None:
         raw = RawMessage(
@@ -210,21 +212,39 @@ class RouterRuntime:
         message.ack()
 
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
+        received = {"ts": round(raw.received_at, 6), "bytes": len(raw.body)}
         if isinstance(decision, Dispatch):
-            self.app.send_task(EXECUTE_TASK, args=[decision.job], queue=connector_queue(decision.job["connector"]),
+            job = decision.job
+            self.app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(job["connector"]),
                                task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True)
-            metrics.INTENTS_DISPATCHED.labels(connector=decision.job["connector"]).inc()
-            log.info("dispatched intent=%s agent=%s action=%s.%s trace=%s", decision.intent_id, decision.job["agent_id"],
-                     decision.job["connector"], decision.job["action"], decision.job["trace_id"])
+            metrics.INTENTS_DISPATCHED.labels(connector=job["connector"]).inc()
+            ref = self.router.catalog.refs[(job["connector"], job["action"])]
+            binding = self.router.catalog.binding(job["agent_id"], job["connector"])
+            redacted = redact_params(job["params"], ref.action.input)
+            common = {"agent": job["agent_id"], "action": job["action"], "connector": job["connector"],
+                      "trace_id": job["trace_id"]}
+            self.audit.events(decision.intent_id, [
+                ("received", {**received, **common, "format": job["format"]}),
+                ("dispatched", {**common, "param_keys": sorted(redacted), "params_digest": params_digest(redacted),
+                                "route_ms": round((time.time() - raw.received_at) * 1000, 3)}),
+            ], level=binding.audit_level if binding else "full")
             return
         if decision.dead_letter_reason is not None:
             self._dead_letter(raw, decision)
-        self.sink.send(decision.receipt, decision.routing_key)
-        metrics.RECEIPTS_PUBLISHED.labels(status=decision.receipt.status).inc()
-        error = decision.receipt.error
-        log.info("answered intent=%s agent=%s status=%s code=%s trace=%s", decision.receipt.intent_id,
-                 decision.receipt.agent_id, decision.receipt.status, error.code.value if error else None,
-                 decision.receipt.execution.trace_id)
+        receipt = decision.receipt
+        self.sink.send(receipt, decision.routing_key)
+        metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
+        error = receipt.error
+        common = {"agent": receipt.agent_id, "action": receipt.action, "connector": receipt.connector,
+                  "trace_id": receipt.execution.trace_id}
+        binding = self.router.catalog.binding(receipt.agent_id or "", receipt.connector or "")
+        self.audit.events(receipt.intent_id, [
+            ("received", {**received, **common}),
+            ("rejected" if error else "answered", {**common, "code": error.code.value if error else None,
+                                                   "dead_lettered": decision.dead_letter_reason is not None}),
+            ("receipt", {**common, "status": receipt.status, "code": error.code.value if error else None,
+                         "latency_ms": receipt.execution.latency_ms}),
+        ], level=binding.audit_level if binding else "full")
 
     def _dead_letter(self, raw: RawMessage, decision: Answer) -> None:
         headers = {

@@ -14,7 +14,9 @@ from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers import metrics, probes
 from workers.app import create_app
+from workers.audit import Audit, configure_audit_logging
 from workers.breaker import Availability, SharedBreaker
+from workers.control import PoolStatus, install_pause_watcher
 from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.idempotency import Heartbeat, Ledger
 from workers.pool import PoolOptions, PoolRuntime, register_task
@@ -29,6 +31,7 @@ log = logging.getLogger("reach")
 
 
 def _redis(settings: Settings) -> redis.Redis:
+    configure_audit_logging()
     return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30)
 
 
@@ -48,7 +51,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, limiter=RedisRateLimiter(redis_client),
                     availability=Availability(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
-    runtime = RouterRuntime(router, app, sink, publisher)
+    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router"))
     app.conf.worker_consumer = consumer_class(runtime)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
     probes.install(app)
@@ -76,11 +79,14 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     publisher = Publisher(app.producer_pool)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     heartbeat = Heartbeat(redis_client).start()
+    status = PoolStatus(redis_client, name, heartbeat.worker_id)
     runtime = PoolRuntime(connector, catalog, adapter, sink,
                           ledger=Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
                           breaker=SharedBreaker(redis_client, name, connector.breaker), redis_client=redis_client,
-                          publisher=publisher, options=PoolOptions(max_deliveries=settings.max_deliveries))
+                          publisher=publisher, audit=Audit(redis_client, f"pool:{name}"), status=status,
+                          options=PoolOptions(max_deliveries=settings.max_deliveries))
     register_task(app, runtime)
+    install_pause_watcher(app, redis_client, name, queue.name, status)
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:

@@ -106,8 +106,8 @@ release fails before anything is rendered.
 {{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
 {{- fail "redis: set redis.existingSecret (recommended) or redis.url" }}
 {{- end }}
-{{- if and (not .Values.catalog.existingConfigMap) (not .Values.catalog.files) }}
-{{- fail "catalog: set catalog.files (inline catalog YAML) or catalog.existingConfigMap" }}
+{{- if and (not .Values.catalog.existingConfigMap) (not (trim .Values.catalog.inline)) }}
+{{- fail "catalog: set catalog.inline (the catalog YAML) or catalog.existingConfigMap" }}
 {{- end }}
 {{- $seen := dict }}
 {{- range $i, $c := .Values.connectors }}
@@ -167,6 +167,37 @@ with `default` or `merge`, so an explicit false or 0 in an entry wins over a def
 {{- toYaml $out }}
 {{- end }}
 
+{{/*
+The connectors' own environment, for beat: it health-checks every connector, so it needs the
+variables their catalog entries read (${VAR} in endpoints, key_env/token_env secrets). Returns
+YAML {env: [...], envFrom: [...]}, each variable once; two pools that set one variable
+differently cannot share a beat, and fail the release.
+*/}}
+{{- define "agent-reach.connectorsEnv" -}}
+{{- $env := list }}
+{{- $byName := dict }}
+{{- $envFrom := list }}
+{{- range $c := .Values.connectors }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- range $e := $cfg.env | default list }}
+{{- if hasKey $byName $e.name }}
+{{- if ne (toJson (get $byName $e.name)) (toJson $e) }}
+{{- fail (printf "connectors: %s is set differently by two pools (the second is %s); beat health-checks every connector with one environment, so give them different variable names" $e.name $c.name) }}
+{{- end }}
+{{- else }}
+{{- $_ := set $byName $e.name $e }}
+{{- $env = append $env $e }}
+{{- end }}
+{{- end }}
+{{- range $source := $cfg.envFrom | default list }}
+{{- if not (has $source $envFrom) }}
+{{- $envFrom = append $envFrom $source }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "env" $env "envFrom" $envFrom) }}
+{{- end }}
+
 {{/* Environment every process gets. */}}
 {{- define "agent-reach.commonEnv" -}}
 - name: REACH_BROKER_URL
@@ -179,8 +210,12 @@ with `default` or `merge`, so an explicit false or 0 in an entry wins over a def
     secretKeyRef:
       name: {{ include "agent-reach.redisSecretName" . }}
       key: {{ .Values.redis.existingSecretKey }}
+{{- /* The kubelet writes a ConfigMap volume as <mountPath>/..<timestamp>/FILE plus symlinks
+       <mountPath>/..data -> ..<timestamp> and <mountPath>/FILE -> ..data/FILE. The catalog loader
+       reads every *.yaml below REACH_CATALOG, so pointing it at the mount would read each file
+       twice; ..data holds exactly one copy of each. */}}
 - name: REACH_CATALOG
-  value: {{ .Values.catalog.mountPath | quote }}
+  value: {{ printf "%s/..data" .Values.catalog.mountPath | quote }}
 - name: REACH_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
 - name: REACH_LOG_LEVEL
@@ -217,7 +252,7 @@ existingConfigMap's content is out of the chart's sight: only its name counts.
 {{- if .Values.catalog.existingConfigMap }}
 {{- printf "configmap:%s" .Values.catalog.existingConfigMap | sha256sum }}
 {{- else }}
-{{- toJson .Values.catalog.files | sha256sum }}
+{{- .Values.catalog.inline | sha256sum }}
 {{- end }}
 {{- end }}
 

@@ -18,6 +18,7 @@ from tests.chart.chart import (
     lint,
     pod_spec,
     render,
+    render_error,
     scenario_values,
 )
 
@@ -193,15 +194,38 @@ def test_beat_runs_exactly_one_pod_and_is_replaced_not_rolled() -> None:
     assert without.names("Deployment") == ["reach-agent-reach-router"]
 
 
+def test_beat_gets_every_pools_environment_to_check_their_connectors() -> None:
+    rendered = render(scenario_values("two-connectors"))
+    beat = rendered.component("beat")
+    env = env_of(beat)
+    # the endpoint variables and secrets the catalog reads, each once
+    assert env["BILLING_TOKEN"] == env_of(rendered.pool("billing"))["BILLING_TOKEN"]
+    assert [e["name"] for e in container(beat)["env"]].count("SHARED_SETTING") == 1
+    assert container(beat)["envFrom"] == [{"secretRef": {"name": "billing-extra"}}]
+    assert env_of(render().component("beat"))["TICKETS_URL"]["value"] == "http://ticket-system:8000"
+    # the router needs none of them: connector secrets stay with the pools (and beat)
+    assert "BILLING_TOKEN" not in env_of(rendered.component("router"))
+
+
+def test_two_pools_giving_one_variable_different_values_cannot_share_a_beat() -> None:
+    error = render_error({"connectors": [
+        {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
+        {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]}]})
+    assert "API_URL is set differently by two pools (the second is erp)" in error
+    # the same definition twice is fine
+    same = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}]
+    render({"connectors": [{"name": "crm", "env": same}, {"name": "erp", "env": same}]})
+
+
 def _checksums(values: dict[str, Any]) -> dict[str, str]:
     return {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/catalog"]
             for d in render(values).of_kind("Deployment")}
 
 
 def test_changing_the_catalog_rolls_every_pod() -> None:
-    catalog = chart_defaults()["catalog"]["files"]["tickets.yaml"]
+    catalog = chart_defaults()["catalog"]["inline"]
     before = _checksums({})
-    after = _checksums({"catalog": {"files": {"tickets.yaml": catalog.replace("rate_limit: 10/min", "rate_limit: 20/min")}}})
+    after = _checksums({"catalog": {"inline": catalog.replace("rate_limit: 10/min", "rate_limit: 20/min")}})
     assert len(set(before.values())) == 1, "router, beat and pools see the same catalog"
     assert before.keys() == after.keys()
     assert all(before[name] != after[name] for name in before)
@@ -216,7 +240,7 @@ def test_an_existing_config_map_is_mounted_and_its_name_is_the_checksum() -> Non
         assert volumes["catalog"]["configMap"] == {"name": "reach-catalog"}
         mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
         assert mounts["catalog"] == {"name": "catalog", "mountPath": "/etc/reach/catalog", "readOnly": True}
-        assert env_of(deployment)["REACH_CATALOG"]["value"] == "/etc/reach/catalog"
+        assert env_of(deployment)["REACH_CATALOG"]["value"] == "/etc/reach/catalog/..data"
     values = scenario_values("existing-secrets")
     other = {**values, "catalog": {"existingConfigMap": "reach-catalog-v2"}}
     assert set(_checksums(values).values()) != set(_checksums(other).values())
@@ -225,9 +249,16 @@ def test_an_existing_config_map_is_mounted_and_its_name_is_the_checksum() -> Non
 def test_the_inline_catalog_is_rendered_into_the_mounted_config_map() -> None:
     rendered = render()
     cm = rendered.get("ConfigMap", "reach-agent-reach-catalog")
-    assert cm["data"] == chart_defaults()["catalog"]["files"]
+    assert cm["data"] == {"catalog.yaml": chart_defaults()["catalog"]["inline"]}
     router = rendered.component("router")
     assert {"name": "catalog", "configMap": {"name": "reach-agent-reach-catalog"}} in pod_spec(router)["volumes"]
+
+
+def test_your_catalog_replaces_the_demo_catalog_instead_of_merging_with_it() -> None:
+    values = scenario_values("two-connectors")
+    (cm,) = render(values).of_kind("ConfigMap")
+    assert cm["data"] == {"catalog.yaml": values["catalog"]["inline"]}
+    assert "local_ticket_system" not in cm["data"]["catalog.yaml"]
 
 
 def test_existing_secrets_are_referenced_and_never_rendered() -> None:

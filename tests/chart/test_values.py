@@ -120,7 +120,8 @@ def test_objects_the_chart_owns_refuse_unknown_keys() -> None:
     ({"connectors": [{"name": "crm.v2"}]}, "at '/connectors/0/name': 'crm.v2' does not match pattern"),
     ({"router": {"replicas": 0}}, "at '/router/replicas': minimum: got 0, want 1"),
     ({"broker": {"url": "http://rabbitmq:15672"}}, "at '/broker/url': 'http://rabbitmq:15672' does not match pattern"),
-    ({"catalog": {"files": {"tickets.txt": "connector: {}"}}}, "'tickets.txt' does not match pattern"),
+    ({"catalog": {"inline": {"tickets.yaml": "connector: {}"}}}, "at '/catalog/inline': got object, want string"),
+    ({"catalog": {"mountPath": "etc/reach"}}, "at '/catalog/mountPath': 'etc/reach' does not match pattern"),
     ({"config": {"logLevel": "verbose"}}, "at '/config/logLevel': value must be one of"),
     ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
      "at '/metrics/serviceMonitor/interval': '30 seconds' does not match pattern"),
@@ -143,18 +144,39 @@ def test_values_that_break_the_schema_are_refused_with_the_offending_key(values:
     ({"connectors": [{"name": "crm__v2"}]}, 'connectors[0]: "crm__v2" is not a usable connector name'),
     ({"broker": {"url": "", "existingSecret": ""}}, "broker: set broker.existingSecret (recommended) or broker.url"),
     ({"redis": {"url": ""}}, "redis: set redis.existingSecret (recommended) or redis.url"),
-    ({"catalog": {"files": {}, "existingConfigMap": ""}}, "catalog: set catalog.files"),
+    ({"catalog": {"inline": "", "existingConfigMap": ""}}, "catalog: set catalog.inline (the catalog YAML) or catalog.existingConfigMap"),
 ])
 def test_values_the_schema_cannot_judge_are_refused_by_the_templates(values: dict[str, Any], message: str) -> None:
     assert message in render_error(values)
 
 
+def _config_map_volume(config_map: dict[str, Any], mount: Path) -> None:
+    """Lay out a ConfigMap volume as the kubelet does: a timestamped directory with the files,
+    ..data pointing at it, and one symlink per key through ..data."""
+    mount.mkdir()
+    (mount / "..2026_01_01_00_00_00.000000001").mkdir()
+    for key, content in config_map["data"].items():
+        (mount / "..2026_01_01_00_00_00.000000001" / key).write_text(content)
+    (mount / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
+    for key in config_map["data"]:
+        (mount / key).symlink_to(f"..data/{key}")
+
+
 def _catalog_of(scenario: str, tmp_path: Path) -> Any:
-    files = merged_values(scenario_values(scenario))["catalog"]["files"]
-    for name, content in files.items():
-        (tmp_path / name).write_text(content)
-    catalog, problems = build(load_directory(tmp_path, environ={}))
-    assert problems == []
+    """Load the rendered catalog ConfigMap the way a pod does: mounted, from REACH_CATALOG."""
+    rendered = render(scenario_values(scenario))
+    (cm,) = rendered.of_kind("ConfigMap")
+    router = rendered.component("router")
+    mount = next(m["mountPath"] for m in router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+                 if m["name"] == "catalog")
+    reach_catalog = next(e["value"] for e in router["spec"]["template"]["spec"]["containers"][0]["env"]
+                         if e["name"] == "REACH_CATALOG")
+    root = tmp_path / "mnt"
+    root.mkdir()
+    _config_map_volume(cm, root / mount.lstrip("/").replace("/", "_"))
+    directory = root / mount.lstrip("/").replace("/", "_") / Path(reach_catalog).relative_to(mount)
+    catalog, problems = build(load_directory(directory, environ={}))
+    assert problems == [], "the catalog as a pod reads it: " + "; ".join(map(str, problems))
     return catalog
 
 
@@ -178,10 +200,10 @@ def test_grace_period_values_cover_the_catalogs_real_timeouts_and_attempts(scena
 
 
 def test_the_default_catalog_is_the_repositorys_demo_catalog() -> None:
-    ours = yaml.safe_load_all(chart_defaults()["catalog"]["files"]["tickets.yaml"])
+    ours = yaml.safe_load_all(chart_defaults()["catalog"]["inline"])
     demo = yaml.safe_load_all((CHART_DIR.parent / "examples" / "catalog" / "tickets.yaml").read_text())
     assert list(ours) == list(demo), (
-        "helm/values.yaml catalog.files has drifted from examples/catalog/tickets.yaml (docker compose mounts that one)")
+        "helm/values.yaml catalog.inline has drifted from examples/catalog/tickets.yaml (docker compose mounts that one)")
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

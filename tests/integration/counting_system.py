@@ -1,0 +1,161 @@
+"""A downstream for failure tests that counts what it *did*, not only what it was asked.
+
+Stdlib only. ``POST /items`` creates an item from ``{"title": ...}``: every title and every
+``Idempotency-Key`` has an execution count, so a test can prove that no payload took effect
+twice. A request carrying a key already executed answers the stored item without executing
+again (checked after the delay, under the lock, so concurrent duplicates are deduplicated too).
+``GET /items/{id}`` is an idempotent read, ``GET /health`` answers ``health_status``.
+
+Faults are set on ``state``: ``delay`` (seconds before answering, so writes are in flight),
+``fail_status``/``fail_count`` (answer that status, with ``Retry-After: retry_after`` when set,
+instead of executing), and ``on_request`` (called with each recorded request before the delay,
+e.g. to kill a pool while its request is in flight). ``in_flight`` counts requests being served.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class CountingState:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.executions_by_title: Counter[str] = Counter()
+        self.executions_by_key: Counter[str] = Counter()
+        self.items_by_key: dict[str, dict[str, Any]] = {}
+        self.items = 0
+        self.in_flight = 0
+        self.delay = 0.0
+        self.fail_status = 0
+        self.fail_count = 0
+        self.retry_after: str | None = None
+        self.health_status = 200
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CountingSystem
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True  # the caller is gone (killed, timed out, reset): the effect stays
+
+    def _serve(self, body: Any) -> None:
+        st = self.server.state
+        path = urllib.parse.urlsplit(self.path).path
+        title = body.get("title") if isinstance(body, dict) else None
+        key = self.headers.get("Idempotency-Key")
+        record = {"method": self.command, "path": path, "title": title, "key": key, "t": time.time()}
+        with st.lock:
+            st.requests.append(record)
+            st.in_flight += 1
+            hook, delay = st.on_request, st.delay
+            fail = st.fail_status if st.fail_count > 0 else 0
+            if fail:
+                st.fail_count -= 1
+            retry_after = st.retry_after
+        try:
+            if hook is not None:
+                hook(record)
+            if delay:
+                time.sleep(delay)
+            if fail:
+                return self._send(fail, {"detail": f"injected failure {fail}"},
+                                  {"Retry-After": retry_after} if retry_after else None)
+            if self.command == "GET":
+                return self._send(200, {"item_id": path.rsplit("/", 1)[-1], "status": "open"})
+            if not isinstance(title, str) or not title:
+                return self._send(422, {"detail": "title is required"})
+            with st.lock:
+                if key and key in st.items_by_key:
+                    item = st.items_by_key[key]
+                else:
+                    st.items += 1
+                    item = {"item_id": f"IT-{st.items:05d}", "title": title}
+                    st.executions_by_title[title] += 1
+                    if key:
+                        st.executions_by_key[key] += 1
+                        st.items_by_key[key] = item
+            return self._send(201, item)
+        finally:
+            with st.lock:
+                st.in_flight -= 1
+
+    def do_GET(self) -> None:  # noqa: N802
+        if urllib.parse.urlsplit(self.path).path == "/health":
+            status = self.server.state.health_status
+            return self._send(status, {"ok": status == 200})
+        self._serve(None)
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        self._serve(body)
+
+
+class CountingSystem(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = CountingState()
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True, name="counting-system")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> CountingSystem:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def requests(self, method: str | None = None, title: str | None = None) -> list[dict[str, Any]]:
+        with self.state.lock:
+            return [r for r in self.state.requests
+                    if (method is None or r["method"] == method) and (title is None or r["title"] == title)]
+
+    def executions(self) -> Counter[str]:
+        """Executions per title (the side effects that really happened)."""
+        with self.state.lock:
+            return Counter(self.state.executions_by_title)
+
+    def in_flight(self) -> int:
+        with self.state.lock:
+            return self.state.in_flight

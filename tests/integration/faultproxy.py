@@ -1,0 +1,158 @@
+"""A small fault-injecting TCP proxy for failure tests (stdlib, one thread per connection).
+
+It listens on 127.0.0.1 (a free port) in front of one downstream and is switched at run time::
+
+    proxy = FaultProxy(downstream_port).start()      # proxy.url -> put it in the catalog
+    proxy.set("latency", 1.0)   # each request is held this long before it is forwarded
+    proxy.set("reset_before")   # a request arrives -> RST (SO_LINGER 0); nothing is forwarded
+    proxy.set("reset_after")    # forwarded; when the downstream answers -> RST, answer dropped
+    proxy.set("blackhole")      # accepted, read and never answered (nor forwarded)
+    proxy.set("refuse")         # not listening: connections are refused
+    proxy.set("pass")           # heal
+
+The mode is read for every chunk, so pooled keep-alive connections change behaviour too.
+``requests`` counts client chunks that start an HTTP request (one per attempt), ``forwarded``
+those sent on to the downstream, ``resets`` the RSTs sent.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+
+MODES = ("pass", "latency", "reset_before", "reset_after", "blackhole", "refuse")
+_METHODS = (b"GET ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"HEAD ", b"OPTIONS ")
+
+
+def _rst(sock: socket.socket) -> None:
+    """Close with SO_LINGER 0: the kernel sends RST instead of FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+class FaultProxy:
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.mode, self.latency = "pass", 0.0
+        self.requests = self.forwarded = self.resets = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FaultProxy:
+        threading.Thread(target=self._accept_loop, daemon=True, name="faultproxy").start()
+        return self
+
+    def set(self, mode: str, latency: float = 0.0) -> None:
+        """Switch behaviour; ``latency`` (seconds) applies to mode ``latency``."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+        with self._lock:
+            was, self.mode, self.latency = self.mode, mode, latency
+        if mode == "refuse" and self._listener is not None:
+            self._close_listener()
+        elif was == "refuse" and mode != "refuse":
+            self._listen()
+
+    def counts(self) -> tuple[int, int, int]:
+        """(requests, forwarded, resets) so far."""
+        with self._lock:
+            return self.requests, self.forwarded, self.resets
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # stops listening now, even while accept() polls it
+            except OSError:
+                pass
+            listener.close()
+
+    def _listen(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))  # port 0 the first time, the same port after "refuse"
+        sock.listen(128)
+        sock.settimeout(0.1)
+        self.port = sock.getsockname()[1]
+        self._listener = sock
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            listener = self._listener
+            if listener is None:
+                time.sleep(0.05)
+                continue
+            try:
+                client, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            client.settimeout(None)
+            threading.Thread(target=self._serve, args=(client,), daemon=True, name="faultproxy-conn").start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        armed = False  # reset_after: a request went through; RST the client once the answer comes
+        try:
+            while not self._stop.is_set():
+                readable, _, _ = select.select([client] + ([upstream] if upstream else []), [], [], 0.1)
+                with self._lock:
+                    mode, latency = self.mode, self.latency
+                if client in readable:
+                    data = client.recv(65536)
+                    if not data:
+                        break
+                    starts_request = data.startswith(_METHODS)
+                    with self._lock:
+                        self.requests += starts_request
+                    if mode == "blackhole":
+                        continue
+                    if mode == "reset_before":
+                        with self._lock:
+                            self.resets += 1
+                        _rst(client)
+                        return
+                    if mode == "latency" and latency and starts_request:
+                        time.sleep(latency)
+                    if upstream is None:
+                        upstream = socket.create_connection(self.upstream, timeout=5)
+                        upstream.settimeout(None)
+                    upstream.sendall(data)
+                    with self._lock:
+                        self.forwarded += starts_request
+                    armed = armed or mode == "reset_after"
+                if upstream is not None and upstream in readable:
+                    data = upstream.recv(65536)
+                    if not data:
+                        break
+                    if armed:
+                        with self._lock:
+                            self.resets += 1
+                        _rst(client)
+                        return
+                    if mode != "blackhole":
+                        client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                if sock is not None:
+                    try:
+                        sock.close()
+                    except OSError:
+                        pass

@@ -1,0 +1,77 @@
+"""The audit trail: one structured JSON line per stage of an intent, and the recent stages of
+each intent in Redis for ``reach trace``.
+
+Stages: received, rejected | dispatched (router); attempt (one per downstream call), receipt
+(pool, or router for rejections). Params never appear: only their names and a digest taken
+after sensitive fields were redacted. A binding's ``audit_level`` chooses how much is written:
+``full`` every stage, ``summary`` the receipt only, ``none`` nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import redis
+
+TRACE_KEY = "reach:trace:"
+TRACE_TTL_SECONDS = 24 * 3600
+TRACE_MAX_EVENTS = 50
+
+log = logging.getLogger("reach.audit")
+
+
+def configure_audit_logging() -> None:
+    """Audit lines go to stdout as bare JSON, one per line, whatever the root log format."""
+    if getattr(log, "_reach_configured", False):
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log._reach_configured = True  # type: ignore[attr-defined]
+
+
+def params_digest(redacted_params: Any) -> str:
+    canonical = json.dumps(redacted_params, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class Audit:
+    def __init__(self, client: redis.Redis | None, process: str) -> None:
+        self._client = client
+        self._process = process
+
+    def event(self, stage: str, intent_id: str, *, level: str = "full", **fields: Any) -> None:
+        self.events(intent_id, [(stage, fields)], level=level)
+
+    def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> None:
+        """Several stages at once: one log line each, one Redis round trip for all."""
+        lines = []
+        now = round(time.time(), 6)
+        for stage, fields in stages:
+            if level == "none" or (level == "summary" and stage != "receipt"):
+                continue
+            doc = {"ts": fields.pop("ts", now), "event": "reach.audit", "stage": stage, "intent_id": intent_id,
+                   "process": self._process, **{k: v for k, v in fields.items() if v is not None}}
+            line = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, default=str)
+            log.info(line)
+            lines.append(line)
+        if self._client is None or not lines:
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.rpush(TRACE_KEY + intent_id, *lines)
+            pipe.ltrim(TRACE_KEY + intent_id, -TRACE_MAX_EVENTS, -1)
+            pipe.expire(TRACE_KEY + intent_id, TRACE_TTL_SECONDS)
+            pipe.execute()
+        except redis.RedisError:
+            pass  # the log lines are the record of truth; `reach trace` just misses these stages
+
+
+def read_trace(client: redis.Redis, intent_id: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in client.lrange(TRACE_KEY + intent_id, 0, -1)]

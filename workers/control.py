@@ -1,0 +1,129 @@
+"""Steering pools without touching them: pause/resume flags and per-worker status in Redis.
+
+``reach pause CONNECTOR`` only sets ``reach:paused:<connector>``; every pool of that connector
+checks the flag on its own event loop each second and stops (or restarts) consuming its queue.
+A pool started while paused stays paused, so scaling up or restarting cannot undo a pause.
+Intents meanwhile wait in the queue: nothing is rejected or lost.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, bootsteps
+
+log = logging.getLogger("reach.control")
+CHECK_EVERY = 1.0
+
+
+def paused_key(connector: str) -> str:
+    return f"reach:paused:{connector}"
+
+
+def workers_key(connector: str) -> str:
+    return f"reach:workers:{connector}"
+
+
+def last_error_key(connector: str) -> str:
+    return f"reach:last-error:{connector}"
+
+
+def set_paused(client: redis.Redis, connector: str, paused: bool) -> None:
+    if paused:
+        client.set(paused_key(connector), str(time.time()))
+    else:
+        client.delete(paused_key(connector))
+
+
+def is_paused(client: redis.Redis, connector: str) -> bool:
+    return bool(client.exists(paused_key(connector)))
+
+
+class PoolStatus:
+    """What a pool process tells `reach status`: in-flight count, paused or not, refreshed every
+    second into a hash field that disappears a few seconds after the process does."""
+
+    def __init__(self, client: redis.Redis, connector: str, worker_id: str) -> None:
+        self._client = client
+        self._connector = connector
+        self._worker_id = worker_id
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.consuming = True
+
+    def enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def publish(self) -> None:
+        doc = json.dumps({"in_flight": self.in_flight, "consuming": self.consuming, "seen": time.time()})
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hset(workers_key(self._connector), self._worker_id, doc)
+        pipe.expire(workers_key(self._connector), 30)
+        pipe.execute()
+
+    def record_error(self, code: str, message: str) -> None:
+        try:
+            self._client.set(last_error_key(self._connector),
+                             json.dumps({"at": time.time(), "code": code, "message": message[:300]}), ex=7 * 24 * 3600)
+        except redis.RedisError:
+            pass
+
+
+def live_workers(client: redis.Redis, connector: str, stale_after: float = 5.0) -> list[dict[str, Any]]:
+    now = time.time()
+    found = []
+    for worker_id, raw in client.hgetall(workers_key(connector)).items():
+        doc = json.loads(raw)
+        if now - doc.get("seen", 0) < stale_after:
+            found.append({"worker": worker_id.decode(), **doc})
+    return found
+
+
+def install_pause_watcher(app: Celery, client: redis.Redis, connector: str, queue: str, status: PoolStatus) -> None:
+    class PauseWatcher(bootsteps.StartStopStep):
+        """Reconciles consuming with the pause flag on the consumer's own loop."""
+
+        requires = {"celery.worker.consumer.tasks:Tasks"}
+
+        def __init__(self, consumer: Any, **kwargs: Any) -> None:
+            super().__init__(consumer, **kwargs)
+            self.tref: Any = None
+
+        def start(self, consumer: Any) -> None:
+            self._check(consumer)
+            self.tref = consumer.timer.call_repeatedly(CHECK_EVERY, self._check, (consumer,))
+
+        def stop(self, consumer: Any) -> None:
+            if self.tref is not None:
+                self.tref.cancel()
+                self.tref = None
+
+        def _check(self, consumer: Any) -> None:
+            try:
+                paused = is_paused(client, connector)
+            except redis.RedisError as exc:
+                log.warning("cannot read the pause flag: %s", exc)
+                return
+            consuming = consumer.task_consumer is not None and consumer.task_consumer.consuming_from(queue)
+            if paused and consuming:
+                log.info("paused: stop consuming %s", queue)
+                consumer.cancel_task_queue(queue)
+            elif not paused and not consuming:
+                log.info("resumed: consuming %s again", queue)
+                consumer.add_task_queue(queue)
+            status.consuming = not paused
+            try:
+                status.publish()
+            except redis.RedisError:
+                pass
+
+    app.steps["consumer"].add(PauseWatcher)
