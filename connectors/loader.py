@@ -73,7 +73,14 @@ def expand_env(text: str, environ: dict[str, str] | os._Environ[str]) -> str:
 
 
 def catalog_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    """Every *.yaml / *.yml below ``directory``, skipping hidden parts (below it) such as the
+    ``..2024_01_01_00_00_00.123`` folders a Kubernetes ConfigMap volume holds beside its
+    symlinks: reading both would declare every connector twice."""
+    return sorted(
+        p for p in directory.rglob("*")
+        if p.suffix in (".yaml", ".yml") and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
 
 
 def load_directory(directory: str | Path, environ: dict[str, str] | None = None) -> LoadResult:

@@ -14,6 +14,7 @@ the idempotency ledger, the shared breaker and the receipt sink. The Celery task
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ from workers.publisher import Publisher
 from workers.receipts import ReceiptSink, build_receipt, iso
 from workers.retry import run_with_retries
 from workers.topology import DEFAULT_EXCHANGE, DLQ
+from workers.tracing import child_traceparent, span
 
 log = logging.getLogger("reach.pool")
 DELIVERIES_KEY = "reach:deliveries:"
@@ -160,9 +162,22 @@ class PoolRuntime:
             timeout=min(ref.action.timeout_seconds, remaining) if remaining is not None else None,
         )
 
+        parent = job.get("traceparent")
+        if parent:
+            with span("reach.queue_wait", parent, start_time=float(job.get("dispatched_at") or time.time()),
+                      attributes={"reach.connector": self.connector.name}):
+                pass
+
         def call() -> Outcome:
             try:
-                return self.adapter.call(ref.action, params, ctx)
+                if not parent:
+                    return self.adapter.call(ref.action, params, ctx)
+                with span("reach.downstream_call", parent, attributes={"reach.connector": self.connector.name,
+                                                                       "reach.action": ref.action.action}) as current:
+                    context = current.get_span_context() if current is not None else None
+                    child = (f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+                             if context is not None and context.is_valid else child_traceparent(parent))
+                    return self.adapter.call(ref.action, params, dataclasses.replace(ctx, traceparent=child))
             except Exception:
                 log.exception("adapter failed on intent=%s", common["intent_id"])
                 return Outcome(False, code=ErrorCode.INTERNAL, message="the connector's adapter failed on this intent",

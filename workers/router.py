@@ -34,6 +34,7 @@ from workers.receipts import ReceiptSink, build_receipt
 from workers.audit import Audit, params_digest
 from workers.redact import redact_body, redact_params
 from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
+from workers.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
 LIST_TOOLS = "reach.list_tools"
@@ -141,7 +142,7 @@ class Router:
             "reply_to": intent.reply_to or agent_id,
             "deadline": intent.deadline.timestamp() if intent.deadline else None,
             "trace_id": parsed.trace_id,
-            "traceparent": parsed.traceparent,
+            "traceparent": traceparent_for(parsed.trace_id, parsed.traceparent),
             "format": parsed.format,
             "received_at": received_at,
             "dispatched_at": now,
@@ -215,8 +216,10 @@ class RouterRuntime:
         received = {"ts": round(raw.received_at, 6), "bytes": len(raw.body)}
         if isinstance(decision, Dispatch):
             job = decision.job
-            self.app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(job["connector"]),
-                               task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True)
+            with span("reach.route", job["traceparent"], start_time=raw.received_at,
+                      attributes={"reach.connector": job["connector"], "reach.action": job["action"]}):
+                self.app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(job["connector"]),
+                                   task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True)
             metrics.INTENTS_DISPATCHED.labels(connector=job["connector"]).inc()
             ref = self.router.catalog.refs[(job["connector"], job["action"])]
             binding = self.router.catalog.binding(job["agent_id"], job["connector"])

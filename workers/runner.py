@@ -26,6 +26,7 @@ from workers.receipts import ReceiptSink
 from workers.router import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
 from workers.topology import INTENTS_QUEUE, connector_queue, declare_all
+from workers.tracing import configure_tracing
 
 log = logging.getLogger("reach")
 
@@ -52,6 +53,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
                     availability=Availability(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
     runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router"))
+    configure_tracing("reach-router")
     app.conf.worker_consumer = consumer_class(runtime)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
     probes.install(app)
@@ -87,6 +89,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
                           options=PoolOptions(max_deliveries=settings.max_deliveries))
     register_task(app, runtime)
     install_pause_watcher(app, redis_client, name, queue.name, status)
+    configure_tracing(f"reach-pool-{name}")
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:

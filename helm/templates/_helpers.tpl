@@ -145,7 +145,13 @@ with `default` or `merge`, so an explicit false or 0 in an entry wins over a def
 {{- range $key := list "replicas" "maxActionTimeoutSeconds" "maxAttempts" "gracePeriodMarginSeconds" "resources" "tolerations" "affinity" }}
 {{- $_ := set $out $key (ternary (index $c $key) (index $d $key) (hasKey $c $key)) }}
 {{- end }}
-{{- $_ := set $out "env" (concat ($d.env | default list) ($c.env | default list)) }}
+{{- $ownNames := list }}
+{{- range $e := $c.env | default list }}{{ $ownNames = append $ownNames $e.name }}{{ end }}
+{{- $env := list }}
+{{- range $e := $d.env | default list }}
+{{- if not (has $e.name $ownNames) }}{{ $env = append $env $e }}{{ end }}
+{{- end }}
+{{- $_ := set $out "env" (concat $env ($c.env | default list)) }}
 {{- $_ := set $out "envFrom" (concat ($d.envFrom | default list) ($c.envFrom | default list)) }}
 {{- range $key := list "nodeSelector" "podAnnotations" "podLabels" }}
 {{- $_ := set $out $key (mustMergeOverwrite (dict) (deepCopy (index $d $key | default dict)) (deepCopy (index $c $key | default dict))) }}
@@ -170,19 +176,23 @@ with `default` or `merge`, so an explicit false or 0 in an entry wins over a def
 {{/*
 The connectors' own environment, for beat: it health-checks every connector, so it needs the
 variables their catalog entries read (${VAR} in endpoints, key_env/token_env secrets). Returns
-YAML {env: [...], envFrom: [...]}, each variable once; two pools that set one variable
-differently cannot share a beat, and fail the release.
+YAML {env: [...], envFrom: [...]}, each variable once and none that beat.env sets itself; two
+pools that set one variable differently fail the release unless beat.env settles it.
 */}}
 {{- define "agent-reach.connectorsEnv" -}}
 {{- $env := list }}
 {{- $byName := dict }}
+{{- range $e := .Values.beat.env | default list }}{{ $_ := set $byName $e.name $e }}{{ end }}
+{{- $beatOwn := keys $byName }}
 {{- $envFrom := list }}
 {{- range $c := .Values.connectors }}
 {{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
 {{- range $e := $cfg.env | default list }}
-{{- if hasKey $byName $e.name }}
+{{- if has $e.name $beatOwn }}
+{{- /* beat.env decides */}}
+{{- else if hasKey $byName $e.name }}
 {{- if ne (toJson (get $byName $e.name)) (toJson $e) }}
-{{- fail (printf "connectors: %s is set differently by two pools (the second is %s); beat health-checks every connector with one environment, so give them different variable names" $e.name $c.name) }}
+{{- fail (printf "connectors: %s is set differently by two pools (the second is %s); beat health-checks every connector with one environment: set %s in beat.env to choose its value there, or give the pools different variable names" $e.name $c.name $e.name) }}
 {{- end }}
 {{- else }}
 {{- $_ := set $byName $e.name $e }}

@@ -149,6 +149,15 @@ def test_connector_defaults_apply_unless_an_entry_overrides_them() -> None:
     assert container(crm)["resources"] == chart_defaults()["connectorDefaults"]["resources"]
 
 
+def test_an_entrys_variable_replaces_the_default_of_the_same_name() -> None:
+    rendered = render({"connectorDefaults": {"env": [{"name": "MODE", "value": "shared"}, {"name": "A", "value": "1"}]},
+                       "beat": {"env": [{"name": "MODE", "value": "shared"}]},
+                       "connectors": [{"name": "crm", "env": [{"name": "MODE", "value": "crm"}]}, {"name": "erp"}]})
+    assert [(e["name"], e["value"]) for e in container(rendered.pool("crm"))["env"] if e["name"] in ("MODE", "A")] == [
+        ("A", "1"), ("MODE", "crm")]
+    assert env_of(rendered.pool("erp"))["MODE"]["value"] == "shared"
+
+
 def test_grace_period_covers_the_longest_action_times_its_attempts_plus_a_margin() -> None:
     rendered = render(scenario_values("two-connectors"))
     margin = chart_defaults()["connectorDefaults"]["gracePeriodMarginSeconds"]
@@ -212,6 +221,12 @@ def test_two_pools_giving_one_variable_different_values_cannot_share_a_beat() ->
         {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
         {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]}]})
     assert "API_URL is set differently by two pools (the second is erp)" in error
+    assert "set API_URL in beat.env to choose its value there" in error
+    settled = render({"beat": {"env": [{"name": "API_URL", "value": "http://crm"}]}, "connectors": [
+        {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
+        {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]}]})
+    assert [e for e in container(settled.component("beat"))["env"] if e["name"] == "API_URL"] == [
+        {"name": "API_URL", "value": "http://crm"}]
     # the same definition twice is fine
     same = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}]
     render({"connectors": [{"name": "crm", "env": same}, {"name": "erp", "env": same}]})

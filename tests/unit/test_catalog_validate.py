@@ -862,3 +862,17 @@ def test_a_shared_action_the_agent_may_use_on_no_connector_is_permission_denied(
     result = two_systems.resolve("create_ticket", agent)
     assert isinstance(result, Refusal)
     assert result.code is ErrorCode.PERMISSION_DENIED
+
+
+def test_a_kubernetes_configmap_volume_is_read_once(tmp_path: Path) -> None:
+    """The kubelet writes ..<timestamp>/FILE plus FILE -> ..data/FILE symlinks; hidden parts are skipped."""
+    import os
+
+    stamp = tmp_path / "..2026_11_29_12_00_00.000000001"
+    stamp.mkdir()
+    (stamp / "tickets.yaml").write_text(
+        "connector:\n  name: t\n  endpoint: http://127.0.0.1:9\n  actions:\n    - action: a\n      path: GET /a\n")
+    os.symlink(stamp.name, tmp_path / "..data")
+    os.symlink("..data/tickets.yaml", tmp_path / "tickets.yaml")
+    result = load_directory(tmp_path)
+    assert result.problems == [] and [c.model.name for c in result.connectors] == ["t"]
