@@ -196,11 +196,9 @@ def _from_mcp(doc: dict[str, Any]) -> dict[str, Any]:
         raise FormatError(
             f"MCP tools/call: 'params.arguments' must be an object, got {_describe(params)}"
         )
-    rpc_id = doc.get("id")
-    # JSON-RPC ids are strings or integers; bool is an int subclass but never an id
-    if isinstance(rpc_id, int) and not isinstance(rpc_id, bool):
-        rpc_id = str(rpc_id)
-    return _native(name, params, rpc_id)
+    # JSON-RPC ids count from 1 in every MCP session: as intent ids they would collide (and
+    # replay old outcomes through the idempotency ledger); the AMQP message_id, or a new id, is used
+    return _native(name, params, None)
 
 
 def _from_langchain(doc: dict[str, Any]) -> dict[str, Any]:

@@ -147,6 +147,15 @@ class Fleet:
         self.procs[name] = proc
         return proc
 
+    def metrics_port(self, name: str) -> int:
+        """The REACH_METRICS_PORT the running process ``name`` serves /metrics, /healthz and /readyz on
+        (read from the process's own environment, so nothing above has to remember it; Linux only)."""
+        environ = Path(f"/proc/{self.procs[name].pid}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(b"REACH_METRICS_PORT="):
+                return int(entry.split(b"=", 1)[1])
+        raise KeyError(f"{name} was started without REACH_METRICS_PORT")
+
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:

@@ -15,10 +15,10 @@ from workers.breaker import RedisBreakerStorage
 from workers.control import is_paused, last_error_key, live_workers
 from workers.health import HealthBoard
 from workers.idempotency import _text
-from workers.receipts import SENT_KEY
+from workers.pool import deliveries_key
+from workers.receipts import sent_key
 from workers.topology import DLQ, INTENTS_EXCHANGE, connector_queue
 
-DELIVERIES_KEY = "reach:deliveries:"
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,8 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
             if ids is not None and letter.message_id not in ids:
                 continue  # stays unacked: returned to the queue when the channel closes
             if letter.message_id:
-                client.delete(SENT_KEY + letter.message_id, DELIVERIES_KEY + letter.message_id)
+                client.delete(sent_key(letter.agent or None, letter.message_id),
+                              deliveries_key(letter.agent, letter.message_id))
             if letter.connector:
                 send_job(json.loads(letter.body), letter.connector)
             else:

@@ -42,7 +42,8 @@ from workers.topology import DEFAULT_EXCHANGE, DLQ
 from workers.tracing import child_traceparent, span
 
 log = logging.getLogger("reach.pool")
-DELIVERIES_KEY = "reach:deliveries:"
+def deliveries_key(agent_id: str, intent_id: str) -> str:
+    return f"reach:deliveries:{agent_id}:{intent_id}"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class PoolRuntime:
         intent_id = str(job.get("intent_id") or "")
         agent_id = str(job.get("agent_id") or "")
         reply_to = job.get("reply_to") or agent_id
-        if self.sink.already_sent(intent_id):
+        if self.sink.already_sent(agent_id, intent_id):
             log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
             return
         if redelivered:
@@ -104,7 +105,7 @@ class PoolRuntime:
             return receipt
 
         metrics.QUEUE_WAIT_SECONDS.labels(connector=self.connector.name).observe(common["queue_ms"] / 1000)
-        deliveries = self._count_delivery(intent_id)
+        deliveries = self._count_delivery(agent_id, intent_id)
         if deliveries > self.options.max_deliveries:
             self._dead_letter(job, f"delivered {deliveries} times without finishing (a worker died each time)")
             answer(ErrorCode.INTERNAL, f"the intent was delivered {deliveries - 1} times and never finished",
@@ -238,11 +239,12 @@ class PoolRuntime:
                               received_at=iso(common["received_at"]), finished_at=iso(now), deduplicated=True)
         return original.model_copy(update={"intent_id": common["intent_id"], "execution": execution})
 
-    def _count_delivery(self, intent_id: str) -> int:
+    def _count_delivery(self, agent_id: str, intent_id: str) -> int:
+        key = deliveries_key(agent_id, intent_id)
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.incr(DELIVERIES_KEY + intent_id)
-            pipe.expire(DELIVERIES_KEY + intent_id, 24 * 3600)
+            pipe.incr(key)
+            pipe.expire(key, 24 * 3600)
             return int(pipe.execute()[0])
         except redis.RedisError as exc:
             log.error("cannot count deliveries of %s: %s", intent_id, exc)

@@ -17,6 +17,11 @@ RECEIPT_KEY = "reach:receipt:"
 SENT_KEY = "reach:receipt-sent:"
 
 
+def sent_key(agent_id: str | None, intent_id: str) -> str:
+    """Per agent: one agent's intent ids can never silence another agent's receipts."""
+    return f"{SENT_KEY}{agent_id or '-'}:{intent_id}"
+
+
 def iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -89,7 +94,7 @@ class ReceiptSink:
         """
         body = receipt.to_json()
         try:
-            if self._redis.exists(SENT_KEY + receipt.intent_id):
+            if self._redis.exists(sent_key(receipt.agent_id, receipt.intent_id)):
                 log.info("receipt for %s was already sent; not sending another", receipt.intent_id)
                 return False
             self._redis.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
@@ -103,13 +108,13 @@ class ReceiptSink:
                                 correlation_id=receipt.intent_id, message_id=receipt.intent_id,
                                 headers={"status": receipt.status})
         try:
-            self._redis.set(SENT_KEY + receipt.intent_id, "1", ex=self._ttl)
+            self._redis.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
         except redis.RedisError as exc:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         return True
 
-    def already_sent(self, intent_id: str) -> bool:
-        return bool(self._redis.exists(SENT_KEY + intent_id))
+    def already_sent(self, agent_id: str | None, intent_id: str) -> bool:
+        return bool(self._redis.exists(sent_key(agent_id, intent_id)))
 
     def stored(self, intent_id: str) -> Receipt | None:
         raw = self._redis.get(RECEIPT_KEY + intent_id)

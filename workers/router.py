@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -190,6 +191,12 @@ class RouterRuntime:
         self.audit = audit
 
     def handle(self, message: Message) -> None:
+        """Route one message on the calling thread and ack (or requeue) it."""
+        self.process(message)()
+
+    def process(self, message: Message) -> Callable[[], None]:
+        """Route one message; return what must then happen to it on the consumer's own thread
+        (ack, or requeue when the decision could not be carried out)."""
         raw = RawMessage(
             body=_raw_body(message),
             headers=dict(message.headers or {}),
@@ -208,9 +215,8 @@ class RouterRuntime:
         except Exception:
             # broker or Redis trouble: leave the message unacked so it is redelivered, not lost
             log.exception("could not complete a routing decision; the intent will be redelivered")
-            message.requeue()
-            return
-        message.ack()
+            return message.requeue
+        return message.ack
 
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": len(raw.body)}
@@ -291,11 +297,35 @@ def _raw_body(message: Message) -> bytes:
         return str(body).encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
 
 
-def consumer_class(runtime: RouterRuntime) -> type[Consumer]:
-    """A Celery consumer whose message handler routes raw JSON instead of running tasks."""
+def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
+    """A Celery consumer whose message handler routes raw JSON instead of running tasks.
+
+    Messages are routed on ``threads`` threads so that several publisher confirms are in flight
+    at once (each thread publishes through its own pooled connection); the ack goes back to the
+    consumer's loop through ``call_soon``, because a channel belongs to one thread. Intents of
+    one agent may therefore be dispatched in a different order than they were sent.
+    """
+    executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reach-route")
 
     class RouterConsumer(Consumer):
         def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:  # type: ignore[override]
-            return runtime.handle
+            call_soon = self.call_soon
+
+            def route(message: Message) -> None:
+                try:
+                    settle = runtime.process(message)
+                except BaseException:  # process() never raises for a message; this is a last resort
+                    log.exception("routing crashed; the intent will be redelivered")
+                    settle = message.requeue
+                call_soon(settle)
+
+            def on_message(message: Message) -> None:
+                executor.submit(route, message)
+
+            return on_message
+
+        def shutdown(self) -> None:
+            executor.shutdown(wait=True)
+            super().shutdown()
 
     return RouterConsumer

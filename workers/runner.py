@@ -54,13 +54,13 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
                     require_user_id=settings.require_user_id)
     runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router"))
     configure_tracing("reach-router")
-    app.conf.worker_consumer = consumer_class(runtime)
+    app.conf.worker_consumer = consumer_class(runtime, settings.router_threads)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
     probes.install(app)
     probes.serve(settings.metrics_port)
     log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),
              len(catalog.agents))
-    # solo: routing is quick CPU work done on the consumer's own loop, one intent after another
+    # solo: the consumer's loop only hands messages to the routing threads (see consumer_class)
     app.worker_main(["worker", "-P", "solo", "-Q", INTENTS_QUEUE.name, "-n", f"router.{os.getpid()}@%h",
                      *_common_worker_args(settings.log_level)])
 

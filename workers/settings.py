@@ -28,6 +28,7 @@ class Settings:
     max_intent_bytes: int = 256 * 1024
     receipt_ttl_seconds: int = 24 * 3600
     router_prefetch: int = 32
+    router_threads: int = 8
     log_level: str = "INFO"
     require_user_id: bool = False
     idempotency_ttl_seconds: int = 24 * 3600
@@ -74,6 +75,7 @@ class Settings:
             max_intent_bytes=integer("REACH_MAX_INTENT_BYTES", 256 * 1024, 64) or 256 * 1024,
             receipt_ttl_seconds=seconds("REACH_RECEIPT_TTL", 24 * 3600),
             router_prefetch=integer("REACH_ROUTER_PREFETCH", 32, 1) or 32,
+            router_threads=integer("REACH_ROUTER_THREADS", 8, 1) or 8,
             log_level=(env.get("REACH_LOG_LEVEL") or "INFO").upper(),
             require_user_id=flag("REACH_REQUIRE_USER_ID"),
             idempotency_ttl_seconds=seconds("REACH_IDEMPOTENCY_TTL", 24 * 3600),

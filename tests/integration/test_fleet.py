@@ -345,10 +345,14 @@ def test_message_without_identity_goes_to_the_dead_letter_queue_only(fast: Ticke
 def test_foreign_tool_call_formats_are_accepted(fast: TicketSystem, tester: ReachClient, fmt: str,
                                                body: dict[str, Any]) -> None:
     message_id = f"{fmt}-{uuid.uuid4().hex[:10]}"
-    publish_raw(json.dumps(body).encode(), headers={"agent_id": "tester"}, message_id=message_id)
-    # the foreign id becomes the intent id when it is a valid one
-    foreign_id = {"openai": "call_1", "anthropic": "toolu_1", "mcp": "7", "langchain": "lc_1"}[fmt]
-    receipt = tester.wait(foreign_id, timeout=20)
+    unique = uuid.uuid4().hex[:8]
+    doc = json.loads(json.dumps(body).replace('"call_1"', f'"call_{unique}"').replace('"toolu_1"', f'"toolu_{unique}"')
+                     .replace('"lc_1"', f'"lc_{unique}"'))
+    publish_raw(json.dumps(doc).encode(), headers={"agent_id": "tester"}, message_id=message_id)
+    # a globally unique foreign id becomes the intent id; MCP's per-session counter does not
+    expected = {"openai": f"call_{unique}", "anthropic": f"toolu_{unique}", "mcp": message_id,
+                "langchain": f"lc_{unique}"}[fmt]
+    receipt = tester.wait(expected, timeout=20)
     assert receipt.error is not None and receipt.error.code == "DOWNSTREAM_NOT_FOUND"
     assert [r["path"] for r in fast.requests("GET")] == ["/tickets/TK-7"]
 
