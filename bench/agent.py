@@ -86,6 +86,9 @@ class AmqpAgent:
         self.codes: dict[str, int] = {}
         self.stray = 0
         self.sent_at: dict[str, float] = {}
+        self.sent_wall: dict[str, float] = {}
+        self.arrived_wall: dict[str, float] = {}
+        self.execution: dict[str, dict[str, Any]] = {}
 
     # -- callbacks, run inside drain_events -------------------------------------------------
 
@@ -114,6 +117,11 @@ class AmqpAgent:
         if intent_id not in self.sent_at:
             self.stray += 1
             return
+        if intent_id not in self.arrivals:
+            self.arrived_wall[intent_id] = time.time()
+            execution = doc.get("execution")
+            if isinstance(execution, dict) and execution.get("received_at"):
+                self.execution[intent_id] = execution
         self.arrivals.setdefault(intent_id, []).append(now)
         status = str(doc.get("status"))
         self.statuses[status] = self.statuses.get(status, 0) + 1
@@ -133,6 +141,7 @@ class AmqpAgent:
         msg = self.amqp.Message(body, content_type="application/json", content_encoding="utf-8",
                                 delivery_mode=2, message_id=intent_id)
         self.sent_at[intent_id] = time.perf_counter()
+        self.sent_wall[intent_id] = time.time()
         self.ch.basic_publish(msg, exchange=self.exchange, routing_key=self.routing_key)
         self.pending.add(self.next_tag)
         self.next_tag += 1
@@ -151,6 +160,9 @@ class AmqpAgent:
         self.statuses.clear()
         self.codes.clear()
         self.sent_at.clear()
+        self.sent_wall.clear()
+        self.arrived_wall.clear()
+        self.execution.clear()
         self.stray = 0
         self.nacked = 0
         # bodies built up front: the agent's per-intent work in the measured window is the publish
@@ -204,8 +216,36 @@ class AmqpAgent:
             "steady_rate": _steady_rate(arrival_times),
             "publish_rate": round(n / (t_published - t0), 1) if t_published > t0 else None,
             "latency_ms": _summary(latencies),
+            "stages_ms": self._stages(),
             "agent_cpu_ms": round(cpu * 1000, 2),
         }
+
+    def _stages(self) -> dict[str, Any] | None:
+        """Where the time went, from the receipts' own execution fields (the fleet's receipts):
+        publish -> router read it, router -> receipt built (of which: waiting in the connector
+        queue, calling the system), receipt built -> delivered here. Wall clocks of one machine;
+        the receipt's ISO times have millisecond resolution."""
+        from datetime import datetime
+
+        if not self.execution:
+            return None
+        stages: dict[str, list[float]] = {"to_router": [], "in_fleet": [], "queue": [], "downstream": [],
+                                          "to_agent": []}
+        for intent_id, ex in self.execution.items():
+            try:
+                received = datetime.fromisoformat(str(ex["received_at"]).replace("Z", "+00:00")).timestamp()
+                finished = datetime.fromisoformat(str(ex["finished_at"]).replace("Z", "+00:00")).timestamp()
+            except (KeyError, ValueError):
+                continue
+            stages["to_router"].append((received - self.sent_wall[intent_id]) * 1000)
+            stages["to_agent"].append((self.arrived_wall[intent_id] - finished) * 1000)
+            if ex.get("latency_ms") is not None:
+                stages["in_fleet"].append(float(ex["latency_ms"]))
+            if ex.get("queue_ms") is not None:
+                stages["queue"].append(float(ex["queue_ms"]))
+            if ex.get("downstream_ms") is not None:
+                stages["downstream"].append(float(ex["downstream_ms"]))
+        return {k: _summary(v) for k, v in stages.items() if v}
 
 
 class HttpAgent:
@@ -253,6 +293,14 @@ class HttpAgent:
         }
 
 
+def _is_connection_error(exc: BaseException) -> bool:
+    try:
+        import amqp.exceptions as ae
+    except ImportError:  # pragma: no cover
+        return isinstance(exc, OSError)
+    return isinstance(exc, (OSError, ae.ConnectionError, ae.RecoverableConnectionError, ae.ConnectionForced))
+
+
 def main() -> None:
     driver: Any = None
     for line in sys.stdin:
@@ -270,8 +318,8 @@ def main() -> None:
                 _emit(driver.run(cmd))
             elif cmd["cmd"] == "quit":
                 break
-        except Exception as exc:  # the harness reports it and stops this variant
-            _emit({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # the harness reports it (and reconnects when the broker went away)
+            _emit({"event": "error", "error": f"{type(exc).__name__}: {exc}", "connection": _is_connection_error(exc)})
     if isinstance(driver, AmqpAgent):
         try:
             driver.conn.close()

@@ -134,11 +134,21 @@ def find_listener_pid(port: int, comm: str) -> int | None:
 class CpuMeter:
     """CPU seconds of named processes between two snapshots."""
 
+    instances: list[CpuMeter] = []
+
     def __init__(self, pids: dict[str, int], trees: dict[str, bool] | None = None) -> None:
+        CpuMeter.instances.append(self)
         self.pids = dict(pids)
         self.trees = trees or {}
         self._start: dict[str, float] = {}
         self._t0 = 0.0
+
+    @classmethod
+    def replace_pid(cls, old: int, new: int) -> None:
+        for meter in cls.instances:
+            for name, pid in meter.pids.items():
+                if pid == old:
+                    meter.pids[name] = new
 
     def snapshot(self) -> dict[str, float]:
         return {name: cpu_seconds(pid, self.trees.get(name, True)) for name, pid in self.pids.items()}
@@ -239,6 +249,9 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: Path = REPO
 
     @property
     def pid(self) -> int:
@@ -265,9 +278,14 @@ class Procs:
         popen = subprocess.Popen(argv, env=env or dict(os.environ), stdout=out, stderr=open(log_path, "ab") if stdout_pipe
                                  else subprocess.STDOUT, stdin=subprocess.PIPE if stdout_pipe else subprocess.DEVNULL,
                                  start_new_session=True, cwd=cwd)
-        proc = Proc(name, popen, log_path)
+        proc = Proc(name, popen, log_path, argv, env, cwd)
         self.items[name] = proc
         return proc
+
+    def restart(self, name: str) -> Proc:
+        """Start a process that died again, as it was started (what an orchestrator would do)."""
+        old = self.items.pop(name)
+        return self.start(name, old.argv, env=old.env, cwd=old.cwd)
 
     def stop(self, name: str, grace: float = 20.0) -> None:
         proc = self.items.pop(name, None)
@@ -286,9 +304,31 @@ class Procs:
             except subprocess.TimeoutExpired:
                 pass
 
-    def stop_all(self) -> None:
-        for name in list(self.items):
-            self.stop(name)
+    def stop_all(self, grace: float = 20.0) -> None:
+        self.stop_many(list(self.items), grace)
+
+    def stop_many(self, names: list[str], grace: float = 20.0) -> None:
+        """SIGTERM these process groups at once, then wait (SIGKILL after ``grace`` seconds)."""
+        chosen = [self.items.pop(n) for n in names if n in self.items]
+        live = [p for p in chosen if p.popen.poll() is None]
+        for proc in live:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + grace
+        for proc in live:
+            try:
+                proc.popen.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    proc.popen.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
 
     def check_alive(self, *names: str) -> None:
         for name in names or list(self.items):
@@ -328,7 +368,23 @@ def downstream_stats(url: str) -> dict[str, int]:
     return httpx.get(url + "/_stats", timeout=5, trust_env=False).json()
 
 
+def redis_calls(url: str) -> dict[str, int]:
+    """Commands Redis has executed so far, by name (INFO commandstats; commands run inside Lua
+    scripts are counted under their own names as well as the script's evalsha)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+    finally:
+        client.close()
+
+
 # -- the agent process --------------------------------------------------------------------------
+
+class BrokerGone(RuntimeError):
+    """The broker closed the agent's connection mid-phase (another tenant restarted it, say)."""
+
 
 class Agent:
     """Drives bench/agent.py over its stdin/stdout (JSON lines)."""
@@ -336,6 +392,7 @@ class Agent:
     def __init__(self, procs: Procs, name: str) -> None:
         self.proc = procs.start(name, [PYTHON, str(BENCH / "agent.py")], stdout_pipe=True)
         self.name = name
+        self._connect_cmd: dict[str, Any] | None = None
 
     def _send(self, doc: dict[str, Any]) -> None:
         assert self.proc.popen.stdin is not None
@@ -349,14 +406,31 @@ class Agent:
             raise RuntimeError(f"agent {self.name} exited: {self.proc.log_text()[-2000:]}")
         doc = json.loads(line)
         if doc.get("event") == "error":
+            if doc.get("connection"):
+                raise BrokerGone(f"agent {self.name}: {doc['error']}")
             raise RuntimeError(f"agent {self.name}: {doc['error']}")
         return doc
 
     def connect_amqp(self, broker_url: str, exchange: str, receipts_exchange: str, bind_key: str,
                      routing_key: str = "intent") -> None:
-        self._send({"cmd": "amqp", "broker_url": broker_url, "exchange": exchange, "routing_key": routing_key,
-                    "receipts_exchange": receipts_exchange, "bind_key": bind_key})
+        self._connect_cmd = {"cmd": "amqp", "broker_url": broker_url, "exchange": exchange, "routing_key": routing_key,
+                             "receipts_exchange": receipts_exchange, "bind_key": bind_key}
+        self._send(self._connect_cmd)
         self._read()
+
+    def reconnect(self, timeout: float = 180.0) -> None:
+        """Connect again after the broker went away (retrying while it comes back)."""
+        deadline = time.time() + timeout
+        while True:
+            try:
+                assert self._connect_cmd is not None
+                self._send(self._connect_cmd)
+                self._read()
+                return
+            except (BrokerGone, RuntimeError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(2)
 
     def connect_http(self, url: str) -> None:
         self._send({"cmd": "http", "url": url})

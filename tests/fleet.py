@@ -150,8 +150,14 @@ class Fleet:
     def metrics_port(self, name: str) -> int:
         """The REACH_METRICS_PORT the running process ``name`` serves /metrics, /healthz and /readyz on
         (read from the process's own environment, so nothing above has to remember it; Linux only)."""
-        environ = Path(f"/proc/{self.procs[name].pid}/environ").read_bytes().split(b"\0")
-        for entry in environ:
+        proc = self.procs[name]
+        deadline = time.time() + 5
+        # right after Popen the child's environ can still read empty (exec not finished)
+        while not (environ := Path(f"/proc/{proc.pid}/environ").read_bytes()) and time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
+            time.sleep(0.02)
+        for entry in environ.split(b"\0"):
             if entry.startswith(b"REACH_METRICS_PORT="):
                 return int(entry.split(b"=", 1)[1])
         raise KeyError(f"{name} was started without REACH_METRICS_PORT")

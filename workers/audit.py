@@ -74,4 +74,5 @@ class Audit:
 
 
 def read_trace(client: redis.Redis, intent_id: str) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in client.lrange(TRACE_KEY + intent_id, 0, -1)]
+    """The recorded stages in time order (router and pool write concurrently)."""
+    return sorted((json.loads(raw) for raw in client.lrange(TRACE_KEY + intent_id, 0, -1)), key=lambda e: e["ts"])

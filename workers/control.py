@@ -113,7 +113,9 @@ def install_pause_watcher(app: Celery, client: redis.Redis, connector: str, queu
             except redis.RedisError as exc:
                 log.warning("cannot read the pause flag: %s", exc)
                 return
-            consuming = consumer.task_consumer is not None and consumer.task_consumer.consuming_from(queue)
+            # the queue is in the consumer's list before it actually consumes: checking the list
+            # lets a pool started while paused cancel before it takes a single message
+            consuming = consumer.task_consumer is not None and any(q.name == queue for q in consumer.task_consumer.queues)
             if paused and consuming:
                 log.info("paused: stop consuming %s", queue)
                 consumer.cancel_task_queue(queue)
@@ -121,6 +123,9 @@ def install_pause_watcher(app: Celery, client: redis.Redis, connector: str, queu
                 log.info("resumed: consuming %s again", queue)
                 consumer.add_task_queue(queue)
             status.consuming = not paused
+            from workers.probes import PROBE
+
+            PROBE.detail = "paused (idle on purpose)" if paused else "consuming"
             try:
                 status.publish()
             except redis.RedisError:

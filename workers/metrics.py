@@ -10,12 +10,13 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("reach.metrics")
 
+disable_created_metrics()  # the *_created series would double every scrape for no use here
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 INTENTS_RECEIVED = Counter("reach_intents_received", "Intents read from reach.intents, by format", ["format"])

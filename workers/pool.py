@@ -176,8 +176,9 @@ class PoolRuntime:
                 with span("reach.downstream_call", parent, attributes={"reach.connector": self.connector.name,
                                                                        "reach.action": ref.action.action}) as current:
                     context = current.get_span_context() if current is not None else None
+                    recording = current is not None and current.is_recording()
                     child = (f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
-                             if context is not None and context.is_valid else child_traceparent(parent))
+                             if recording and context is not None and context.is_valid else child_traceparent(parent))
                     return self.adapter.call(ref.action, params, dataclasses.replace(ctx, traceparent=child))
             except Exception:
                 log.exception("adapter failed on intent=%s", common["intent_id"])

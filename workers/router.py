@@ -57,6 +57,7 @@ class Answer:
     receipt: Receipt
     routing_key: str | None
     dead_letter_reason: str | None = None
+    audit: dict[str, Any] | None = None  # what the audit trail may say about the params (redacted)
 
 
 Decision = Dispatch | Answer
@@ -90,7 +91,11 @@ class Router:
                 intent_id=intent.intent_id or "", agent_id=agent_id, action=ref.action.action if ref else intent.action,
                 connector=ref.connector.name if ref else None, trace_id=parsed.trace_id, received_at=received_at,
                 code=code, message=message, suggestion=suggestion, details=details, retry_after_ms=retry_after_ms)
-            return Answer(receipt, intent.reply_to or agent_id)
+            audit = None
+            if ref is not None:
+                redacted = redact_params(intent.params, ref.action.input)
+                audit = {"param_keys": sorted(redacted), "params_digest": params_digest(redacted)}
+            return Answer(receipt, intent.reply_to or agent_id, audit=audit)
 
         if intent.action == LIST_TOOLS:
             return self._list_tools(parsed, received_at)
@@ -223,9 +228,15 @@ class RouterRuntime:
         if isinstance(decision, Dispatch):
             job = decision.job
             with span("reach.route", job["traceparent"], start_time=raw.received_at,
-                      attributes={"reach.connector": job["connector"], "reach.action": job["action"]}):
+                      attributes={"reach.connector": job["connector"], "reach.action": job["action"]}) as route:
+                if route is not None and route.is_recording():
+                    # the pool's spans become children of this one
+                    context = route.get_span_context()
+                    job = {**job, "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"}
+                # argsrepr: Celery would otherwise copy the params (sensitive ones too) into headers
                 self.app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(job["connector"]),
-                                   task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True)
+                                   task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True,
+                                   argsrepr="(job)", kwargsrepr="{}")
             metrics.INTENTS_DISPATCHED.labels(connector=job["connector"]).inc()
             ref = self.router.catalog.refs[(job["connector"], job["action"])]
             binding = self.router.catalog.binding(job["agent_id"], job["connector"])
@@ -250,7 +261,8 @@ class RouterRuntime:
         self.audit.events(receipt.intent_id, [
             ("received", {**received, **common}),
             ("rejected" if error else "answered", {**common, "code": error.code.value if error else None,
-                                                   "dead_lettered": decision.dead_letter_reason is not None}),
+                                                   "dead_lettered": decision.dead_letter_reason is not None,
+                                                   **(decision.audit or {})}),
             ("receipt", {**common, "status": receipt.status, "code": error.code.value if error else None,
                          "latency_ms": receipt.execution.latency_ms}),
         ], level=binding.audit_level if binding else "full")

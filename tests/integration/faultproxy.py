@@ -7,7 +7,7 @@ It listens on 127.0.0.1 (a free port) in front of one downstream and is switched
     proxy.set("reset_before")   # a request arrives -> RST (SO_LINGER 0); nothing is forwarded
     proxy.set("reset_after")    # forwarded; when the downstream answers -> RST, answer dropped
     proxy.set("blackhole")      # accepted, read and never answered (nor forwarded)
-    proxy.set("refuse")         # not listening: connections are refused
+    proxy.set("refuse")         # not listening (open connections closed): connections are refused
     proxy.set("pass")           # heal
 
 The mode is read for every chunk, so pooled keep-alive connections change behaviour too.
@@ -43,6 +43,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
+        self._clients: set[socket.socket] = set()
         self.port = 0
         self._listen()
 
@@ -62,6 +63,13 @@ class FaultProxy:
             was, self.mode, self.latency = self.mode, mode, latency
         if mode == "refuse" and self._listener is not None:
             self._close_listener()
+            with self._lock:
+                clients = list(self._clients)
+            for client in clients:  # pooled keep-alive connections would bypass the refusal
+                try:
+                    client.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         elif was == "refuse" and mode != "refuse":
             self._listen()
 
@@ -106,6 +114,8 @@ class FaultProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True, name="faultproxy-conn").start()
 
     def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            self._clients.add(client)
         upstream: socket.socket | None = None
         armed = False  # reset_after: a request went through; RST the client once the answer comes
         try:
@@ -150,6 +160,8 @@ class FaultProxy:
         except OSError:
             pass
         finally:
+            with self._lock:
+                self._clients.discard(client)
             for sock in (client, upstream):
                 if sock is not None:
                     try:

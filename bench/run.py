@@ -1,0 +1,632 @@
+#!/usr/bin/env python
+"""agent-reach benchmarks, side by side in one run (issue 7):
+
+    .venv/bin/python bench/run.py            # full run, ~10 minutes
+    .venv/bin/python bench/run.py --quick    # small counts, under a minute: re-run after each change
+
+a. direct — the same HTTP call made directly with httpx (one client, keep-alive): the floor;
+b. bare   — a minimal Celery two-hop pipeline without guardrails (bench/bare.py);
+c. fleet  — the real fleet with every guardrail (bench/catalogs.py), started like tests/fleet.py.
+
+Figures: max sustained intents/s; p50/p99 publish->receipt latency at paced 100/s and 200/s;
+CPU ms per intent per process; c/b and c-a; isolation (bench/isolation.py) and scale
+(bench/scale.py); py-spy profiles of the router and the pool (bench/profiling.py).
+Results: a table on stdout, bench/results/latest.json. Everything on 127.0.0.1, in a RabbitMQ vhost
+and a redis-server of the run's own; only processes this run started are stopped (by process group).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import catalogs  # noqa: E402
+from common import (RESULTS, Agent, BrokerGone, CpuMeter, redis_calls, Procs, Vhost, calibrate, downstream_stats, ensure_services,  # noqa: E402
+                    find_listener_pid, find_pids, fmt, loadavg, log, median, purge, queue_state, rss_mb, scan_log,
+                    start_downstream, start_private_redis, table, tmpdir)
+from reachfleet import ReachFleet  # noqa: E402
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "full": dict(reps=3, burst_n=2000, warmup=200, paced=[(100, 10.0), (200, 6.0)], idle_s=1.0,
+                 iso_reps=2, iso_seconds=10.0, backlog=1000,
+                 scale_grid=[(10, 10), (1000, 10), (10000, 10), (10, 500), (10000, 500)],
+                 scale_n=1500, profile=True, profile_n=2000),
+    "quick": dict(reps=1, burst_n=500, warmup=50, paced=[(100, 3.0), (200, 2.0)], idle_s=0.5,
+                  iso_reps=1, iso_seconds=3.0, backlog=500,
+                  scale_grid=[(10, 10), (1000, 500)], scale_n=300, profile=False, profile_n=1500),
+}
+VARIANTS = ("direct", "bare", "fleet")
+SHARED = {"rabbitmq"}  # processes other tenants use too: their idle rate is subtracted ("net")
+PROC_ORDER = ("agent", "router", "pool", "rabbitmq", "redis", "downstream")
+TARGETS = {"throughput_ratio_min": 0.9, "added_p99_ms_max": 15.0, "isolation_ratio_max": 1.2,
+           "scale_flat_max_ratio": 1.25}
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    cfg: dict[str, Any]
+    run_id: str
+    procs: Procs
+    work: Path
+    broker_url: str = ""
+    redis_url: str = ""
+    redis_pid: int | None = None
+    beam_pid: int | None = None
+    downstream_url: str = ""
+    downstream_pid: int = 0
+    agents: dict[str, Agent] = field(default_factory=dict)
+    meters: dict[str, CpuMeter] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    expected_calls: int = 0
+    consumer_queues: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+
+    def wait_consumers(self, timeout: float = 180.0) -> None:
+        """Every queue this run consumes has its consumer (again); a worker that died is reported
+        as a problem and started again, as an orchestrator would."""
+        import re
+
+        deadline = time.time() + timeout
+        for name, proc in list(self.procs.items.items()):
+            if not proc.alive() and not name.startswith("agent-"):
+                crit = [line[:300] for line in proc.log_text().splitlines()
+                        if re.search(r"CRITICAL|Unrecoverable|Error:", line)][:3]
+                msg = f"{name} exited with {proc.popen.returncode} after the broker connection was lost: {crit}"
+                log("PROBLEM " + msg)
+                self.problems.append(msg)
+                CpuMeter.replace_pid(proc.pid, self.procs.restart(name).pid)
+                self.restarted.append(name)
+        for q in self.consumer_queues:
+            while queue_state(self.broker_url, q)[1] <= 0:
+                if time.time() > deadline:
+                    raise RuntimeError(f"{q} has no consumer after the broker came back")
+                time.sleep(0.5)
+        # leftovers of the interrupted phase drain before the phase is run again
+        while time.time() < deadline and any(queue_state(self.broker_url, q)[0] > 0 for q in self.consumer_queues):
+            time.sleep(0.5)
+        time.sleep(1.0)
+
+    def intent(self, variant: str, agents: list[str] | None = None, action: str = "create_ticket",
+               suffix: str | None = None) -> dict[str, Any]:
+        return {"action": action, "params": catalogs.PARAMS, "agents": agents or [catalogs.AGENT],
+                "id_prefix": f"{self.run_id}-{variant}-{uuid.uuid4().hex[:8]}",
+                "reply_suffix": suffix or {"bare": "rb", "fleet": "rf"}.get(variant, "x")}
+
+    def phase(self, variant: str, mode: str, n: int, rate: float | None = None, label: str = "",
+              agents: list[str] | None = None, meter: CpuMeter | None = None, check: bool = True) -> dict[str, Any]:
+        timeout = 30 + (n / rate if rate else n / 80)
+        interrupted = False
+        for attempt in range(3):
+            try:
+                res = self.agents[variant].run(meter if meter is not None else self.meters.get(variant), mode=mode,
+                                               n=n, rate=rate, timeout=timeout, intent=self.intent(variant, agents))
+                break
+            except BrokerGone as exc:
+                # another tenant restarted RabbitMQ (the crash-safety tests do): reconnect, let the
+                # workers reconnect too, and run the phase again
+                note = f"{variant} {label or mode}: broker connection lost ({exc}); phase repeated"
+                log(note)
+                self.notes.append(note)
+                if attempt == 2:
+                    raise
+                interrupted = True
+                self.agents[variant].reconnect()
+                self.wait_consumers()
+        else:  # pragma: no cover
+            raise RuntimeError("unreachable")
+        succeeded = res.get("statuses", {}).get("succeeded", 0)
+        self.expected_calls += succeeded
+        if check:
+            self.check(res, f"{variant} {label or mode}", interrupted)
+        return res
+
+    def check(self, res: dict[str, Any], what: str, interrupted: bool = False) -> None:
+        bad = []
+        if res.get("missing"):
+            bad.append(f"{res['missing']} receipts missing")
+        if res.get("duplicates"):
+            bad.append(f"{res['duplicates']} duplicate receipts")
+        if res.get("unconfirmed") or res.get("nacked"):
+            bad.append(f"{res.get('unconfirmed')} unconfirmed / {res.get('nacked')} nacked publishes")
+        others = {k: v for k, v in res.get("statuses", {}).items() if k != "succeeded"}
+        if others:
+            bad.append(f"statuses {others} codes {res.get('codes')}")
+        if res.get("stray") and not interrupted:
+            bad.append(f"{res['stray']} receipts for intents this phase did not send")
+        elif res.get("stray"):
+            self.notes.append(f"{what}: {res['stray']} late receipts of the interrupted attempt arrived")
+        if bad:
+            msg = f"{what}: " + "; ".join(bad)
+            log("PROBLEM " + msg)
+            self.problems.append(msg)
+
+
+def per_intent_cpu(res: dict[str, Any], idle: dict[str, float] | None = None) -> dict[str, float]:
+    n = res.get("receipts") or res.get("n") or 1
+    out = {"agent": round(res["agent_cpu_ms"] / n, 4)}
+    for name, seconds in (res.get("cpu_s") or {}).items():
+        out[name] = round(seconds * 1000 / n, 4)
+        if name in SHARED and idle is not None:
+            net = max(0.0, seconds - idle.get(name, 0.0) * res.get("wall_s", 0.0))
+            out[name + "_net"] = round(net * 1000 / n, 4)
+    return out
+
+
+def cpu_total(cpu: dict[str, float]) -> float:
+    return round(sum(cpu.get(p + "_net", cpu.get(p, 0.0)) for p in PROC_ORDER), 3)
+
+
+# -- setup ---------------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                  if line.startswith("MemTotal"))
+    return {"nproc": os.cpu_count(), "cpu_model": model, "ram_gb": round(mem_kb / 1024 / 1024, 1),
+            "kernel": platform.release()}
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("celery", "kombu", "amqp", "redis", "httpx", "pydantic", "prometheus-client", "py-spy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        out["rabbitmq"] = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True,
+                                         timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        raw = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10).stdout
+        out["redis-server"] = next((w[2:] for w in raw.split() if w.startswith("v=")), raw.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        beam = Path("/usr/lib/erlang/releases").glob("*/OTP_VERSION")
+        out["erlang_otp"] = next(beam).read_text().strip()
+    except (StopIteration, OSError):
+        pass
+    return out
+
+
+def code_state() -> dict[str, Any]:
+    """Which fleet code was measured: the commit and whether workers/, connectors/ or producers/
+    had uncommitted changes (a short hash of the diff)."""
+    import hashlib
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
+                                  timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    diff = git("diff", "HEAD", "--", "workers", "connectors", "producers")
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
+            "uncommitted_fleet_changes": git("diff", "HEAD", "--stat", "--", "workers", "connectors",
+                                             "producers").strip().splitlines()[-1:] or None,
+            "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:10] if diff else None}
+
+
+def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
+    """Services, vhost, redis, downstream, the fleet (router + bench_fast pool), bare, agents."""
+    shared_broker, shared_redis = ensure_services()
+    vhost = Vhost(shared_broker, f"reach-bench-{os.getpid()}").create()
+    ctx.procs_vhost = vhost  # type: ignore[attr-defined]
+    ctx.broker_url = vhost.url
+    if ctx.args.redis_url:
+        ctx.redis_url = ctx.args.redis_url
+        from urllib.parse import urlsplit
+        ctx.redis_pid = find_listener_pid(urlsplit(ctx.redis_url).port or 6379, "redis-server")
+        SHARED.add("redis")
+    else:
+        ctx.redis_url, ctx.redis_pid = start_private_redis(ctx.procs)
+    from urllib.parse import urlsplit
+    ctx.beam_pid = find_listener_pid(urlsplit(shared_broker).port or 5672, "beam.smp") or \
+        next(iter(find_pids("beam.smp")), None)
+    ctx.downstream_url, ctx.downstream_pid = start_downstream(ctx.procs)
+    log(f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url}, beam.smp pid {ctx.beam_pid}")
+
+    catalog_dir = catalogs.write(ctx.work / "catalog-main", catalogs.main_catalog(ctx.downstream_url))
+    fleet = ReachFleet(ctx.procs, catalog_dir, ctx.broker_url, ctx.redis_url)
+    fleet.start_router()
+    fleet.start_pool(catalogs.FAST)
+    bare_env = dict(os.environ, BARE_BROKER_URL=ctx.broker_url, BARE_DOWNSTREAM_URL=ctx.downstream_url + "/tickets",
+                    BARE_CONCURRENCY="20", PYTHONUNBUFFERED="1")
+    py = sys.executable
+    bench = Path(__file__).resolve().parent
+    ctx.procs.start("bare-router", [py, str(bench / "bare.py"), "router"], env=bare_env)
+    ctx.procs.start("bare-connector", [py, str(bench / "bare.py"), "connector"], env=bare_env)
+    t0 = time.time()
+    fleet.wait_consuming("reach.intents")
+    fleet.wait_consuming("reach.connector." + catalogs.FAST)
+    for q in ("bare.intents", "bare.connector.fast"):
+        while queue_state(ctx.broker_url, q)[1] <= 0:
+            ctx.procs.check_alive("bare-router", "bare-connector")
+            if time.time() - t0 > 120:
+                raise RuntimeError(f"{q} has no consumer; see {ctx.procs.log_dir}")
+            time.sleep(0.2)
+    log(f"fleet and bare pipeline consuming after {time.time() - t0:.1f} s")
+    ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST, "bare.intents", "bare.connector.fast"]
+
+    pids = {"fleet_router": fleet.pid("router"), "fleet_pool": fleet.pid(catalogs.FAST),
+            "bare_router": ctx.procs.items["bare-router"].pid, "bare_pool": ctx.procs.items["bare-connector"].pid}
+    for variant in VARIANTS:
+        ctx.agents[variant] = Agent(ctx.procs, f"agent-{variant}")
+    ctx.agents["direct"].connect_http(ctx.downstream_url + "/tickets")
+    ctx.agents["bare"].connect_amqp(ctx.broker_url, "bare.intents", "bare.receipts", "*.rb")
+    ctx.agents["fleet"].connect_amqp(ctx.broker_url, "reach.intents", "reach.receipts", "*.rf")
+    common = {"downstream": ctx.downstream_pid}
+    if ctx.beam_pid:
+        common["rabbitmq"] = ctx.beam_pid
+    trees = {"rabbitmq": False}
+    ctx.meters["direct"] = CpuMeter({"downstream": ctx.downstream_pid}, trees)
+    ctx.meters["bare"] = CpuMeter({"router": pids["bare_router"], "pool": pids["bare_pool"], **common}, trees)
+    fleet_pids = {"router": pids["fleet_router"], "pool": pids["fleet_pool"], **common}
+    if ctx.redis_pid:
+        fleet_pids["redis"] = ctx.redis_pid
+    ctx.meters["fleet"] = CpuMeter(fleet_pids, trees)
+    return fleet, pids
+
+
+# -- the side-by-side sections -------------------------------------------------------------------
+
+def throughput(ctx: Ctx) -> dict[str, Any]:
+    cfg = ctx.cfg
+    out: dict[str, Any] = {v: {"reps": []} for v in VARIANTS}
+    for rep in range(cfg["reps"]):
+        for variant in VARIANTS:
+            idle = ctx.meters[variant].idle_rates(cfg["idle_s"])
+            before = redis_calls(ctx.redis_url) if variant == "fleet" and not ctx.args.redis_url else None
+            res = ctx.phase(variant, "burst", cfg["burst_n"], label=f"burst rep {rep + 1}")
+            if before is not None:
+                after = redis_calls(ctx.redis_url)
+                n_done = res.get("receipts") or 1
+                res["redis_calls_per_intent"] = {k: round((after[k] - before.get(k, 0)) / n_done, 2)
+                                                 for k in sorted(after) if after[k] - before.get(k, 0) > 0}
+            res["cpu_ms_per_intent"] = per_intent_cpu(res, idle)
+            res["idle_cpu_rate"] = {k: round(v, 4) for k, v in idle.items()}
+            out[variant]["reps"].append(res)
+            log(f"throughput rep {rep + 1} {variant:6s}: steady {res.get('steady_rate')}/s, overall "
+                f"{res.get('overall_rate')}/s, receipts {res.get('receipts')}/{res['n']}, "
+                f"load {loadavg()[0]}")
+    for variant in VARIANTS:
+        reps = out[variant]["reps"]
+        out[variant]["steady_rate"] = median([r.get("steady_rate") for r in reps])
+        out[variant]["overall_rate"] = median([r.get("overall_rate") for r in reps])
+        names = sorted({k for r in reps for k in r["cpu_ms_per_intent"]})
+        out[variant]["cpu_ms_per_intent"] = {k: round(median([r["cpu_ms_per_intent"].get(k) for r in reps]) or 0, 4)
+                                             for k in names}
+        if reps and "redis_calls_per_intent" in reps[-1]:
+            out[variant]["redis_calls_per_intent"] = reps[-1]["redis_calls_per_intent"]
+    return out
+
+
+def latency(ctx: Ctx) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for rate, seconds in ctx.cfg["paced"]:
+        n = int(rate * seconds)
+        block: dict[str, Any] = {v: {"reps": []} for v in VARIANTS}
+        for rep in range(ctx.cfg["reps"]):
+            for variant in VARIANTS:
+                res = ctx.phase(variant, "paced", n, rate=rate, label=f"paced {rate}/s rep {rep + 1}")
+                res["cpu_ms_per_intent"] = per_intent_cpu(res)
+                block[variant]["reps"].append(res)
+                lat = res["latency_ms"]
+                log(f"paced {rate}/s rep {rep + 1} {variant:6s}: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
+                    f"receipts {res.get('receipts')}/{n}")
+        for variant in VARIANTS:
+            reps = block[variant]["reps"]
+            block[variant]["p50_ms"] = median([r["latency_ms"]["p50"] for r in reps])
+            block[variant]["p99_ms"] = median([r["latency_ms"]["p99"] for r in reps])
+            block[variant]["max_ms"] = max((r["latency_ms"]["max"] or 0) for r in reps)
+        out[str(rate)] = block
+    return out
+
+
+def memory(ctx: Ctx, pids: dict[str, int]) -> dict[str, float]:
+    out = {name: rss_mb(pid) for name, pid in pids.items()}
+    for variant, agent in ctx.agents.items():
+        out[f"agent_{variant}"] = rss_mb(agent.proc.pid)
+    out["downstream"] = rss_mb(ctx.downstream_pid)
+    if ctx.redis_pid:
+        out["redis"] = rss_mb(ctx.redis_pid)
+    if ctx.beam_pid:
+        out["rabbitmq (whole broker)"] = rss_mb(ctx.beam_pid)
+    return out
+
+
+# -- report ------------------------------------------------------------------------------------
+
+def render(results: dict[str, Any]) -> str:
+    lines = []
+    meta = results["meta"]
+    lines.append(f"agent-reach benchmarks ({meta['mode']}) — {meta['started']}")
+    m = meta["machine"]
+    lines.append(f"machine: {m['nproc']} cores, {m['cpu_model']}, {m['ram_gb']} GB RAM; "
+                 f"load average {meta['load_start']} at start, {meta['load_end']} at end; "
+                 f"calibration {meta['calibration_ms_start']} ms at start, {meta['calibration_ms_end']} ms at end "
+                 "(fixed pure-Python work: higher = slower/busier machine)")
+    v = meta.get("versions", {})
+    lines.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    code = meta.get("code") or {}
+    lines.append(f"code: commit {code.get('commit')}" + (f", uncommitted fleet changes {code['uncommitted_fleet_changes']}"
+                                                          f" (diff {code['diff_sha1']})"
+                                                          if code.get("uncommitted_fleet_changes") else ""))
+    tp = results.get("throughput")
+    if tp:
+        lines.append("")
+        lines.append(f"max sustained throughput (burst of {meta['config']['burst_n']} intents, pipelined confirms; "
+                     f"receipts/s between the 10th and 90th percentile arrival; median of {meta['config']['reps']})")
+        rows = []
+        for variant in VARIANTS:
+            t = tp[variant]
+            cpu = t["cpu_ms_per_intent"]
+            rows.append([variant, fmt(t["steady_rate"], 0), " ".join(fmt(r.get("steady_rate"), 0) or "-"
+                                                                    for r in t["reps"]),
+                         *[fmt(cpu.get(p + "_net", cpu.get(p)), 3) if (p + "_net" in cpu or p in cpu) else None
+                           for p in PROC_ORDER], fmt(cpu_total(cpu), 3)])
+        lines.append(table(["variant", "intents/s", "reps", "agent", "router", "pool", "rabbitmq*", "redis",
+                            "downstream", "CPU ms/intent total"], rows))
+        lines.append("  CPU columns: ms of CPU per intent during the burst (/proc utime+stime); rabbitmq* is net of its "
+                     "idle rate measured just before (other tenants share the broker)")
+        calls = tp["fleet"].get("redis_calls_per_intent")
+        if calls:
+            lines.append(f"  fleet: Redis commands per intent {round(sum(v for k, v in calls.items() if k not in ('info', 'config|resetstat')), 1)}"
+                         " (Lua-internal ones included): " + ", ".join(f"{k} {v}" for k, v in calls.items()))
+    lat = results.get("latency")
+    if lat:
+        lines.append("")
+        lines.append(f"end-to-end latency, publish -> receipt at the agent (ms; median over {meta['config']['reps']} reps)")
+        rows = []
+        rates = list(lat)
+        for variant in VARIANTS:
+            row: list[Any] = [variant]
+            for rate in rates:
+                b = lat[rate][variant]
+                row += [fmt(b["p50_ms"], 2), fmt(b["p99_ms"], 2), fmt(b["max_ms"], 1)]
+            rows.append(row)
+        header = ["variant"]
+        for rate in rates:
+            header += [f"{rate}/s p50", f"{rate}/s p99", f"{rate}/s max"]
+        lines.append(table(header, rows))
+    if lat and "100" in lat:
+        reps = lat["100"]["fleet"]["reps"]
+        stages = [r.get("stages_ms") for r in reps if r.get("stages_ms")]
+        if stages:
+            names = {"to_router": "agent publish -> router reads it", "in_fleet": "router reads -> receipt built",
+                     "queue": "  of which: waiting in the connector queue", "downstream": "  of which: the HTTP call",
+                     "to_agent": "receipt built -> agent has it"}
+            rows = [[label, fmt(median([s[k]["p50"] for s in stages if k in s]), 2),
+                     fmt(median([s[k]["p99"] for s in stages if k in s]), 2)] for k, label in names.items()
+                    if any(k in s for s in stages)]
+            lines.append("  fleet at 100/s, where the time goes (from the receipts' execution fields; ms):")
+            lines.append("  " + table(["stage", "p50", "p99"], rows).replace("\n", "\n  "))
+    r = results.get("ratios")
+    if r:
+        lines.append("")
+        lines.append(f"c/b throughput: {fmt(r.get('throughput_c_over_b'), 3)} (target >= {TARGETS['throughput_ratio_min']})"
+                     f";  c-a at 100/s: p50 +{fmt(r.get('added_p50_ms_100'), 2)} ms, p99 +{fmt(r.get('added_p99_ms_100'), 2)} ms"
+                     f" (target p99 <= {TARGETS['added_p99_ms_max']} ms);  c-b at 100/s: p50 +{fmt(r.get('fleet_minus_bare_p50_ms_100'), 2)}"
+                     f" ms, p99 +{fmt(r.get('fleet_minus_bare_p99_ms_100'), 2)} ms")
+    iso = results.get("isolation")
+    if iso and "fast_p99_without_ms" in iso:
+        lines.append("")
+        lines.append(f"isolation: fast connector at paced 100/s beside bench_slow (2 s per call, backlog {iso['backlog']}): "
+                     f"p99 {fmt(iso['fast_p99_without_ms'], 2)} ms without, {fmt(iso['fast_p99_with_ms'], 2)} ms with the backlog"
+                     f" -> ratio {fmt(iso['ratio'], 2)} (target <= {TARGETS['isolation_ratio_max']}); p50 "
+                     f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; slow queue depth during "
+                     f"'with': {iso.get('slow_depth')}")
+    sc = results.get("scale")
+    if sc and sc.get("rows"):
+        lines.append("")
+        lines.append(f"scale: router CPU per intent vs catalog size (burst of {sc['n']} intents, agents round-robin)")
+        rows = [[s["actions"], s["agents"], fmt(s["router_cpu_ms"], 3), fmt(s["pool_cpu_ms"], 3),
+                 fmt(s["steady_rate"], 0), s["rss_mb"]["router"], s["rss_mb"]["pool"], fmt(s["startup_s"], 1),
+                 fmt(s.get("catalog_mb"), 1)]
+                for s in sc["rows"]]
+        lines.append(table(["actions", "agents", "router ms/intent", "pool ms/intent", "intents/s", "router RSS MB",
+                            "pool RSS MB", "start-up s", "catalog MB"], rows))
+        lines.append(f"  router CPU per intent, largest / smallest catalog: {fmt(sc.get('flat_ratio'), 2)} "
+                     f"(flat if <= {TARGETS['scale_flat_max_ratio']})")
+    mem = results.get("memory")
+    if mem:
+        lines.append("")
+        lines.append("resident memory (MB) after the main runs: " + ", ".join(f"{k} {v}" for k, v in mem.items()))
+    prof = results.get("profile")
+    if prof:
+        import profiling
+        lines.append("")
+        lines.append("py-spy (fleet at max throughput; files in bench/results/):")
+        lines.append(profiling.render(prof))
+    t = results.get("targets")
+    if t:
+        lines.append("")
+        lines.append("targets (issue 7):")
+        for name, d in t.items():
+            lines.append(f"  {'MET ' if d['met'] else ('n/a ' if d['met'] is None else 'MISS')} {name}: {d['text']}")
+    checks = results.get("checks", {})
+    lines.append("")
+    if checks.get("problems"):
+        lines.append("PROBLEMS:")
+        lines.extend(f"  - {p}" for p in checks["problems"])
+    else:
+        lines.append("checks: every intent got exactly one receipt, all succeeded; logs and queues clean")
+    if checks.get("notes"):
+        lines.append("notes:")
+        lines.extend(f"  - {n}" for n in checks["notes"])
+    if checks.get("logs_kept"):
+        lines.append(f"logs: {checks['logs_kept']}")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    r = results.get("ratios") or {}
+    if r.get("throughput_c_over_b") is not None:
+        v = r["throughput_c_over_b"]
+        out["c throughput >= 0.9 x b"] = {"met": v >= TARGETS["throughput_ratio_min"],
+                                          "value": v, "text": f"{v:.3f} x"}
+    if r.get("added_p99_ms_100") is not None:
+        v = r["added_p99_ms_100"]
+        out["c - a p99 at 100/s <= 15 ms"] = {"met": v <= TARGETS["added_p99_ms_max"], "value": v,
+                                              "text": f"+{v:.2f} ms"}
+    iso = results.get("isolation") or {}
+    if iso.get("ratio") is not None:
+        out["fast p99 with slow backlog <= 1.2 x without"] = {"met": iso["ratio"] <= TARGETS["isolation_ratio_max"],
+                                                              "value": iso["ratio"], "text": f"{iso['ratio']:.2f} x"}
+    sc = results.get("scale") or {}
+    if sc.get("flat_ratio") is not None:
+        out["router cost flat across catalog sizes"] = {"met": sc["flat_ratio"] <= TARGETS["scale_flat_max_ratio"],
+                                                        "value": sc["flat_ratio"],
+                                                        "text": f"largest/smallest {sc['flat_ratio']:.2f} x"}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small counts, under a minute")
+    parser.add_argument("--only", default="main,isolation,scale,profile",
+                        help="comma-separated sections: main (throughput + latency), isolation, scale, profile")
+    parser.add_argument("--no-profile", action="store_true", help="skip py-spy")
+    parser.add_argument("--redis-url", help="use this Redis (a database of the run's own) instead of a private "
+                                            "redis-server; its CPU is then measured net of its idle rate")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs even when clean")
+    parser.add_argument("--output", default=str(RESULTS / "latest.json"))
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    cfg = dict(CONFIGS[mode])
+    sections = set(args.only.split(","))
+    if args.no_profile or not cfg["profile"]:
+        sections.discard("profile")
+    run_id = f"b{int(time.time())}-{uuid.uuid4().hex[:4]}"
+    work = tmpdir("reach-bench-")
+    procs = Procs(work)
+    ctx = Ctx(args, cfg, run_id, procs, work)
+    started = time.time()
+    results: dict[str, Any] = {"meta": {
+        "mode": mode, "command": "bench/run.py" + (" --quick" if args.quick else "") +
+        (f" --only {args.only}" if args.only != parser.get_default("only") else ""),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "load_start": loadavg(),
+        "calibration_ms_start": calibrate(), "config": {k: v for k, v in cfg.items()}}}
+    log(f"{mode} run {run_id}; load average {results['meta']['load_start']}; logs in {work}")
+    fleet = None
+    try:
+        results["meta"]["versions"] = versions()
+        results["meta"]["code"] = code_state()
+        fleet, pids = start_stack(ctx)
+        # warm-up: connections, Lua scripts, httpx pools, code paths (not measured)
+        for variant in VARIANTS:
+            ctx.phase(variant, "burst", cfg["warmup"], label="warm-up", meter=CpuMeter({}))
+        if "main" in sections:
+            results["throughput"] = throughput(ctx)
+            if "profile" in sections:
+                import profiling
+                results["profile"] = profiling.run(
+                    pids["fleet_router"], pids["fleet_pool"],
+                    lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})))
+            results["latency"] = latency(ctx)
+            tp, lat = results["throughput"], results["latency"]
+            b, c = tp["bare"]["steady_rate"], tp["fleet"]["steady_rate"]
+            l100 = lat.get("100", {})
+            ratios: dict[str, Any] = {"throughput_c_over_b": round(c / b, 3) if b and c else None}
+            if l100:
+                ratios["added_p50_ms_100"] = round(l100["fleet"]["p50_ms"] - l100["direct"]["p50_ms"], 3)
+                ratios["added_p99_ms_100"] = round(l100["fleet"]["p99_ms"] - l100["direct"]["p99_ms"], 3)
+                ratios["fleet_minus_bare_p50_ms_100"] = round(l100["fleet"]["p50_ms"] - l100["bare"]["p50_ms"], 3)
+                ratios["fleet_minus_bare_p99_ms_100"] = round(l100["fleet"]["p99_ms"] - l100["bare"]["p99_ms"], 3)
+            results["ratios"] = ratios
+            results["memory"] = memory(ctx, pids)
+            results["fleet_metrics"] = {"router": fleet.metrics("router"), "pool": fleet.metrics(catalogs.FAST)}
+        elif "profile" in sections:
+            import profiling
+            results["profile"] = profiling.run(
+                pids["fleet_router"], pids["fleet_pool"],
+                lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})))
+        # the bare pipeline and the direct agent are done: free their CPU for what follows
+        for variant in ("direct", "bare"):
+            ctx.agents.pop(variant).quit()
+        procs.stop_many(["bare-router", "bare-connector", "agent-direct", "agent-bare"])
+        ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST]
+        if "isolation" in sections:
+            import isolation
+            results["isolation"] = isolation.run(ctx, fleet)
+        fleet_logs = {name: scan_log(procs.items[name].log_text()) for name in fleet.names if name in procs.items}
+        if "scale" in sections:
+            fleet.stop_all()
+            import scale
+            results["scale"] = scale.run(ctx)
+        # cross-checks: queues drained, nothing dead-lettered, the system saw exactly one call per receipt
+        queues = {q: queue_state(ctx.broker_url, q)[0] for q in
+                  ("reach.intents", "reach.connector.bench_fast", "reach.dlq", "bare.intents", "bare.connector.fast")}
+        stats = downstream_stats(ctx.downstream_url)
+        checks: dict[str, Any] = {"queues_ready_at_end": queues, "downstream": stats,
+                                  "receipts_succeeded": ctx.expected_calls, "fleet_logs": fleet_logs}
+        for q, depth in queues.items():
+            if depth > 0:
+                ctx.problems.append(f"{q} still holds {depth} message(s) at the end")
+        fast_calls = stats.get("requests", 0) - stats.get("slow", 0)
+        if fast_calls != ctx.expected_calls and ctx.notes:
+            ctx.notes.append(f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
+                             "receipts; phases cut short by a broker restart are not counted")
+        elif fast_calls != ctx.expected_calls:
+            ctx.problems.append(f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
+                                "receipts (direct calls included)")
+        for name, scan in fleet_logs.items():
+            if scan["errors"]:
+                ctx.problems.append(f"{name} logged {scan['errors']} error line(s), e.g. {scan['first_errors'][:2]}")
+        checks["problems"] = ctx.problems
+        checks["notes"] = ctx.notes
+        results["checks"] = checks
+    except BaseException as exc:
+        ctx.problems.append(f"run aborted: {type(exc).__name__}: {exc}")
+        results.setdefault("checks", {})["problems"] = ctx.problems
+        results["checks"]["notes"] = ctx.notes
+        log(f"aborted: {exc}")
+        if isinstance(exc, KeyboardInterrupt):
+            pass
+        else:
+            import traceback
+            traceback.print_exc()
+    finally:
+        for agent in ctx.agents.values():
+            agent.quit()
+        procs.stop_all()
+        vhost = getattr(ctx, "procs_vhost", None)
+        if vhost is not None:
+            vhost.delete()
+    results["meta"]["load_end"] = loadavg()
+    results["meta"]["calibration_ms_end"] = calibrate()
+    results["meta"]["duration_s"] = round(time.time() - started, 1)
+    results["targets"] = targets(results)
+    if ctx.problems or args.keep_logs:
+        results.setdefault("checks", {})["logs_kept"] = str(work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(render(results))
+    print(f"\n{results['meta']['duration_s']} s; JSON: {args.output}")
+    return 1 if any("aborted" in p for p in ctx.problems) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
