@@ -129,6 +129,10 @@ class SharedBreaker:
     def failure(self) -> str:
         return _text(self._record(keys=[self.key], args=["failure", self._spec.fail_max]))
 
+    def peek_into(self, pipe: redis.client.Pipeline) -> None:
+        """Queue the peek on a pipeline (its result: [state, retry_after_ms, health])."""
+        self._peek(keys=[self.key, health_key(self.connector)], args=[self.reset_ms], client=pipe)
+
     def peek(self) -> tuple[str, int, str]:
         """(breaker state, ms until it may half-open, health: up | down | unknown)."""
         state, left, health = self._peek(keys=[self.key, health_key(self.connector)], args=[self.reset_ms])

@@ -30,7 +30,8 @@ from workers.app import EXECUTE_TASK
 from workers.breaker import AlwaysAvailable
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
-from workers.ratelimit import RateLimiter, parse_rate
+from workers.guards import Guards, SeparateGuards
+from workers.ratelimit import NoRateLimit, RateLimiter, parse_rate
 from workers.receipts import ReceiptSink, build_receipt
 from workers.audit import Audit, params_digest
 from workers.redact import redact_body, redact_params
@@ -64,12 +65,12 @@ Decision = Dispatch | Answer
 
 
 class Router:
-    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, limiter: RateLimiter,
-                 availability: Any = None, require_user_id: bool = False,
+    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, guards: Guards | None = None,
+                 limiter: RateLimiter | None = None, availability: Any = None, require_user_id: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         self.catalog = catalog
-        self.limiter = limiter
-        self.availability = availability or AlwaysAvailable()
+        # the running router passes RedisGuards (one round trip); tests may pass the parts
+        self.guards = guards or SeparateGuards(limiter or NoRateLimit(), availability or AlwaysAvailable())
         self.max_intent_bytes = max_intent_bytes
         self.require_user_id = require_user_id
         self.clock = clock
@@ -117,18 +118,18 @@ class Router:
                     return refuse(ErrorCode.OUTSIDE_TIME_WINDOW, f"{ref.qualified} may only run {text}",
                                   f"Send it again when the window opens (in about {_human_ms(window.ms_until_open(moment))}).",
                                   ref=ref, retry_after_ms=window.ms_until_open(moment))
-        if binding.rate_limit:
-            verdict = self.limiter.hit(agent_id, ref.connector.name, parse_rate(binding.rate_limit))
-            if not verdict.allowed:
-                return refuse(ErrorCode.RATE_LIMITED, f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
-                              f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
-                              ref=ref, retry_after_ms=verdict.retry_after_ms)
+        # one round trip for the rate limit and the breaker/health state; judged in contract order
+        verdict, unavailable = self.guards.check(agent_id, ref.connector.name,
+                                                 parse_rate(binding.rate_limit) if binding.rate_limit else None)
+        if not verdict.allowed:
+            return refuse(ErrorCode.RATE_LIMITED, f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
+                          f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
+                          ref=ref, retry_after_ms=verdict.retry_after_ms)
         params, problems = ref.validator.validate(intent.params)
         if problems:
             summary = "; ".join(f"{p.field} {p.message}" for p in problems[:3]) + ("; …" if len(problems) > 3 else "")
             return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
                           suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
-        unavailable = self.availability.refusal(ref.connector.name)
         if unavailable is not None:
             reason, retry_after_ms = unavailable
             return refuse(ErrorCode.CONNECTOR_UNAVAILABLE, reason,

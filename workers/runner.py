@@ -15,13 +15,13 @@ from connectors.catalog import Catalog
 from workers import metrics, probes
 from workers.app import create_app
 from workers.audit import Audit, configure_audit_logging
-from workers.breaker import Availability, SharedBreaker
+from workers.breaker import SharedBreaker
 from workers.control import PoolStatus, install_pause_watcher
 from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.idempotency import Heartbeat, Ledger
 from workers.pool import PoolOptions, PoolRuntime, register_task
 from workers.publisher import Publisher
-from workers.ratelimit import RedisRateLimiter
+from workers.guards import RedisGuards
 from workers.receipts import ReceiptSink
 from workers.router import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
@@ -49,8 +49,8 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
-    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, limiter=RedisRateLimiter(redis_client),
-                    availability=Availability(redis_client, dict(catalog.connectors), intervals),
+    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
+                    guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
     runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router"))
     configure_tracing("reach-router")

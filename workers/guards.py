@@ -1,0 +1,66 @@
+"""The router's Redis checks for one intent — the binding's rate limit and the connector's
+breaker/health — in one round trip (one pipeline of two Lua scripts)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import redis
+
+from connectors.spec import ConnectorSpec
+from workers.breaker import OPEN, Availability, SharedBreaker, health_key
+from workers.ratelimit import _GCRA, Rate, RateLimiter, Verdict
+
+Unavailable = tuple[str, int] | None  # (reason, retry_after_ms)
+
+
+class Guards(Protocol):
+    def check(self, agent: str, connector: str, rate: Rate | None) -> tuple[Verdict, Unavailable]: ...
+
+
+class SeparateGuards:
+    """Any limiter and availability check, asked one after the other (tests, tools)."""
+
+    def __init__(self, limiter: RateLimiter, availability: Availability | object) -> None:
+        self._limiter = limiter
+        self._availability = availability
+
+    def check(self, agent: str, connector: str, rate: Rate | None) -> tuple[Verdict, Unavailable]:
+        verdict = self._limiter.hit(agent, connector, rate) if rate is not None else Verdict(True)
+        return verdict, self._availability.refusal(connector)  # type: ignore[attr-defined]
+
+
+class RedisGuards:
+    """What the running router uses: both scripts in one pipeline, so one round trip per intent."""
+
+    def __init__(self, client: redis.Redis, connectors: dict[str, ConnectorSpec], health_interval: dict[str, float]) -> None:
+        self._client = client
+        self._gcra = client.register_script(_GCRA)
+        self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()}
+        self._interval = health_interval
+
+    def check(self, agent: str, connector: str, rate: Rate | None) -> tuple[Verdict, Unavailable]:
+        breaker = self._breakers[connector]
+        pipe = self._client.pipeline(transaction=False)
+        if rate is not None:
+            self._gcra(keys=[f"reach:rl:{agent}:{connector}"], args=[max(1, round(rate.interval_ms)), rate.count],
+                       client=pipe)
+        breaker.peek_into(pipe)
+        results = pipe.execute()
+        verdict = Verdict(True)
+        if rate is not None:
+            allowed, retry_after = results[0]
+            verdict = Verdict(bool(allowed), int(retry_after))
+        state, left, health = results[-1]
+        state, health = _text(state), _text(health)
+        if state == OPEN and int(left) > 0:
+            return verdict, (f"the circuit breaker of {connector} is open after repeated failures", int(left))
+        if health == "down":
+            return verdict, (f"{connector} failed its health checks", int(self._interval.get(connector, 10.0) * 1000))
+        return verdict, None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+__all__ = ["Guards", "RedisGuards", "SeparateGuards", "health_key"]
