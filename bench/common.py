@@ -504,6 +504,9 @@ def tmpdir(prefix: str) -> Path:
 def scan_log(text: str) -> dict[str, Any]:
     """Problems a process logged: ERROR/CRITICAL lines and tracebacks (first few kept)."""
     errors = [line for line in text.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b|Traceback", line)]
+    # "Cannot connect to amqp://...: Connection refused" while the broker restarts, then reconnected
+    broker = [e for e in errors if "Cannot connect to amqp" in e]
+    errors = [e for e in errors if e not in broker]
     warnings = [line for line in text.splitlines() if re.search(r"\bWARNING\b", line)]
-    return {"errors": len(errors), "warnings": len(warnings), "first_errors": [e[:300] for e in errors[:5]],
+    return {"errors": len(errors), "broker_errors": len(broker), "warnings": len(warnings), "first_errors": [e[:300] for e in errors[:5]],
             "first_warnings": [w[:300] for w in warnings[:3]]}

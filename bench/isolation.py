@@ -17,19 +17,30 @@ import time
 from typing import Any
 
 import catalogs
-from common import Agent, CpuMeter, log, median, purge, queue_state
+from common import Agent, BrokerGone, CpuMeter, log, median, purge, queue_state
 from reachfleet import ReachFleet
 
 SLOW_QUEUE = "reach.connector." + catalogs.SLOW
 
 
 def _wait_router_drained(ctx: Any, timeout: float = 120.0) -> float:
+    """Until the router has passed the whole backlog on: reach.intents has nothing ready and the
+    slow queue stopped growing (the router's prefetched intents are through too)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if queue_state(ctx.broker_url, "reach.intents")[0] == 0:
-            return time.time() - t0
+            break
         time.sleep(0.1)
-    raise RuntimeError("the router did not pass the backlog on within the timeout")
+    else:
+        raise RuntimeError("the router did not pass the backlog on within the timeout")
+    last = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
+    while time.time() - t0 < timeout:
+        time.sleep(0.5)
+        depth = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
+        if depth <= last:
+            return time.time() - t0
+        last = depth
+    return time.time() - t0
 
 
 def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
@@ -50,9 +61,19 @@ def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
         res = ctx.phase("fleet", "paced", n, rate=100, label=f"isolation without backlog rep {rep + 1}")
         out["without"].append(res)
         log(f"isolation rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
-        backlog = backlog_agent.run(None, mode="burst", n=cfg["backlog"], wait_receipts=False, timeout=60,
-                                    intent=ctx.intent("slow", [catalogs.SLOW_AGENT], action="bench_slow.create_ticket",
-                                                      suffix="sink"))
+        for attempt in range(3):
+            try:
+                backlog = backlog_agent.run(None, mode="burst", n=cfg["backlog"], wait_receipts=False, timeout=60,
+                                            intent=ctx.intent("slow", [catalogs.SLOW_AGENT],
+                                                              action="bench_slow.create_ticket", suffix="sink"))
+                break
+            except BrokerGone as exc:
+                ctx.notes.append(f"isolation backlog: broker connection lost ({exc}); published again")
+                if attempt == 2:
+                    raise
+                backlog_agent.reconnect()
+                ctx.wait_consumers()
+                purge(ctx.broker_url, SLOW_QUEUE)
         routed_s = _wait_router_drained(ctx)
         depth_before = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
         res = ctx.phase("fleet", "paced", n, rate=100, label=f"isolation with backlog rep {rep + 1}")

@@ -85,6 +85,27 @@ def _key(frame: str, with_line: bool = False) -> str:
     return f"{m.group('func')} ({where})"
 
 
+_BUCKETS = (("redis/", "redis-py (Redis round trips)"), ("httpx/", "httpx/httpcore/h11 (HTTP call)"),
+            ("httpcore/", "httpx/httpcore/h11 (HTTP call)"), ("h11/", "httpx/httpcore/h11 (HTTP call)"),
+            ("kombu/", "kombu/py-amqp (AMQP)"), ("amqp/", "kombu/py-amqp (AMQP)"), ("celery/", "celery"),
+            ("pydantic", "pydantic"), ("prometheus_client/", "prometheus_client"),
+            ("opentelemetry/", "opentelemetry"), ("logging/", "logging"), ("json/", "json"))
+
+
+def _bucket(frames: list[str]) -> str:
+    """The package a sample's time belongs to: the deepest frame in a known package (stdlib
+    frames count for whoever called them, except logging and json)."""
+    for frame in reversed(frames):
+        k = _key(frame)
+        where = k[k.rfind("(") + 1:]
+        for prefix, name in _BUCKETS:
+            if where.startswith(prefix):
+                return name
+        if _is_project(k):
+            return "the project's own code"
+    return "other (threads, stdlib)"
+
+
 def summarize(path: Path, main_thread_only: bool = False, top: int = 20, project_only: bool = False) -> dict[str, Any]:
     """Self, inclusive and hand-over tables; ``project_only`` keeps only samples inside the
     project's code (for wall-clock recordings: idle threads waiting for work drop out)."""
@@ -110,9 +131,11 @@ def summarize(path: Path, main_thread_only: bool = False, top: int = 20, project
     self_time: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     for _, frames, count in stacks:
         if not frames:
             continue
+        packages[_bucket(frames)] += count
         self_time[_key(frames[-1], with_line=True)] += count
         keys = {_key(f) for f in frames}
         for k in keys:
@@ -129,7 +152,7 @@ def summarize(path: Path, main_thread_only: bool = False, top: int = 20, project
 
     project_inclusive = Counter({k: v for k, v in inclusive.items() if _is_project(k)})
     return {"samples": total, "self": pct(self_time), "inclusive": pct(inclusive),
-            "project_inclusive": pct(project_inclusive), "project_leaf": pct(own)}
+            "project_inclusive": pct(project_inclusive), "project_leaf": pct(own), "by_package": pct(packages)}
 
 
 def _record(spy: str, pid: int, out: Path, fmt: str, mode: str) -> subprocess.Popen[bytes]:
@@ -205,6 +228,8 @@ def render(prof: dict[str, Any], top: int = 12) -> str:
             lines.append(f"{title}: {s.get('error', 'no data')}")
             continue
         lines.append(f"{title} — {s['samples']} samples")
+        if s.get("by_package"):
+            lines.append("  by package: " + ", ".join(f"{k} {p}%" for k, p in s["by_package"]))
         lines.append("  self (leaf) time:")
         lines.extend(f"    {p:5.1f}%  {k}" for k, p in s["self"][:top])
         lines.append("  inclusive, the project's own code:")

@@ -51,6 +51,19 @@ class Audit:
 
     def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> None:
         """Several stages at once: one log line each, one Redis round trip for all."""
+        if self._client is None:
+            self.queue(None, intent_id, stages, level=level)
+            return
+        pipe = self._client.pipeline(transaction=False)
+        if self.queue(pipe, intent_id, stages, level=level):
+            try:
+                pipe.execute()
+            except redis.RedisError:
+                pass  # the log lines are the record of truth; `reach trace` just misses these stages
+
+    def queue(self, pipe: Any, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> bool:
+        """Log the stages now and add their Redis writes to ``pipe`` (sent with the caller's other
+        writes). False when nothing was to be written."""
         lines = []
         now = round(time.time(), 6)
         for stage, fields in stages:
@@ -61,16 +74,12 @@ class Audit:
             line = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, default=str)
             log.info(line)
             lines.append(line)
-        if self._client is None or not lines:
-            return
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.rpush(TRACE_KEY + intent_id, *lines)
-            pipe.ltrim(TRACE_KEY + intent_id, -TRACE_MAX_EVENTS, -1)
-            pipe.expire(TRACE_KEY + intent_id, TRACE_TTL_SECONDS)
-            pipe.execute()
-        except redis.RedisError:
-            pass  # the log lines are the record of truth; `reach trace` just misses these stages
+        if pipe is None or not lines:
+            return False
+        pipe.rpush(TRACE_KEY + intent_id, *lines)
+        pipe.ltrim(TRACE_KEY + intent_id, -TRACE_MAX_EVENTS, -1)
+        pipe.expire(TRACE_KEY + intent_id, TRACE_TTL_SECONDS)
+        return True
 
 
 def read_trace(client: redis.Redis, intent_id: str) -> list[dict[str, Any]]:

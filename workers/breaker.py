@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import pybreaker
 import redis
@@ -25,16 +26,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1] breaker hash; ARGV: reset_timeout ms, max trials, trial lease ms
-# returns {allowed, state, retry_after_ms, is_trial}
+# KEYS[1] breaker hash, KEYS[2] (optional) an idempotency record to mark "sending" when allowed;
+# ARGV: reset_timeout ms, max trials, trial lease ms. Returns {allowed, state, retry_after_ms, is_trial}
 _ACQUIRE = _NOW + """
+local function mark() if KEYS[2] then redis.call('HSET', KEYS[2], 'sending', '1') end end
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'closed' then return {1, state, 0, 0} end
+if state == 'closed' then mark() return {1, state, 0, 0} end
 local reset = tonumber(ARGV[1])
 if state == 'open' then
   local opened = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
   if now < opened + reset then return {0, state, opened + reset - now, 0} end
   redis.call('HSET', KEYS[1], 'state', 'half-open', 'trials', 1, 'trial_until', now + tonumber(ARGV[3]))
+  mark()
   return {1, 'half-open', 0, 1}
 end
 -- half-open: a bounded number of trial calls; a trial whose lease ran out (its worker died) frees its slot
@@ -43,6 +46,7 @@ local until_ = tonumber(redis.call('HGET', KEYS[1], 'trial_until') or '0')
 if now > until_ then trials = 0 end
 if trials < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'trials', trials + 1, 'trial_until', now + tonumber(ARGV[3]))
+  mark()
   return {1, state, 0, 1}
 end
 return {0, state, 1000, 0}
@@ -85,6 +89,11 @@ return {state, left, health}
 """
 
 
+def permit_from(result: Any) -> Permit:
+    allowed, state, retry_after, trial = result
+    return Permit(bool(allowed), _text(state), int(retry_after), bool(trial))
+
+
 def breaker_key(connector: str) -> str:
     return f"reach:breaker:{connector}"
 
@@ -119,9 +128,16 @@ class SharedBreaker:
     def reset_ms(self) -> int:
         return int(self._spec.reset_timeout * 1000)
 
-    def acquire(self) -> Permit:
-        allowed, state, retry_after, trial = self._acquire(keys=[self.key], args=[self.reset_ms, self._trials, self._lease_ms])
-        return Permit(bool(allowed), _text(state), int(retry_after), bool(trial))
+    def acquire(self, mark_sending: str | None = None, pipe: Any = None) -> Permit:
+        """A permit for one call; when allowed, ``mark_sending`` (a ledger record) is marked too."""
+        keys = [self.key] + ([mark_sending] if mark_sending else [])
+        result = self._acquire(keys=keys, args=[self.reset_ms, self._trials, self._lease_ms], client=pipe)
+        if pipe is not None:
+            return Permit(True, "pending")  # read the real answer from the pipeline's results
+        return permit_from(result)
+
+    def record_into(self, pipe: Any, kind: str) -> None:
+        self._record(keys=[self.key], args=[kind, self._spec.fail_max], client=pipe)
 
     def success(self) -> str:
         return _text(self._record(keys=[self.key], args=["success", self._spec.fail_max]))

@@ -47,6 +47,26 @@ end
 return {'orphaned', '', rec[5] or ''}
 """
 
+# the pool's first round trip for a job: receipt already sent? count the delivery (poison
+# messages), then claim. KEYS: sent marker, delivery counter, record; ARGV: hash, owner, intent,
+# in-progress ttl ms, max deliveries. Returns {state, receipt, holder intent, deliveries, sending}
+_BEGIN = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0} end
+local n = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], 86400)
+if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0} end
+local rec = redis.call('HMGET', KEYS[3], 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
+if not rec[1] then
+  redis.call('HSET', KEYS[3], 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  return {'claimed', '', '', n, 0}
+end
+if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
+if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0} end
+if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
+return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
+"""
+
 # take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner... new owner, intent
 _TAKE_OVER = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -68,6 +88,17 @@ class Claim:
     state: ClaimState
     receipt_json: str = ""
     holder_intent: str = ""
+
+
+@dataclass(frozen=True)
+class Begin:
+    """The outcome of ``Ledger.begin``: ``sent`` and ``poison`` come before any claim."""
+
+    state: Literal["sent", "poison", "claimed", "completed", "reused", "in_progress", "orphaned"]
+    receipt_json: str
+    holder_intent: str
+    deliveries: int
+    was_sending: bool
 
 
 class Heartbeat:
@@ -112,6 +143,7 @@ class Ledger:
         self._heartbeat = heartbeat
         self._ttl_ms = ttl_seconds * 1000
         self._claim = client.register_script(_CLAIM)
+        self._begin = client.register_script(_BEGIN)
         self._take_over = client.register_script(_TAKE_OVER)
 
     @staticmethod
@@ -121,6 +153,18 @@ class Ledger:
     def claim(self, key: str, params_hash: str, intent_id: str) -> Claim:
         state, receipt, holder = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms])
         return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
+
+    def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str,
+              max_deliveries: int) -> Begin:
+        """One round trip: the sent check, the delivery count and the claim."""
+        state, receipt, holder, deliveries, sending = self._begin(
+            keys=[sent_key, deliveries_key, key],
+            args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries])
+        return Begin(_text(state), _text(receipt), _text(holder), int(deliveries), bool(int(sending)))  # type: ignore[arg-type]
+
+    def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
+        pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
+        pipe.pexpire(key, self._ttl_ms)
 
     def take_over(self, key: str, intent_id: str) -> bool:
         """Claim an orphaned record for this worker (only used when repeating is safe)."""

@@ -32,11 +32,11 @@ from producers.wire import ErrorCode, Execution, Receipt
 from workers import metrics
 from workers.app import EXECUTE_TASK
 from workers.audit import Audit
-from workers.breaker import SharedBreaker
+from workers.breaker import Permit, SharedBreaker, permit_from
 from workers.control import PoolStatus
-from workers.idempotency import Claim, Ledger, payload_hash
+from workers.idempotency import Begin, Claim, Ledger, payload_hash
 from workers.publisher import Publisher
-from workers.receipts import ReceiptSink, build_receipt, iso
+from workers.receipts import ReceiptSink, build_receipt, iso, sent_key
 from workers.retry import run_with_retries
 from workers.topology import DEFAULT_EXCHANGE, DLQ
 from workers.tracing import child_traceparent, span
@@ -85,13 +85,10 @@ class PoolRuntime:
         intent_id = str(job.get("intent_id") or "")
         agent_id = str(job.get("agent_id") or "")
         reply_to = job.get("reply_to") or agent_id
-        if self.sink.already_sent(agent_id, intent_id):
-            log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
-            return
         if redelivered:
             decided = self.sink.stored(intent_id)
             if decided is not None and decided.agent_id == agent_id:
-                self._send(decided, reply_to, "redelivered")
+                self._send(decided, reply_to, "redelivered")  # (silently skipped if it was sent)
                 return
         connector_name, action_name = job.get("connector"), job.get("action")
         ref = self.catalog.refs.get((str(connector_name), str(action_name)))
@@ -105,12 +102,6 @@ class PoolRuntime:
             return receipt
 
         metrics.QUEUE_WAIT_SECONDS.labels(connector=self.connector.name).observe(common["queue_ms"] / 1000)
-        deliveries = self._count_delivery(agent_id, intent_id)
-        if deliveries > self.options.max_deliveries:
-            self._dead_letter(job, f"delivered {deliveries} times without finishing (a worker died each time)")
-            answer(ErrorCode.INTERNAL, f"the intent was delivered {deliveries - 1} times and never finished",
-                   "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
-            return
         if connector_name != self.connector.name or ref is None:
             # only the router publishes here; anything else is a misrouted or forged message
             log.error("misrouted job for %s.%s on pool %s", connector_name, action_name, self.connector.name)
@@ -125,9 +116,19 @@ class PoolRuntime:
 
         params = dict(job.get("params") or {})
         key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
-        params_hash = payload_hash(params)
         safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
-        claim = self._claim(key, params_hash, intent_id, deadline, safe)
+        # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key
+        begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
+                                  payload_hash(params), intent_id, self.options.max_deliveries)
+        if begin.state == "sent":
+            log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
+            return
+        if begin.state == "poison":
+            self._dead_letter(job, f"delivered {begin.deliveries} times without finishing (a worker died each time)")
+            answer(ErrorCode.INTERNAL, f"the intent was delivered {begin.deliveries - 1} times and never finished",
+                   "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
+            return
+        claim = self._settle_claim(begin, key, payload_hash(params), intent_id, deadline, safe)
         if claim.state == "completed":
             self._send(self._deduplicated(claim.receipt_json, common), reply_to, "deduplicated")
             return
@@ -189,15 +190,17 @@ class PoolRuntime:
         level = binding.audit_level if binding else "full"
         audit_common = {"agent": common["agent_id"], "action": ref.action.action, "connector": self.connector.name,
                         "trace_id": common["trace_id"]}
+        attempts: list[tuple[str, dict[str, Any]]] = []
 
         def after_attempt(attempt: int, outcome: Outcome) -> None:
-            self.audit.event("attempt", common["intent_id"], level=level, **audit_common, attempt=attempt,
-                             outcome="ok" if outcome.ok else (outcome.code.value if outcome.code else "failed"),
-                             http_status=outcome.http_status, sent=outcome.sent,
-                             downstream_ms=round(outcome.downstream_ms, 3))
+            attempts.append(("attempt", {**audit_common, "ts": round(time.time(), 6), "attempt": attempt,
+                                         "outcome": "ok" if outcome.ok else (outcome.code.value if outcome.code else "failed"),
+                                         "http_status": outcome.http_status, "sent": outcome.sent,
+                                         "downstream_ms": round(outcome.downstream_ms, 3)}))
 
+        gate = _AttemptGate(self.breaker, self.redis, key) if self.breaker is not None else None
         result = run_with_retries(call, ref.action.retry or self.connector.retry, safe_to_repeat=safe, deadline=deadline,
-                                  gate=self.breaker, before_attempt=lambda n: self.ledger.mark_sending(key),
+                                  gate=gate, before_attempt=None if gate else (lambda n: self.ledger.mark_sending(key)),
                                   after_attempt=after_attempt, sleep=self.sleep)
         outcome = result.outcome
         metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
@@ -207,15 +210,35 @@ class PoolRuntime:
                                 suggestion=_check_first(self.connector, ref) if outcome.code is ErrorCode.OUTCOME_UNKNOWN
                                 else outcome.suggestion, details=outcome.details, retry_after_ms=outcome.retry_after_ms,
                                 attempts=result.attempts, downstream_ms=result.downstream_ms)
+        body = receipt.to_json()
+        # one round trip for everything decided: breaker, ledger, attempt audit lines, the receipt
+        pipe = self.redis.pipeline(transaction=False)
+        if gate is not None:
+            gate.flush_into(pipe)
         if outcome.code is not None and outcome.code.retryable:
-            self.ledger.release(key)  # nothing took effect (or repeating is safe): a re-send may execute
+            pipe.delete(key)  # nothing took effect (or repeating is safe): a re-send may execute
         else:
-            self.ledger.complete(key, receipt.to_json().decode())
-        self._send(receipt, reply_to, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
+            self.ledger.complete_into(pipe, key, body.decode())
+        self.audit.queue(pipe, common["intent_id"], attempts, level=level)
+        self.sink.store_into(pipe, receipt, body)
+        pipe.execute()
+        self.sink.publish(receipt, body, reply_to)
+        self._after_publish(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
 
-    def _claim(self, key: str, params_hash: str, intent_id: str, deadline: float | None, safe: bool) -> Claim:
-        claim = self.ledger.claim(key, params_hash, intent_id)
-        if claim.state == "orphaned" and (safe or not self.ledger.was_sending(key)):
+    def _settle_claim(self, begin: Begin, key: str, params_hash: str, intent_id: str, deadline: float | None,
+                      safe: bool) -> Claim:
+        claim = Claim(begin.state, begin.receipt_json, begin.holder_intent)  # type: ignore[arg-type]
+        if claim.state == "in_progress" and claim.holder_intent == intent_id:
+            # this very intent is held: by a live worker still running it (a broker redelivery after
+            # a connection loss), or by one that just died and whose heartbeat has not expired yet.
+            # Wait until it finishes or is seen dead, instead of dropping the only delivery left.
+            give_up = time.monotonic() + self.options.wait_for_holder_seconds
+            while claim.state == "in_progress" and time.monotonic() < give_up:
+                self.sleep(0.25)
+                claim = self.ledger.claim(key, params_hash, intent_id)
+            was_sending = self.ledger.was_sending(key) if claim.state == "orphaned" else begin.was_sending
+            begin = dataclasses.replace(begin, was_sending=was_sending)
+        if claim.state == "orphaned" and (safe or not begin.was_sending):
             # the dead worker's call is safe to repeat, or it never reached the system
             if self.ledger.take_over(key, intent_id):
                 return Claim("claimed")
@@ -240,17 +263,6 @@ class PoolRuntime:
                               received_at=iso(common["received_at"]), finished_at=iso(now), deduplicated=True)
         return original.model_copy(update={"intent_id": common["intent_id"], "execution": execution})
 
-    def _count_delivery(self, agent_id: str, intent_id: str) -> int:
-        key = deliveries_key(agent_id, intent_id)
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.incr(key)
-            pipe.expire(key, 24 * 3600)
-            return int(pipe.execute()[0])
-        except redis.RedisError as exc:
-            log.error("cannot count deliveries of %s: %s", intent_id, exc)
-            return 1
-
     def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
         from workers.redact import redact_params
 
@@ -263,21 +275,65 @@ class PoolRuntime:
                                         "x-reach-connector": self.connector.name})
 
     def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
-        if not self.sink.send(receipt, reply_to):
+        """The general path (rare answers): checks the sent marker itself."""
+        if not self.sink.send(receipt, reply_to, mark=False):
             return
+        self._after_publish(receipt, outcome)
+
+    def _after_publish(self, receipt: Receipt, outcome: str) -> None:
+        """Mark the receipt sent and write its audit line in one round trip; count it."""
         error = receipt.error
         binding = self.catalog.binding(receipt.agent_id or "", self.connector.name)
-        self.audit.event("receipt", receipt.intent_id, level=binding.audit_level if binding else "full",
-                         agent=receipt.agent_id, action=receipt.action, connector=self.connector.name,
-                         trace_id=receipt.execution.trace_id, status=receipt.status,
-                         code=error.code.value if error else None, attempts=receipt.execution.attempts,
-                         latency_ms=receipt.execution.latency_ms, queue_ms=receipt.execution.queue_ms,
-                         deduplicated=receipt.execution.deduplicated or None)
+        pipe = self.redis.pipeline(transaction=False)
+        self.sink.mark_sent_into(pipe, receipt)
+        self.audit.queue(pipe, receipt.intent_id, [("receipt", {
+            "agent": receipt.agent_id, "action": receipt.action, "connector": self.connector.name,
+            "trace_id": receipt.execution.trace_id, "status": receipt.status, "code": error.code.value if error else None,
+            "attempts": receipt.execution.attempts, "latency_ms": receipt.execution.latency_ms,
+            "queue_ms": receipt.execution.queue_ms, "deduplicated": receipt.execution.deduplicated or None})],
+            level=binding.audit_level if binding else "full")
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         if error is not None and self.status is not None and receipt.status != "rejected":
             self.status.record_error(error.code.value, error.message)
         metrics.ACTIONS_EXECUTED.labels(connector=self.connector.name, action=str(receipt.action), outcome=outcome).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
         metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(receipt.execution.latency_ms / 1000)
+
+
+class _AttemptGate:
+    """The breaker for one intent's attempts, in as few round trips as possible: each permit also
+    marks the idempotency record "sending" (same script), and each result is recorded with the
+    next permit or, for the last attempt, in the pool's final pipeline."""
+
+    def __init__(self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str) -> None:
+        self._breaker = breaker
+        self._client = client
+        self._ledger_key = ledger_key
+        self._pending: str | None = None
+
+    def acquire(self) -> Permit:
+        if self._pending is None:
+            return self._breaker.acquire(mark_sending=self._ledger_key)
+        pipe = self._client.pipeline(transaction=False)
+        self.flush_into(pipe)
+        self._breaker.acquire(mark_sending=self._ledger_key, pipe=pipe)
+        return permit_from(pipe.execute()[-1])
+
+    def success(self) -> str:
+        self._pending = "success"
+        return self._pending
+
+    def failure(self) -> str:
+        self._pending = "failure"
+        return self._pending
+
+    def flush_into(self, pipe: Any) -> None:
+        if self._pending is not None:
+            self._breaker.record_into(pipe, self._pending)
+            self._pending = None
 
 
 def _check_first(connector: ConnectorSpec, ref: ActionRef) -> str:

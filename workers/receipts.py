@@ -87,7 +87,7 @@ class ReceiptSink:
         self._redis = redis_client
         self._ttl = ttl_seconds
 
-    def send(self, receipt: Receipt, routing_key: str | None) -> bool:
+    def send(self, receipt: Receipt, routing_key: str | None, mark: bool = True) -> bool:
         """Store, publish with a confirm, mark sent. False when this intent already had its receipt.
 
         Raises if the broker refuses, so the caller does not ack and the intent is redelivered.
@@ -101,17 +101,29 @@ class ReceiptSink:
         except redis.RedisError as exc:
             # the receipt still reaches the agent; lookup by id and redelivery dedupe are lost
             log.error("could not store receipt %s in Redis: %s", receipt.intent_id, exc)
+        self.publish(receipt, body, routing_key)
+        if mark:  # (a caller with more writes to make marks it in its own round trip)
+            try:
+                self._redis.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
+            except redis.RedisError as exc:
+                log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
+        return True
+
+    # the pool's pipelined path: store with other writes, publish, then mark with other writes
+
+    def store_into(self, pipe: Any, receipt: Receipt, body: bytes) -> None:
+        pipe.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
+
+    def publish(self, receipt: Receipt, body: bytes, routing_key: str | None) -> None:
         if routing_key is None:
             log.warning("receipt %s has no agent or reply_to to route to; stored only", receipt.intent_id)
-            return True
+            return
         self._publisher.publish(body, exchange=RECEIPTS_EXCHANGE, routing_key=routing_key,
                                 correlation_id=receipt.intent_id, message_id=receipt.intent_id,
                                 headers={"status": receipt.status})
-        try:
-            self._redis.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
-        except redis.RedisError as exc:
-            log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
-        return True
+
+    def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
+        pipe.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
 
     def already_sent(self, agent_id: str | None, intent_id: str) -> bool:
         return bool(self._redis.exists(sent_key(agent_id, intent_id)))

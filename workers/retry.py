@@ -66,10 +66,15 @@ def run_with_retries(
 ) -> Result:
     downstream_ms = 0.0
     attempt = 0
+    last: Outcome | None = None
     while True:
         attempt += 1
         if gate is not None:
             permit = gate.acquire()
+            if not permit.allowed and last is not None:
+                # the breaker opened between attempts: the earlier call did reach the system,
+                # so its own outcome is the truth, not "never called"
+                return Result(last, attempt - 1, downstream_ms)
             if not permit.allowed:
                 return Result(Outcome(False, code=ErrorCode.CONNECTOR_UNAVAILABLE, sent=False,
                                       message=f"the connector's circuit breaker is {permit.state}",
@@ -77,7 +82,7 @@ def run_with_retries(
                                       retry_after_ms=permit.retry_after_ms), attempt - 1, downstream_ms)
         if before_attempt is not None:
             before_attempt(attempt)
-        outcome = call()
+        outcome = last = call()
         downstream_ms += outcome.downstream_ms
         if after_attempt is not None:
             after_attempt(attempt, outcome)

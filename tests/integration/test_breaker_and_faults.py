@@ -309,14 +309,19 @@ def test_5xx_on_an_idempotent_read_is_retried_max_attempts_times(flaky: Counting
 
 # -- the breaker ---------------------------------------------------------------------------------
 
+def open_the_breaker(client: ReachClient, proxy: FaultProxy) -> float:
+    """Blackhole flaky and send reads until fail_max (3) timeouts opened its breaker; returns when."""
+    proxy.set("blackhole")
+    first, _ = timed(client, "flaky.read_item", {"id": "IT-open-1"})  # two timeouts: 2 of fail_max 3
+    assert first.error.code == "DOWNSTREAM_TIMEOUT" and first.execution.attempts == 2
+    client.call("flaky.read_item", {"id": "IT-open-2"}, timeout=20)  # the third failure opens it
+    return time.monotonic()
+
+
 def test_breaker_opens_after_fail_max_answers_at_once_and_recovers_after_reset_timeout(
         flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
     baseline = [timed(client, "healthy.read_item", {"id": "IT-b"})[1] for _ in range(3)]
-    proxy.set("blackhole")
-    first, _ = timed(client, "flaky.read_item", {"id": "IT-10"})  # two timeouts: 2 of fail_max 3
-    assert first.error.code == "DOWNSTREAM_TIMEOUT" and first.execution.attempts == 2
-    client.call("flaky.read_item", {"id": "IT-11"}, timeout=20)  # the third failure opens it
-    opened_at = time.monotonic()
+    opened_at = open_the_breaker(client, proxy)
     before = proxy.counts()
     refused, elapsed = timed(client, "flaky.read_item", {"id": "IT-12"})
     assert refused.status == "rejected" and refused.error.code == "CONNECTOR_UNAVAILABLE", refused
@@ -337,16 +342,6 @@ def test_breaker_opens_after_fail_max_answers_at_once_and_recovers_after_reset_t
     assert redis.Redis.from_url(REDIS_URL).hget("reach:breaker:flaky", "state") == b"closed"
 
 
-def open_the_breaker(client: ReachClient, proxy: FaultProxy) -> float:
-    """Blackhole flaky and send reads until fail_max (3) timeouts opened its breaker; returns when."""
-    proxy.set("blackhole")
-    client.call("flaky.read_item", {"id": "IT-open-1"}, timeout=20)  # 2 timeouts
-    client.call("flaky.read_item", {"id": "IT-open-2"}, timeout=20)  # the 3rd opens it
-    opened_at = time.monotonic()
-    assert timed(client, "flaky.read_item", {"id": "IT-open-3"})[0].error.code == "CONNECTOR_UNAVAILABLE"
-    return opened_at
-
-
 def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fails(
         flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
     opened_at = open_the_breaker(client, proxy)
@@ -365,12 +360,6 @@ def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fa
     assert elapsed < TIMEOUT and proxy_delta(proxy, before)[0] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: when the breaker opens between two attempts of one intent, run_with_retries returns "
-    "CONNECTOR_UNAVAILABLE (status 'rejected' = 'the downstream was never called, safe to fix and resend') "
-    "although the first attempt reached the system; it should report the last attempt's outcome "
-    "(here DOWNSTREAM_TIMEOUT, status failed). For a write with idempotency_header that timed out, "
-    "'rejected' invites a resend under a new key: a duplicate side effect"))
 def test_a_retry_stopped_by_the_breaker_does_not_claim_the_system_was_never_called(
         flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
     proxy.set("blackhole")
