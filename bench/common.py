@@ -375,7 +375,10 @@ def redis_calls(url: str) -> dict[str, int]:
 
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
-        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+        # socket reads Redis processed: about one per client round trip (a pipeline is one)
+        calls["(round trips)"] = int(client.info("stats").get("total_reads_processed", 0))
+        return calls
     finally:
         client.close()
 

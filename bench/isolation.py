@@ -48,6 +48,7 @@ def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
     fleet.start_pool(catalogs.SLOW)
     fleet.wait_consuming(SLOW_QUEUE)
     ctx.consumer_queues.append(SLOW_QUEUE)
+    ctx.no_drain.add(SLOW_QUEUE)
     backlog_agent = Agent(ctx.procs, "agent-backlog")
     # nobody binds the slow receipts' routing key: they are published (and confirmed) and dropped
     backlog_agent.connect_amqp(ctx.broker_url, "reach.intents", "reach.receipts", "nobody.listens")
@@ -89,6 +90,7 @@ def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
         time.sleep(2.5)  # the 20 calls in flight finish (2 s each)
     backlog_agent.quit()
     ctx.consumer_queues.remove(SLOW_QUEUE)
+    ctx.no_drain.discard(SLOW_QUEUE)
     meter.pids.pop("pool_slow", None)
     fleet.stop(catalogs.SLOW)
     p99_without = median([r["latency_ms"]["p99"] for r in out["without"]])

@@ -68,8 +68,11 @@ def render(r: dict[str, Any]) -> str:
         calls = tp["fleet"].get("redis_calls_per_intent")
         if calls:
             out.append("")
-            out.append("Fleet, Redis commands per intent (INFO commandstats; Lua-internal calls counted too): "
-                       + ", ".join(f"{k} {val}" for k, val in calls.items() if k not in ("info", "hello", "ping")) + ".")
+            trips = calls.get("(round trips)")
+            out.append((f"Fleet, Redis round trips per intent: about **{trips}** (socket reads Redis processed). " if trips
+                        else "") + "Redis commands per intent (INFO commandstats; Lua-internal calls counted too): "
+                       + ", ".join(f"{k} {val}" for k, val in calls.items() if k not in ("info", "hello", "ping", "(round trips)"))
+                       + ".")
     lat = r.get("latency")
     if lat:
         out += ["", f"### Latency, agent publish → receipt at the agent (ms, median of {cfg['reps']} repetitions)", ""]

@@ -9,13 +9,16 @@ It listens on 127.0.0.1 (a free port) in front of one downstream and is switched
     proxy.set("blackhole")      # accepted, read and never answered (nor forwarded)
     proxy.set("refuse")         # not listening (open connections closed): connections are refused
     proxy.set("pass")           # heal
+    proxy.hold(rb"regex")       # pass, but a connection whose data matches stalls there for good;
+                                # proxy.held (an Event) is set when that happens
 
 The mode is read for every chunk, so pooled keep-alive connections change behaviour too.
-``requests`` counts client chunks that start an HTTP request (one per attempt), ``forwarded``
-those sent on to the downstream, ``resets`` the RSTs sent.
+``counts()`` gives (requests, forwarded, resets): client chunks that start an HTTP request (one
+per attempt), those sent on to the downstream, and the RSTs sent.
 """
 from __future__ import annotations
 
+import re
 import select
 import socket
 import struct
@@ -26,13 +29,16 @@ MODES = ("pass", "latency", "reset_before", "reset_after", "blackhole", "refuse"
 _METHODS = (b"GET ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"HEAD ", b"OPTIONS ")
 
 
-def _rst(sock: socket.socket) -> None:
-    """Close with SO_LINGER 0: the kernel sends RST instead of FIN."""
+def _close(sock: socket.socket | None, rst: bool = False) -> None:
+    """Close quietly; with ``rst``, SO_LINGER 0 makes the kernel send RST instead of FIN."""
+    if sock is None:
+        return
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if rst:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
     except OSError:
         pass
-    sock.close()
 
 
 class FaultProxy:
@@ -40,6 +46,8 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.mode, self.latency = "pass", 0.0
         self.requests = self.forwarded = self.resets = 0
+        self.held = threading.Event()
+        self._pattern: re.Pattern[bytes] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -61,10 +69,9 @@ class FaultProxy:
             raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
         with self._lock:
             was, self.mode, self.latency = self.mode, mode, latency
+            clients = list(self._clients)
         if mode == "refuse" and self._listener is not None:
             self._close_listener()
-            with self._lock:
-                clients = list(self._clients)
             for client in clients:  # pooled keep-alive connections would bypass the refusal
                 try:
                     client.shutdown(socket.SHUT_RDWR)
@@ -73,23 +80,18 @@ class FaultProxy:
         elif was == "refuse" and mode != "refuse":
             self._listen()
 
+    def hold(self, pattern: bytes | None) -> None:
+        """Stall (for good) the first connection that sends data matching ``pattern``; None stops."""
+        self.held.clear()
+        self._pattern = None if pattern is None else re.compile(pattern)
+
     def counts(self) -> tuple[int, int, int]:
-        """(requests, forwarded, resets) so far."""
         with self._lock:
             return self.requests, self.forwarded, self.resets
 
     def stop(self) -> None:
         self._stop.set()
         self._close_listener()
-
-    def _close_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            try:
-                listener.shutdown(socket.SHUT_RDWR)  # stops listening now, even while accept() polls it
-            except OSError:
-                pass
-            listener.close()
 
     def _listen(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -100,6 +102,15 @@ class FaultProxy:
         self.port = sock.getsockname()[1]
         self._listener = sock
 
+    def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # stops listening now, even while accept() polls it
+            except OSError:
+                pass
+            _close(listener)
+
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
             listener = self._listener
@@ -108,7 +119,7 @@ class FaultProxy:
                 continue
             try:
                 client, _ = listener.accept()
-            except (TimeoutError, OSError):
+            except OSError:  # timeouts included
                 continue
             client.settimeout(None)
             threading.Thread(target=self._serve, args=(client,), daemon=True, name="faultproxy-conn").start()
@@ -117,7 +128,7 @@ class FaultProxy:
         with self._lock:
             self._clients.add(client)
         upstream: socket.socket | None = None
-        armed = False  # reset_after: a request went through; RST the client once the answer comes
+        armed = held = False  # armed: reset_after forwarded a request; held: matched hold()
         try:
             while not self._stop.is_set():
                 readable, _, _ = select.select([client] + ([upstream] if upstream else []), [], [], 0.1)
@@ -130,12 +141,16 @@ class FaultProxy:
                     starts_request = data.startswith(_METHODS)
                     with self._lock:
                         self.requests += starts_request
-                    if mode == "blackhole":
+                    pattern = self._pattern
+                    if pattern is not None and not held and pattern.search(data):
+                        held = True
+                        self.held.set()
+                    if mode == "blackhole" or held:
                         continue
                     if mode == "reset_before":
                         with self._lock:
                             self.resets += 1
-                        _rst(client)
+                        _close(client, rst=True)
                         return
                     if mode == "latency" and latency and starts_request:
                         time.sleep(latency)
@@ -153,18 +168,14 @@ class FaultProxy:
                     if armed:
                         with self._lock:
                             self.resets += 1
-                        _rst(client)
+                        _close(client, rst=True)
                         return
-                    if mode != "blackhole":
+                    if mode != "blackhole" and not held:
                         client.sendall(data)
         except OSError:
             pass
         finally:
             with self._lock:
                 self._clients.discard(client)
-            for sock in (client, upstream):
-                if sock is not None:
-                    try:
-                        sock.close()
-                    except OSError:
-                        pass
+            _close(client)
+            _close(upstream)

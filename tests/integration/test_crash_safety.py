@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -27,6 +28,7 @@ from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
+from tests.integration.faultproxy import FaultProxy
 from workers.topology import DLQ, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:6]
@@ -44,6 +46,7 @@ CONNECTORS = {
     "crash_bystander": (False, 2, True),           # must reconnect by itself
     "crash_poison": (True, 2, False),              # a job that kills its pool every time
     "crash_backlog": (False, 2, False),            # started with messages waiting
+    "crash_marked": (False, 1, False),             # killed between publishing a receipt and marking it
 }
 
 
@@ -150,13 +153,6 @@ def start_pool(fleet: Fleet, name: str, *, replica: str = "", threads: int | Non
     return False
 
 
-def wait_heartbeat_gone(pid: int) -> None:
-    """Until the dead process's ``reach:alive:<host>:<pid>:<id>`` key expired (at most 3 s)."""
-    client = redis.Redis.from_url(REDIS_URL)
-    wait_for(lambda: not any(client.scan_iter(match=f"reach:alive:*:{pid}:*")), 10,
-             f"the heartbeat of the killed pool {pid} to expire")
-
-
 def tally(ids: dict[str, str], receipts: list[Receipt], system: CountingSystem) -> dict[str, Any]:
     """Lost intents, duplicate receipts and duplicated effects, for exact assertions."""
     per_intent = Counter(r.intent_id for r in receipts)
@@ -172,10 +168,14 @@ def tally(ids: dict[str, str], receipts: list[Receipt], system: CountingSystem) 
 
 
 def kill_three_times(fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient, names: list[str],
-                     wait_for_heartbeat: bool, writes: int = KILL_WRITES,
+                     writes: int = KILL_WRITES, in_flight: int = KILL_THREADS,
                      ) -> tuple[dict[str, dict[str, str]], list[Receipt], list[int]]:
-    """Publish ``writes`` writes to each pool, then three times: once a pool has KILL_THREADS
-    writes in flight at its downstream, kill -9 it and start it again (each pool on its own)."""
+    """Publish ``writes`` writes to each pool, then three times: once ``in_flight`` writes are in
+    flight at a pool's downstream, kill -9 it and start it again (each pool on its own).
+
+    With every thread waiting on the downstream, no thread sits between publishing a receipt and
+    marking it sent; that window has a test of its own
+    (test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_one_receipt)."""
     titles: dict[str, dict[str, str]] = {}
     for name in names:
         systems[name].state.reset()
@@ -190,12 +190,10 @@ def kill_three_times(fleet: Fleet, systems: dict[str, CountingSystem], client: R
     def three_kills(name: str) -> None:  # pools are independent: each is killed on its own schedule
         try:
             for _ in range(3):
-                wait_for(lambda: systems[name].in_flight() >= KILL_THREADS, 30, f"{KILL_THREADS} writes in flight on {name}")
+                wait_for(lambda: systems[name].in_flight() >= in_flight, 30, f"{in_flight} writes in flight on {name}")
                 in_flight_at_kill.append(systems[name].in_flight())
-                pid = fleet.kill_process(name)
-                if wait_for_heartbeat:
-                    wait_heartbeat_gone(pid)
-                assert start_pool(fleet, name)
+                fleet.kill_process(name)
+                assert start_pool(fleet, name)  # at once: the dead worker's heartbeat still lives
         except BaseException as exc:  # re-raised in the test's thread
             failures.append(exc)
 
@@ -236,11 +234,9 @@ def check_kill_outcome(titles: dict[str, str], receipts: list[Receipt], system: 
 
 def test_kill_9_of_the_pool_three_times_loses_nothing_and_duplicates_nothing(
         fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
-    """Side by side (to share the waits): crash_idem declares idempotency_header, crash_raw is a
-    plain non-idempotent write. Each restart waits until the dead worker's heartbeat expired; the
-    immediate redelivery is covered by the next test."""
-    titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, ["crash_idem", "crash_raw"],
-                                                           wait_for_heartbeat=True)
+    """Side by side: crash_idem declares idempotency_header, crash_raw is a plain non-idempotent
+    write. Each pool is started again at once, while the dead worker's heartbeat still lives."""
+    titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, ["crash_idem", "crash_raw"])
     assert min(in_flight_at_kill) >= KILL_THREADS, in_flight_at_kill
     assert len(receipts) == 2 * KILL_WRITES, tally({**titles["crash_idem"], **titles["crash_raw"]}, receipts,
                                                    systems["crash_raw"])
@@ -257,8 +253,8 @@ def test_kill_9_of_one_replica_while_another_runs_loses_nothing(fleet: Fleet, sy
     system = systems[name]
     assert start_pool(fleet, name, replica="#2", threads=2)
     try:
-        titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, [name], wait_for_heartbeat=False,
-                                                               writes=96)
+        titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, [name], writes=96,
+                                                               in_flight=KILL_THREADS + 2)
     finally:
         fleet.stop_process(name + "#2")
     assert min(in_flight_at_kill) >= KILL_THREADS, in_flight_at_kill
@@ -284,6 +280,35 @@ def test_a_pool_started_with_a_backlog_keeps_running(fleet: Fleet, systems: dict
     finally:
         fleet.procs.pop(name, None)
         purge(connector_queue(name).name)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: exactly one receipt per intent does not hold when a pool dies after the broker confirmed "
+    "the receipt and before Redis has its 'sent' mark: the redelivered intent finds the stored receipt "
+    "unmarked and publishes it again (ReceiptSink's docstring admits the window). It cannot be closed "
+    "on the publishing side; proposed: ReachClient drops a receipt whose intent_id it already returned, "
+    "and the contract tells raw AMQP consumers to dedupe by correlation_id/message_id"))
+def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_one_receipt(
+        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    name = "crash_marked"
+    systems[name].state.reset()
+    redis_url = urlsplit(REDIS_URL)
+    redis_proxy = FaultProxy(redis_url.port or 6379, redis_url.hostname or "127.0.0.1").start()
+    # this pool reaches Redis through the proxy, which stalls the write of the "sent" mark
+    redis_proxy.hold(rb"\$3\r\nSET\r\n\$\d+\r\nreach:receipt-sent:")
+    through_proxy = urlunsplit(redis_url._replace(netloc=f"127.0.0.1:{redis_proxy.port}"))
+    try:
+        assert start_pool(fleet, name, REACH_REDIS_URL=through_proxy)
+        intent_id = client.publish(f"{name}.create_item", {"title": f"{RUN}-marked"})
+        assert redis_proxy.held.wait(20), "the pool never marked a receipt sent"
+        fleet.kill_process(name)  # the receipt is out, the mark is not, the message is not acked
+        assert start_pool(fleet, name)  # plain Redis this time: the intent is delivered again
+        receipts = [r for r in gather(client, {intent_id}, timeout=20, grace=3.0) if r.intent_id == intent_id]
+    finally:
+        fleet.stop_process(name)
+        redis_proxy.stop()
+    assert systems[name].executions()[f"{RUN}-marked"] == 1
+    assert len(receipts) == 1, receipts
 
 
 # -- idempotency keys under concurrency -----------------------------------------------------------
@@ -366,9 +391,8 @@ def test_a_job_that_kills_its_pool_every_time_is_dead_lettered_after_max_deliver
         except queue.Empty:
             receipts = [r for r in client.receipts(timeout=0.2) if r.intent_id == intent_id]
             continue
-        pid = fleet.kill_process(name)
+        fleet.kill_process(name)
         kills += 1
-        wait_heartbeat_gone(pid)  # each delivery must be counted by a fresh worker
         assert start_pool(fleet, name, REACH_MAX_DELIVERIES="3")
     receipts += [r for r in client.receipts(timeout=2.0) if r.intent_id == intent_id]
     assert kills == 3 and len(system.requests("POST", title)) == 3
