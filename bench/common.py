@@ -504,12 +504,19 @@ def tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+_BROKER_LOSS = ("Cannot connect to amqp", "Couldn't ack", "could not complete a routing decision",
+                "Error cleaning up after event loop", "RestartFreqExceeded", "Connection to broker lost",
+                "connection already closed")
+
+
 def scan_log(text: str) -> dict[str, Any]:
-    """Problems a process logged: ERROR/CRITICAL lines and tracebacks (first few kept)."""
-    errors = [line for line in text.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b|Traceback", line)]
-    # "Cannot connect to amqp://...: Connection refused" while the broker restarts, then reconnected
-    broker = [e for e in errors if "Cannot connect to amqp" in e]
+    """Problems a process logged: ERROR/CRITICAL records, with those that a lost broker connection
+    explains (reconnecting, acks that could not be sent, intents left for redelivery) counted apart."""
+    records = [line for line in text.splitlines() if re.match(r"^\d{4}-\d\d-\d\d ", line)]
+    errors = [line for line in records if re.search(r"\b(ERROR|CRITICAL)\b", line)]
+    broker = [e for e in errors if any(marker in e for marker in _BROKER_LOSS)]
     errors = [e for e in errors if e not in broker]
-    warnings = [line for line in text.splitlines() if re.search(r"\bWARNING\b", line)]
-    return {"errors": len(errors), "broker_errors": len(broker), "warnings": len(warnings), "first_errors": [e[:300] for e in errors[:5]],
+    warnings = [line for line in records if re.search(r"\bWARNING\b", line)]
+    return {"errors": len(errors), "broker_errors": len(broker), "warnings": len(warnings),
+            "first_errors": [e[:300] for e in errors[:5]], "first_broker_errors": [e[:300] for e in broker[:3]],
             "first_warnings": [w[:300] for w in warnings[:3]]}

@@ -8,7 +8,7 @@ steady rate for ``--duration`` seconds while the pool's whole process group is k
 
     python bench/soak_kill.py                       # 500 writes over 120 s, both connector kinds
     python bench/soak_kill.py --writes 200 --duration 40 --mode header
-    python bench/soak_kill.py --restart-after-heartbeat  # wait out the dead pool's 3 s heartbeat
+    python bench/soak_kill.py --restart-after-heartbeat  # restart after the dead pool's heartbeat expired
 
 Prints, per connector kind (``header``: declares idempotency_header; ``plain``: non-idempotent
 write): lost intents (no receipt), duplicate receipts, duplicated effects (a payload executed
@@ -185,7 +185,7 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=15.0, help="stop waiting after this long without a receipt")
     parser.add_argument("--mode", choices=["header", "plain", "both"], default="both")
     parser.add_argument("--restart-after-heartbeat", action="store_true",
-                        help="restart only after the dead pool's heartbeat expired (avoids the known 3 s loss window)")
+                        help="restart only after the dead pool's 3 s heartbeat expired (the slow-restart case)")
     args = parser.parse_args()
     results = [soak(mode, args) for mode in (["header", "plain"] if args.mode == "both" else [args.mode])]
     for result in results:

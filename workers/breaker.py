@@ -131,13 +131,16 @@ class SharedBreaker:
     def acquire(self, mark_sending: str | None = None, pipe: Any = None) -> Permit:
         """A permit for one call; when allowed, ``mark_sending`` (a ledger record) is marked too."""
         keys = [self.key] + ([mark_sending] if mark_sending else [])
-        result = self._acquire(keys=keys, args=[self.reset_ms, self._trials, self._lease_ms], client=pipe)
+        args = [self.reset_ms, self._trials, self._lease_ms]
         if pipe is not None:
+            # EVAL, not a Script object: redis-py adds a SCRIPT EXISTS round trip per pipeline
+            # for Script objects; Redis caches the script by its hash either way
+            pipe.eval(_ACQUIRE, len(keys), *keys, *args)
             return Permit(True, "pending")  # read the real answer from the pipeline's results
-        return permit_from(result)
+        return permit_from(self._acquire(keys=keys, args=args))
 
     def record_into(self, pipe: Any, kind: str) -> None:
-        self._record(keys=[self.key], args=[kind, self._spec.fail_max], client=pipe)
+        pipe.eval(_RECORD, 1, self.key, kind, self._spec.fail_max)
 
     def success(self) -> str:
         return _text(self._record(keys=[self.key], args=["success", self._spec.fail_max]))
@@ -147,7 +150,7 @@ class SharedBreaker:
 
     def peek_into(self, pipe: redis.client.Pipeline) -> None:
         """Queue the peek on a pipeline (its result: [state, retry_after_ms, health])."""
-        self._peek(keys=[self.key, health_key(self.connector)], args=[self.reset_ms], client=pipe)
+        pipe.eval(_PEEK, 2, self.key, health_key(self.connector), self.reset_ms)
 
     def peek(self) -> tuple[str, int, str]:
         """(breaker state, ms until it may half-open, health: up | down | unknown)."""

@@ -34,7 +34,6 @@ class RedisGuards:
 
     def __init__(self, client: redis.Redis, connectors: dict[str, ConnectorSpec], health_interval: dict[str, float]) -> None:
         self._client = client
-        self._gcra = client.register_script(_GCRA)
         self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()}
         self._interval = health_interval
 
@@ -42,8 +41,8 @@ class RedisGuards:
         breaker = self._breakers[connector]
         pipe = self._client.pipeline(transaction=False)
         if rate is not None:
-            self._gcra(keys=[f"reach:rl:{agent}:{connector}"], args=[max(1, round(rate.interval_ms)), rate.count],
-                       client=pipe)
+            # EVAL in a pipeline: a Script object would cost redis-py an extra SCRIPT EXISTS round trip
+            pipe.eval(_GCRA, 1, f"reach:rl:{agent}:{connector}", max(1, round(rate.interval_ms)), rate.count)
         breaker.peek_into(pipe)
         results = pipe.execute()
         verdict = Verdict(True)

@@ -310,6 +310,20 @@ def _raw_body(message: Message) -> bytes:
         return str(body).encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
 
 
+def _settle_safely(settle: Callable[[], None], message: Message) -> None:
+    """Ack or requeue on the consumer's loop. After a broker connection loss the message's old
+    channel is gone and the broker redelivers the message anyway: that is not an error to restart
+    the consumer over (an exception here would, again and again)."""
+    channel = getattr(message, "channel", None)
+    if channel is None or getattr(channel, "is_open", True) is False:
+        log.debug("intent %s came on a closed channel; the broker redelivers it", message.properties.get("message_id"))
+        return
+    try:
+        settle()
+    except Exception as exc:
+        log.warning("could not settle intent %s (%s); the broker redelivers it", message.properties.get("message_id"), exc)
+
+
 def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
     """A Celery consumer whose message handler routes raw JSON instead of running tasks.
 
@@ -330,7 +344,7 @@ def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
                 except BaseException:  # process() never raises for a message; this is a last resort
                     log.exception("routing crashed; the intent will be redelivered")
                     settle = message.requeue
-                call_soon(settle)
+                call_soon(_settle_safely, settle, message)
 
             def on_message(message: Message) -> None:
                 executor.submit(route, message)
