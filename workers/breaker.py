@@ -210,29 +210,6 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class Availability:
-    """The router's view: is a connector's breaker open, or its health marked down?"""
-
-    def __init__(self, client: redis.Redis, connectors: dict[str, object], health_interval: dict[str, float]) -> None:
-        from connectors.spec import ConnectorSpec
-
-        self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()
-                          if isinstance(spec, ConnectorSpec)}
-        self._interval = health_interval
-
-    def refusal(self, connector: str) -> tuple[str, int] | None:
-        """(reason, retry_after_ms) when the connector must not get intents now, else None."""
-        breaker = self._breakers.get(connector)
-        if breaker is None:
-            return None
-        state, left, health = breaker.peek()
-        if state == OPEN and left > 0:
-            return f"the circuit breaker of {connector} is open after repeated failures", left
-        if health == "down":
-            return f"{connector} failed its health checks", int(self._interval.get(connector, 10.0) * 1000)
-        return None
-
-
 class AlwaysAvailable:
     """For tools and tests that route without Redis."""
 

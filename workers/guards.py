@@ -7,10 +7,14 @@ from typing import Protocol
 import redis
 
 from connectors.spec import ConnectorSpec
-from workers.breaker import OPEN, Availability, SharedBreaker, health_key
-from workers.ratelimit import _GCRA, Rate, RateLimiter, Verdict
+from workers.breaker import OPEN, SharedBreaker, health_key
+from workers.ratelimit import Rate, RateLimiter, RedisRateLimiter, Verdict
 
 Unavailable = tuple[str, int] | None  # (reason, retry_after_ms)
+
+
+class AvailabilityCheck(Protocol):
+    def refusal(self, connector: str) -> Unavailable: ...
 
 
 class Guards(Protocol):
@@ -20,13 +24,13 @@ class Guards(Protocol):
 class SeparateGuards:
     """Any limiter and availability check, asked one after the other (tests, tools)."""
 
-    def __init__(self, limiter: RateLimiter, availability: Availability | object) -> None:
+    def __init__(self, limiter: RateLimiter, availability: AvailabilityCheck) -> None:
         self._limiter = limiter
         self._availability = availability
 
     def check(self, agent: str, connector: str, rate: Rate | None) -> tuple[Verdict, Unavailable]:
         verdict = self._limiter.hit(agent, connector, rate) if rate is not None else Verdict(True)
-        return verdict, self._availability.refusal(connector)  # type: ignore[attr-defined]
+        return verdict, self._availability.refusal(connector)
 
 
 class RedisGuards:
@@ -34,6 +38,7 @@ class RedisGuards:
 
     def __init__(self, client: redis.Redis, connectors: dict[str, ConnectorSpec], health_interval: dict[str, float]) -> None:
         self._client = client
+        self._limiter = RedisRateLimiter(client)
         self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()}
         self._interval = health_interval
 
@@ -41,14 +46,12 @@ class RedisGuards:
         breaker = self._breakers[connector]
         pipe = self._client.pipeline(transaction=False)
         if rate is not None:
-            # EVAL in a pipeline: a Script object would cost redis-py an extra SCRIPT EXISTS round trip
-            pipe.eval(_GCRA, 1, f"reach:rl:{agent}:{connector}", max(1, round(rate.interval_ms)), rate.count)
+            self._limiter.hit_into(pipe, agent, connector, rate)
         breaker.peek_into(pipe)
         results = pipe.execute()
         verdict = Verdict(True)
         if rate is not None:
-            allowed, retry_after = results[0]
-            verdict = Verdict(bool(allowed), int(retry_after))
+            verdict = self._limiter.verdict(results[0])
         state, left, health = results[-1]
         state, health = _text(state), _text(health)
         if state == OPEN and int(left) > 0:

@@ -26,39 +26,14 @@ import redis
 
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
 
-# KEYS[1] record, ARGV: payload hash, owner, intent id, in-progress ttl ms
-# returns {state, stored receipt or "", holder intent id or ""}
-_CLAIM = """
-local rec = redis.call('HMGET', KEYS[1], 'state', 'hash', 'owner', 'receipt', 'intent')
+# The claim itself, shared by both scripts below: `rec_key` is the record, `n` the delivery count;
+# ARGV: payload hash, owner, intent id, in-progress ttl ms.
+# Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending}
+_CLAIM_BODY = """
+local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
 if not rec[1] then
-  redis.call('HSET', KEYS[1], 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {'claimed', '', ''}
-end
-if rec[2] ~= ARGV[1] then
-  return {'reused', '', rec[5] or ''}
-end
-if rec[1] == 'completed' then
-  return {'completed', rec[4] or '', rec[5] or ''}
-end
-if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then
-  return {'in_progress', '', rec[5] or ''}
-end
-return {'orphaned', '', rec[5] or ''}
-"""
-
-# the pool's first round trip for a job: receipt already sent? count the delivery (poison
-# messages), then claim. KEYS: sent marker, delivery counter, record; ARGV: hash, owner, intent,
-# in-progress ttl ms, max deliveries. Returns {state, receipt, holder intent, deliveries, sending}
-_BEGIN = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0} end
-local n = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], 86400)
-if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0} end
-local rec = redis.call('HMGET', KEYS[3], 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
-if not rec[1] then
-  redis.call('HSET', KEYS[3], 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  redis.call('PEXPIRE', rec_key, ARGV[4])
   return {'claimed', '', '', n, 0}
 end
 if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
@@ -66,6 +41,19 @@ if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n
 if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
 return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
 """
+
+# KEYS[1] record
+_CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\n" + _CLAIM_BODY
+
+# the pool's first round trip for a job: receipt already sent? count the delivery (poison
+# messages), then claim. KEYS: sent marker, delivery counter, record; ARGV[5]: max deliveries
+_BEGIN = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0} end
+local n = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], 86400)
+if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0} end
+local rec_key = KEYS[3]
+""" + _CLAIM_BODY
 
 # take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner... new owner, intent
 _TAKE_OVER = """
@@ -151,7 +139,8 @@ class Ledger:
         return f"reach:idem:{agent}:{connector}:{action}:{idempotency_key}"
 
     def claim(self, key: str, params_hash: str, intent_id: str) -> Claim:
-        state, receipt, holder = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms])
+        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,
+                                                                       self._ttl_ms])
         return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
 
     def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str,

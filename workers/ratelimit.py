@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -66,15 +66,30 @@ class RateLimiter(Protocol):
 
 
 class RedisRateLimiter:
-    """The limiter the router uses; state lives in Redis under ``reach:rl:<agent>:<connector>``."""
+    """State lives in Redis under ``reach:rl:<agent>:<connector>``. The router queues the check on
+    its guard pipeline (``hit_into``); ``hit`` is the same check on its own."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._script = client.register_script(_GCRA)
 
-    def hit(self, agent: str, connector: str, rate: Rate) -> Verdict:
+    @staticmethod
+    def _key_and_args(agent: str, connector: str, rate: Rate) -> tuple[str, int, int]:
         # interval in whole ms (at least 1): 1000/sec is as fine as the clock goes
-        interval = max(1, round(rate.interval_ms))
-        allowed, retry_after = self._script(keys=[f"reach:rl:{agent}:{connector}"], args=[interval, rate.count])
+        return f"reach:rl:{agent}:{connector}", max(1, round(rate.interval_ms)), rate.count
+
+    def hit(self, agent: str, connector: str, rate: Rate) -> Verdict:
+        key, interval, count = self._key_and_args(agent, connector, rate)
+        return self.verdict(self._script(keys=[key], args=[interval, count]))
+
+    def hit_into(self, pipe: Any, agent: str, connector: str, rate: Rate) -> None:
+        """Queue the check on a pipeline; read its result with ``verdict``. (EVAL, not the Script
+        object: redis-py adds a SCRIPT EXISTS round trip per pipeline for Script objects.)"""
+        key, interval, count = self._key_and_args(agent, connector, rate)
+        pipe.eval(_GCRA, 1, key, interval, count)
+
+    @staticmethod
+    def verdict(result: Any) -> Verdict:
+        allowed, retry_after = result
         return Verdict(bool(allowed), int(retry_after))
 
 
