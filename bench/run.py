@@ -564,7 +564,8 @@ def main() -> int:
     mode = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[mode])
     sections = set(args.only.split(","))
-    if args.no_profile or not cfg["profile"]:
+    # --quick skips py-spy unless it was asked for by name (--only ...,profile)
+    if args.no_profile or (not cfg["profile"] and args.only == parser.get_default("only")):
         sections.discard("profile")
     run_id = f"b{int(time.time())}-{uuid.uuid4().hex[:4]}"
     work = tmpdir("reach-bench-")

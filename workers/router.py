@@ -26,7 +26,7 @@ from connectors.hours import parse_window
 from connectors.schema import suggestion_for
 from producers.wire import ErrorCode, Receipt
 from workers import metrics
-from workers.app import EXECUTE_TASK
+from workers.app import JobMessages
 from workers.breaker import AlwaysAvailable
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
@@ -35,7 +35,7 @@ from workers.ratelimit import NoRateLimit, RateLimiter, parse_rate
 from workers.receipts import ReceiptSink, build_receipt
 from workers.audit import Audit, params_digest
 from workers.redact import redact_body, redact_params
-from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
+from workers.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
 from workers.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
@@ -154,7 +154,7 @@ class Router:
             "received_at": received_at,
             "dispatched_at": now,
         }
-        return Dispatch(connector_queue(ref.connector.name).name, job, intent.intent_id)
+        return Dispatch(connector_queue_name(ref.connector.name), job, intent.intent_id)
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()
@@ -191,7 +191,7 @@ class RouterRuntime:
 
     def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher, audit: Audit) -> None:
         self.router = router
-        self.app = app
+        self.jobs = JobMessages(app)
         self.sink = sink
         self.publisher = publisher
         self.audit = audit
@@ -234,10 +234,9 @@ class RouterRuntime:
                     # the pool's spans become children of this one
                     context = route.get_span_context()
                     job = {**job, "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"}
-                # argsrepr: Celery would otherwise copy the params (sensitive ones too) into headers
-                self.app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(job["connector"]),
-                                   task_id=f"{decision.intent_id}:{time.time_ns()}", retry=True,
-                                   argsrepr="(job)", kwargsrepr="{}")
+                body, headers, properties = self.jobs.build(job, f"{decision.intent_id}:{time.time_ns()}")
+                self.publisher.publish(body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers,
+                                       **properties)
             metrics.INTENTS_DISPATCHED.labels(connector=job["connector"]).inc()
             ref = self.router.catalog.refs[(job["connector"], job["action"])]
             binding = self.router.catalog.binding(job["agent_id"], job["connector"])

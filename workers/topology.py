@@ -17,8 +17,13 @@ DLQ = Queue("reach.dlq", DEFAULT_EXCHANGE, routing_key="reach.dlq", durable=True
 CONNECTOR_QUEUE_PREFIX = "reach.connector."
 
 
+def connector_queue_name(connector: str) -> str:
+    """Also the routing key on reach.dispatch (cheap: the router asks once per intent)."""
+    return CONNECTOR_QUEUE_PREFIX + connector
+
+
 def connector_queue(connector: str) -> Queue:
-    name = CONNECTOR_QUEUE_PREFIX + connector
+    name = connector_queue_name(connector)
     return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True)
 
 
