@@ -216,6 +216,11 @@ class AmqpAgent:
             "steady_rate": _steady_rate(arrival_times),
             "publish_rate": round(n / (t_published - t0), 1) if t_published > t0 else None,
             "latency_ms": _summary(latencies),
+            # the slowest intents: latency ms, sent at (s into the phase; a stall shows as a cluster),
+            # and where the fleet says the time went (its receipt's queue_ms, downstream_ms, latency_ms)
+            "slowest": sorted(((round((firsts[k] - self.sent_at[k]) * 1000, 2), round(self.sent_at[k] - t0, 3),
+                                *[(self.execution.get(k) or {}).get(f) for f in ("queue_ms", "downstream_ms", "latency_ms")])
+                               for k in firsts), reverse=True)[:8],
             "stages_ms": self._stages(),
             "agent_cpu_ms": round(cpu * 1000, 2),
         }

@@ -85,11 +85,13 @@ def _agent(name: str, bindings: list[tuple[str, list[str]]]) -> str:
     return "".join(lines)
 
 
-def main_catalog(endpoint: str, concurrency: int = 20) -> str:
-    """bench_fast (the measured connector) and bench_slow (same system under /slow: 2 s per call)."""
+def main_catalog(endpoint: str, concurrency: int = 20, slow_endpoint: str | None = None) -> str:
+    """bench_fast (the measured connector) and bench_slow (2 s per call: under /slow of its own
+    system ``slow_endpoint``, or of ``endpoint`` when none is given)."""
     return "---\n".join([
         _connector(FAST, endpoint, CREATE_TICKET.format(timeout="5s"), concurrency),
-        _connector(SLOW, endpoint.rstrip("/") + "/slow", CREATE_TICKET.format(timeout="10s"), concurrency),
+        _connector(SLOW, (slow_endpoint or endpoint).rstrip("/") + "/slow", CREATE_TICKET.format(timeout="10s"),
+                   concurrency),
         _agent(AGENT, [(FAST, ["create_ticket"])]),
         _agent(SLOW_AGENT, [(SLOW, ["create_ticket"])]),
     ])

@@ -1,7 +1,8 @@
 """Isolation: does a slow system slow anyone else down?
 
-``bench_slow`` is the same downstream under /slow, which takes 2 s per call; its pool runs beside
-``bench_fast``'s (both 20 threads, one router). The fast connector gets paced 100/s intents:
+``bench_slow`` is a system of its own (a second downstream process) whose /slow takes 2 s per
+call; its pool runs beside ``bench_fast``'s (both 20 threads, one router). The fast connector
+gets paced 100/s intents:
 
     without: bench_slow's pool is up but idle
     with:    ``backlog`` (1,000) intents for bench_slow were published first and have all passed

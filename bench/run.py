@@ -258,9 +258,14 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
         ctx.redis_mem0 = int(client.info("memory")["used_memory"])
         client.close()
     ctx.downstream_url, ctx.downstream_pid = start_downstream(ctx.procs)
-    log(f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url}, beam.smp pid {ctx.beam_pid}")
+    # bench_slow is another system: its own process, so its 2 s calls do not queue behind (or
+    # ahead of) the fast system's requests in one shared event loop
+    slow_url, _ = start_downstream(ctx.procs, name="downstream-slow")
+    log(f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url} (slow: {slow_url}), "
+        f"beam.smp pid {ctx.beam_pid}")
 
-    catalog_dir = catalogs.write(ctx.work / "catalog-main", catalogs.main_catalog(ctx.downstream_url))
+    catalog_dir = catalogs.write(ctx.work / "catalog-main", catalogs.main_catalog(ctx.downstream_url,
+                                                                                  slow_endpoint=slow_url))
     fleet = ReachFleet(ctx.procs, catalog_dir, ctx.broker_url, ctx.redis_url)
     fleet.start_router()
     fleet.start_pool(catalogs.FAST)

@@ -13,10 +13,12 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+if TYPE_CHECKING:
+    from workers.batcher import Batcher
 
 TRACE_KEY = "reach:trace:"
 TRACE_TTL_SECONDS = 24 * 3600
@@ -41,30 +43,51 @@ def params_digest(redacted_params: Any) -> str:
 
 
 class Audit:
-    def __init__(self, client: redis.Redis | None, process: str,
-                 write: Callable[[list[str]], None] = write_stdout) -> None:
+    """Writes each stage as a JSON line and keeps it in the intent's trace list in Redis. With a
+    ``batcher`` (the running fleet) both happen on its thread, batched with other intents' writes;
+    without one (tests, tools) they happen on the calling thread."""
+
+    def __init__(self, client: redis.Redis | None, process: str, batcher: Batcher | None = None) -> None:
         self._client = client
         self._process = process
-        self._write = write
+        self._batcher = batcher
 
     def event(self, stage: str, intent_id: str, *, level: str = "full", **fields: Any) -> None:
         self.events(intent_id, [(stage, fields)], level=level)
 
     def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> None:
-        """Several stages at once: one log line each, one Redis round trip for all."""
+        """Several stages at once: one line each; their Redis writes in one round trip (or batch)."""
+        lines = self.render(intent_id, stages, level=level)
+        if not lines:
+            return
+        if self._batcher is not None:
+            # best effort, as below: the lines are the record of truth
+            self._batcher.submit(lambda pipe: self.push_into(pipe, intent_id, lines), lines)
+            return
+        write_stdout(lines)
         if self._client is None:
-            self.queue(None, intent_id, stages, level=level)
             return
         pipe = self._client.pipeline(transaction=False)
-        if self.queue(pipe, intent_id, stages, level=level):
-            try:
-                pipe.execute()
-            except redis.RedisError:
-                pass  # the log lines are the record of truth; `reach trace` just misses these stages
+        self.push_into(pipe, intent_id, lines)
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            pass  # the log lines are the record of truth; `reach trace` just misses these stages
 
     def queue(self, pipe: Any, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> bool:
-        """Log the stages now and add their Redis writes to ``pipe`` (sent with the caller's other
-        writes). False when nothing was to be written."""
+        """Write the stages' lines now (or hand them to the batcher) and add their Redis writes to
+        ``pipe`` (sent with the caller's other writes). False when nothing was to be written."""
+        lines = self.render(intent_id, stages, level=level)
+        if not lines:
+            return False
+        self.write_lines(lines)
+        if pipe is None:
+            return False
+        self.push_into(pipe, intent_id, lines)
+        return True
+
+    def render(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> list[str]:
+        """The JSON lines of the stages the audit level keeps."""
         lines = []
         now = round(time.time(), 6)
         for stage, fields in stages:
@@ -73,15 +96,19 @@ class Audit:
             doc = {"ts": fields.pop("ts", now), "event": "reach.audit", "stage": stage, "intent_id": intent_id,
                    "process": self._process, **{k: v for k, v in fields.items() if v is not None}}
             lines.append(json.dumps(doc, separators=(",", ":"), ensure_ascii=True, default=str))
-        if not lines:
-            return False
-        self._write(lines)
-        if pipe is None:
-            return False
+        return lines
+
+    def write_lines(self, lines: list[str]) -> None:
+        if self._batcher is not None:
+            self._batcher.lines(lines)
+        else:
+            write_stdout(lines)
+
+    @staticmethod
+    def push_into(pipe: Any, intent_id: str, lines: list[str]) -> None:
         pipe.rpush(TRACE_KEY + intent_id, *lines)
         pipe.ltrim(TRACE_KEY + intent_id, -TRACE_MAX_EVENTS, -1)
         pipe.expire(TRACE_KEY + intent_id, TRACE_TTL_SECONDS)
-        return True
 
 
 def read_trace(client: redis.Redis, intent_id: str) -> list[dict[str, Any]]:

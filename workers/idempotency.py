@@ -20,9 +20,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
+
+if TYPE_CHECKING:
+    from workers.batcher import Batcher
 
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
 
@@ -46,14 +49,27 @@ return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
 _CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\n" + _CLAIM_BODY
 
 # the pool's first round trip for a job: receipt already sent? count the delivery (poison
-# messages), then claim. KEYS: sent marker, delivery counter, record; ARGV[5]: max deliveries
+# messages), then claim. KEYS: sent marker, delivery counter, record, optional breaker hash;
+# ARGV[5]: max deliveries. With a breaker key, a claim made while that breaker is closed also
+# takes the first attempt's permit (the record is marked "sending", as the breaker's acquire
+# does): the 6th value is 1 then. Open and half-open breakers are left to the acquire script.
 _BEGIN = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, 0} end
 local n = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 86400)
-if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0} end
+if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, 0} end
 local rec_key = KEYS[3]
-""" + _CLAIM_BODY
+local function claim()
+""" + _CLAIM_BODY + """
+end
+local out = claim()
+out[6] = 0
+if out[1] == 'claimed' and KEYS[4] and (redis.call('HGET', KEYS[4], 'state') or 'closed') == 'closed' then
+  redis.call('HSET', rec_key, 'sending', '1')
+  out[6] = 1
+end
+return out
+"""
 
 # take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner... new owner, intent
 _TAKE_OVER = """
@@ -87,6 +103,7 @@ class Begin:
     holder_intent: str
     deliveries: int
     was_sending: bool
+    permit: bool = False  # the first attempt may call: the breaker was closed and "sending" is marked
 
 
 class Heartbeat:
@@ -144,12 +161,20 @@ class Ledger:
         return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
 
     def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str,
-              max_deliveries: int) -> Begin:
-        """One round trip: the sent check, the delivery count and the claim."""
-        state, receipt, holder, deliveries, sending = self._begin(
-            keys=[sent_key, deliveries_key, key],
-            args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries])
-        return Begin(_text(state), _text(receipt), _text(holder), int(deliveries), bool(int(sending)))  # type: ignore[arg-type]
+              max_deliveries: int, breaker_key: str | None = None, batcher: Batcher | None = None) -> Begin:
+        """One round trip (of its own, or in the ``batcher``'s next one): the sent check, the
+        delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
+        breaker is closed."""
+        keys = [sent_key, deliveries_key, key] + ([breaker_key] if breaker_key else [])
+        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries]
+        if batcher is not None:
+            # EVAL in a pipeline: a Script object would add a SCRIPT EXISTS round trip per batch
+            result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(keys), *keys, *args))[0]
+        else:
+            result = self._begin(keys=keys, args=args)
+        state, receipt, holder, deliveries, sending, permit = result
+        return Begin(_text(state), _text(receipt), _text(holder), int(deliveries), bool(int(sending)),  # type: ignore[arg-type]
+                     bool(int(permit)))
 
     def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
         pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})

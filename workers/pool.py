@@ -40,6 +40,7 @@ from workers.receipts import ReceiptSink, build_receipt, iso, sent_key
 from workers.retry import run_with_retries
 from workers.topology import DEFAULT_EXCHANGE, DLQ
 from workers.tracing import child_traceparent, span
+from workers.batcher import Batcher
 
 log = logging.getLogger("reach.pool")
 def deliveries_key(agent_id: str, intent_id: str) -> str:
@@ -55,7 +56,7 @@ class PoolOptions:
 class PoolRuntime:
     def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, sink: ReceiptSink, *,
                  ledger: Ledger, breaker: SharedBreaker | None, redis_client: redis.Redis, publisher: Publisher,
-                 audit: Audit | None = None, status: PoolStatus | None = None,
+                 audit: Audit | None = None, status: PoolStatus | None = None, batcher: Batcher | None = None,
                  options: PoolOptions = PoolOptions(), sleep: Callable[[float], None] = time.sleep) -> None:
         self.connector = connector
         self.catalog = catalog
@@ -69,6 +70,7 @@ class PoolRuntime:
         self.sleep = sleep
         self.audit = audit or Audit(None, f"pool:{connector.name}")
         self.status = status
+        self.batcher = batcher
 
     def execute(self, job: dict[str, Any], redelivered: bool = False) -> None:
         """Run one dispatched intent and publish its receipt (raises only if the receipt cannot be sent)."""
@@ -117,9 +119,12 @@ class PoolRuntime:
         params = dict(job.get("params") or {})
         key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
         safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
-        # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key
+        # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
+        # and the first attempt's breaker permit while the breaker is closed
         begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
-                                  payload_hash(params), intent_id, self.options.max_deliveries)
+                                  payload_hash(params), intent_id, self.options.max_deliveries,
+                                  breaker_key=self.breaker.key if self.breaker is not None else None,
+                                  batcher=self.batcher)
         if begin.state == "sent":
             log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
             return
@@ -152,10 +157,11 @@ class PoolRuntime:
                              _check_first(self.connector, ref), "orphaned")
             self.ledger.complete(key, receipt.to_json().decode())
             return
-        self._run(ref, job, params, key, deadline, safe, common, reply_to)
+        # (begin.permit is only ever set on a fresh claim)
+        self._run(ref, job, params, key, deadline, safe, common, reply_to, permit=begin.permit)
 
     def _run(self, ref: ActionRef, job: dict[str, Any], params: dict[str, Any], key: str, deadline: float | None,
-             safe: bool, common: dict[str, Any], reply_to: str) -> None:
+             safe: bool, common: dict[str, Any], reply_to: str, permit: bool = False) -> None:
         remaining = None if deadline is None else max(0.1, deadline - time.time())
         ctx = CallContext(
             intent_id=common["intent_id"],
@@ -198,7 +204,7 @@ class PoolRuntime:
                                          "http_status": outcome.http_status, "sent": outcome.sent,
                                          "downstream_ms": round(outcome.downstream_ms, 3)}))
 
-        gate = _AttemptGate(self.breaker, self.redis, key) if self.breaker is not None else None
+        gate = _AttemptGate(self.breaker, self.redis, key, granted=permit) if self.breaker is not None else None
         result = run_with_retries(call, ref.action.retry or self.connector.retry, safe_to_repeat=safe, deadline=deadline,
                                   gate=gate, before_attempt=None if gate else (lambda n: self.ledger.mark_sending(key)),
                                   after_attempt=after_attempt, sleep=self.sleep)
@@ -211,19 +217,35 @@ class PoolRuntime:
                                 else outcome.suggestion, details=outcome.details, retry_after_ms=outcome.retry_after_ms,
                                 attempts=result.attempts, downstream_ms=result.downstream_ms)
         body = receipt.to_json()
-        # one round trip for everything decided: breaker, ledger, attempt audit lines, the receipt
-        pipe = self.redis.pipeline(transaction=False)
-        if gate is not None:
-            gate.flush_into(pipe)
-        if outcome.code is not None and outcome.code.retryable:
-            pipe.delete(key)  # nothing took effect (or repeating is safe): a re-send may execute
-        else:
-            self.ledger.complete_into(pipe, key, body.decode())
-        self.audit.queue(pipe, common["intent_id"], attempts, level=level)
-        self.sink.store_into(pipe, receipt, body)
-        pipe.execute()
+        lines = self.audit.render(common["intent_id"], attempts, level=level)
+        if lines:
+            self.audit.write_lines(lines)
+
+        def decided(pipe: Any) -> None:
+            if gate is not None:
+                gate.flush_into(pipe)
+            if outcome.code is not None and outcome.code.retryable:
+                pipe.delete(key)  # nothing took effect (or repeating is safe): a re-send may execute
+            else:
+                self.ledger.complete_into(pipe, key, body.decode())
+            if lines:
+                self.audit.push_into(pipe, common["intent_id"], lines)
+            self.sink.store_into(pipe, receipt, body)
+
+        # one round trip for everything decided (breaker, ledger, attempt audit lines, the receipt),
+        # stored before the receipt is published
+        self._redis_call(decided)
         self.sink.publish(receipt, body, reply_to)
         self._after_publish(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
+
+    def _redis_call(self, commands: Callable[[Any], None]) -> list[Any]:
+        """One pipeline of commands: through the batcher (shared with other threads' round trips)
+        or, without one, on this thread."""
+        if self.batcher is not None:
+            return self.batcher.call(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        commands(pipe)
+        return pipe.execute()
 
     def _settle_claim(self, begin: Begin, key: str, params_hash: str, intent_id: str, deadline: float | None,
                       safe: bool) -> Claim:
@@ -281,19 +303,26 @@ class PoolRuntime:
         self._after_publish(receipt, outcome)
 
     def _after_publish(self, receipt: Receipt, outcome: str) -> None:
-        """Mark the receipt sent and write its audit line in one round trip; count it."""
+        """Mark the receipt sent and write its audit line (one round trip, or a share of the
+        batcher's; either way stored before this returns and the job is acked); count it."""
         error = receipt.error
         binding = self.catalog.binding(receipt.agent_id or "", self.connector.name)
-        pipe = self.redis.pipeline(transaction=False)
-        self.sink.mark_sent_into(pipe, receipt)
-        self.audit.queue(pipe, receipt.intent_id, [("receipt", {
+        lines = self.audit.render(receipt.intent_id, [("receipt", {
             "agent": receipt.agent_id, "action": receipt.action, "connector": self.connector.name,
             "trace_id": receipt.execution.trace_id, "status": receipt.status, "code": error.code.value if error else None,
             "attempts": receipt.execution.attempts, "latency_ms": receipt.execution.latency_ms,
             "queue_ms": receipt.execution.queue_ms, "deduplicated": receipt.execution.deduplicated or None})],
             level=binding.audit_level if binding else "full")
+
+        def commands(pipe: Any) -> None:
+            self.sink.mark_sent_into(pipe, receipt)
+            if lines:
+                self.audit.push_into(pipe, receipt.intent_id, lines)
+
+        if lines:
+            self.audit.write_lines(lines)
         try:
-            pipe.execute()
+            self._redis_call(commands)
         except redis.RedisError as exc:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         if error is not None and self.status is not None and receipt.status != "rejected":
@@ -304,17 +333,22 @@ class PoolRuntime:
 
 
 class _AttemptGate:
-    """The breaker for one intent's attempts, in as few round trips as possible: each permit also
-    marks the idempotency record "sending" (same script), and each result is recorded with the
-    next permit or, for the last attempt, in the pool's final pipeline."""
+    """The breaker for one intent's attempts, in as few round trips as possible: the first permit
+    usually comes with the ledger's begin script (breaker closed), each later permit also marks the
+    idempotency record "sending" (same script), and each result is recorded with the next permit
+    or, for the last attempt, in the pool's final pipeline."""
 
-    def __init__(self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str) -> None:
+    def __init__(self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str, granted: bool = False) -> None:
         self._breaker = breaker
         self._client = client
         self._ledger_key = ledger_key
         self._pending: str | None = None
+        self._granted = granted  # the ledger's begin script already took the first permit
 
     def acquire(self) -> Permit:
+        if self._granted:
+            self._granted = False
+            return Permit(True, "closed")
         if self._pending is None:
             return self._breaker.acquire(mark_sending=self._ledger_key)
         pipe = self._client.pipeline(transaction=False)

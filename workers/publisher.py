@@ -10,6 +10,7 @@ fresh connection.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Any
 
@@ -26,6 +27,19 @@ class Publisher:
     def __init__(self, producer_pool: ProducerPool) -> None:
         self._pool = producer_pool
         self._local = threading.local()
+        self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
+
+    def prewarm(self, count: int) -> int:
+        """Open ``count`` connections now, for the first publishing threads to take. A thread's first
+        publish would otherwise open one — an AMQP handshake of several round trips and tens of ms
+        of CPU — in the middle of an intent, and a pool's threads all start at once. Returns how
+        many were opened (fewer if the broker cannot be reached: threads then connect themselves)."""
+        for opened in range(count):
+            pair = self._connect()
+            if pair is None:
+                return opened
+            self._spare.put(pair)
+        return count
 
     @classmethod
     def for_connection(cls, connection: Connection, limit: int = 8) -> Publisher:
@@ -54,16 +68,24 @@ class Publisher:
 
     def _open(self) -> Producer | None:
         """This thread's own producer, or None when the broker cannot be reached right now."""
+        try:
+            pair: tuple[Connection, Producer] | None = self._spare.get_nowait()
+        except queue.Empty:
+            pair = self._connect()
+        if pair is None:
+            return None
+        self._local.connection, self._local.producer = pair
+        return pair[1]
+
+    def _connect(self) -> tuple[Connection, Producer] | None:
         connection = self._pool.connections.connection.clone()
         try:
             connection.connect()
-            producer = Producer(connection.channel())
+            return connection, Producer(connection.channel())
         except Exception as exc:
             log.info("could not open a publisher connection (%s); publishing with retries", exc)
             connection.collect()
             return None
-        self._local.connection, self._local.producer = connection, producer
-        return producer
 
     def _close(self) -> None:
         connection = getattr(self._local, "connection", None)

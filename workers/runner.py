@@ -1,6 +1,7 @@
 """Starting the router and the pools as Celery workers, with everything they need built first."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -27,6 +28,7 @@ from workers.router import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
 from workers.topology import INTENTS_QUEUE, connector_queue, declare_all
 from workers.tracing import configure_tracing
+from workers.batcher import Batcher
 
 log = logging.getLogger("reach")
 
@@ -45,6 +47,16 @@ def quiet_per_intent_logs(level: str) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+@signals.worker_ready.connect(weak=False)
+def _freeze_startup_objects(**_: Any) -> None:
+    """Everything built at start-up (catalog, models, Celery, kombu) lives as long as the process:
+    moved out of the collector's sight, a full collection no longer walks it. Without this, the
+    first seconds of a worker's life see full collections that hold the GIL for 50+ ms each and
+    stall every intent in flight (measured in bench/isolation.py)."""
+    gc.collect()
+    gc.freeze()
+
+
 def _common_worker_args(loglevel: str) -> list[str]:
     # mingle/gossip add start-up latency and chatter and are not needed: pools share nothing via Celery
     return ["--without-mingle", "--without-gossip", "-l", loglevel]
@@ -56,16 +68,23 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     publisher = Publisher(app.producer_pool)
+    publisher.prewarm(settings.router_threads)
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
                     guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
-    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router"))
+    batcher = Batcher(redis_client)
+    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router", batcher=batcher))
     configure_tracing("reach-router")
     app.conf.worker_consumer = consumer_class(runtime, settings.router_threads)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _close(**_: Any) -> None:
+        batcher.close()  # the audit lines and trace entries still queued
+
     probes.install(app)
     probes.serve(settings.metrics_port)
     log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),
@@ -90,20 +109,23 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         declare_all(conn, catalog.connectors)
     redis_client = _redis(settings)
     publisher = Publisher(app.producer_pool)
+    publisher.prewarm(threads)  # one connection per thread, opened before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     heartbeat = Heartbeat(redis_client).start()
+    batcher = Batcher(redis_client)
     status = PoolStatus(redis_client, name, heartbeat.worker_id)
     runtime = PoolRuntime(connector, catalog, adapter, sink,
                           ledger=Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
                           breaker=SharedBreaker(redis_client, name, connector.breaker), redis_client=redis_client,
-                          publisher=publisher, audit=Audit(redis_client, f"pool:{name}"), status=status,
-                          options=PoolOptions(max_deliveries=settings.max_deliveries))
+                          publisher=publisher, audit=Audit(redis_client, f"pool:{name}", batcher=batcher), status=status,
+                          batcher=batcher, options=PoolOptions(max_deliveries=settings.max_deliveries))
     register_task(app, runtime)
     install_pause_watcher(app, redis_client, name, queue.name, status)
     configure_tracing(f"reach-pool-{name}")
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:
+        batcher.close()
         heartbeat.stop()
         adapter.close()
 

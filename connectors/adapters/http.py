@@ -10,6 +10,8 @@ endpoint before anything is sent.
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
 from collections.abc import Mapping
 from datetime import date, datetime
@@ -44,9 +46,12 @@ def encode_path_segment(value: Any) -> str:
     return encoded
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _header_safe(text: str) -> bool:
     """What HTTP/1.1 allows in a field value: visible ASCII, inner spaces, no edges of blank."""
-    return text.isascii() and text == text.strip(" \t") and not any(ord(c) < 32 or ord(c) == 127 for c in text)
+    return text.isascii() and text == text.strip(" \t") and _CONTROL.search(text) is None
 
 
 def _scalar_text(value: Any) -> str:
@@ -78,7 +83,11 @@ def _convert(value: Any, spec: FieldSpec) -> Any:
 
 
 class HttpAdapter:
-    """Calls one connector's HTTP system. One instance (and one httpx client) per pool process."""
+    """Calls one connector's HTTP system. One instance per pool process, and one httpx client per
+    calling thread: a client shared by 20 threads spends more CPU on its connection pool's lock
+    and on scanning its idle connections than on the request (measured: about a third of the
+    call). Each thread keeps its own keep-alive connection; all share the auth (and its token
+    cache). ``max_connections`` bounds the connections of each thread's client."""
 
     def __init__(
         self,
@@ -94,17 +103,40 @@ class HttpAdapter:
         self._base_path = self._base.raw_path.decode("ascii").rstrip("/")
         self._max_response_bytes = max_response_bytes
         self._outputs = _compile_outputs(connector)
-        self._client = httpx.Client(
-            auth=build_auth(connector.auth, connector.name, environ),
-            timeout=httpx.Timeout(15.0, connect=5.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            follow_redirects=False,  # a redirect could point anywhere
-            transport=transport,
-            trust_env=False,  # no proxies or .netrc from the environment
-        )
+        self._auth = build_auth(connector.auth, connector.name, environ)
+        self._transport = transport
+        # one TLS context for every thread's client: building one loads the CA bundle (~25 ms of CPU)
+        self._ssl = httpx.create_ssl_context()
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._local = threading.local()
+        self._urls: dict[str, httpx.URL] = {}
+        self._clients: list[httpx.Client] = []
+        self._clients_lock = threading.Lock()
+
+    @property
+    def _client(self) -> httpx.Client:
+        """This thread's client."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = httpx.Client(
+                auth=self._auth,
+                timeout=httpx.Timeout(15.0, connect=5.0),
+                limits=self._limits,
+                verify=self._ssl,
+                follow_redirects=False,  # a redirect could point anywhere
+                transport=self._transport,
+                trust_env=False,  # no proxies or .netrc from the environment
+            )
+            self._local.client = client
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
 
     def close(self) -> None:
-        self._client.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
 
     # -- request building ---------------------------------------------------------------
 
@@ -147,7 +179,11 @@ class HttpAdapter:
                 if not _header_safe(value):
                     raise UnsafeRequest(f"the {header} value must be plain ASCII without control characters")
                 headers[header] = value
-        url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
+        url = self._urls.get(path) if path == template else None
+        if url is None:
+            url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
+            if path == template:  # no path params: the same URL every time (one per action)
+                self._urls[path] = url
         content = None
         if method not in ("GET", "DELETE") or body:
             content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

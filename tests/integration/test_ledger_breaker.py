@@ -158,3 +158,36 @@ def test_peek_reports_health_marks() -> None:
     name = f"b-{uuid.uuid4().hex[:8]}"
     client().set(health_key(name), "down", px=5000)
     assert breaker(name).peek()[2] == "down"
+
+
+def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None:
+    ledger, beat = worker()
+    b = breaker(f"b-{uuid.uuid4().hex[:8]}", fail_max=1, reset="30s")
+    h = payload_hash({"n": 1})
+
+    def begin(key: str, intent: str, max_deliveries: int = 5) -> object:
+        return ledger.begin(f"reach:receipt-sent:t:{intent}", f"reach:deliveries:t:{intent}", key, h, intent,
+                            max_deliveries, breaker_key=b.key)
+
+    closed_key = fresh_key()
+    first = begin(closed_key, "i-closed")
+    assert first.state == "claimed" and first.permit  # type: ignore[attr-defined]
+    assert ledger.was_sending(closed_key)  # the permit marks the record, as acquire does
+    again = begin(closed_key, "i-other")
+    assert again.state == "in_progress" and not again.permit  # type: ignore[attr-defined]
+
+    b.failure()  # fail_max=1: open
+    open_key = fresh_key()
+    blocked = begin(open_key, "i-open")
+    assert blocked.state == "claimed" and not blocked.permit  # type: ignore[attr-defined]
+    assert not ledger.was_sending(open_key)  # left to the acquire script, which refuses
+    assert not b.acquire(mark_sending=open_key).allowed and not ledger.was_sending(open_key)
+
+    poisoned_key = fresh_key()
+    for _ in range(2):
+        begin(poisoned_key, "i-poison", max_deliveries=1)
+    assert begin(poisoned_key, "i-poison", max_deliveries=1).state == "poison"  # type: ignore[attr-defined]
+    client().set("reach:receipt-sent:t:i-sent", "1")
+    sent = begin(fresh_key(), "i-sent")
+    assert sent.state == "sent" and not sent.permit  # type: ignore[attr-defined]
+    beat.stop()
