@@ -1,8 +1,9 @@
 """A connector's isolated pool: executes dispatched intents against one system.
 
 One ``PoolRuntime`` per worker process holds the connector spec, its adapter (one httpx client),
-the idempotency ledger, the shared breaker and the receipt sink. The Celery task
-``reach.execute`` is a thin shell around ``execute``. Per job, in order:
+the idempotency ledger, the shared breaker and the receipt sink. The pool's Celery worker reads
+``reach.execute`` task messages as data (``consumer_class``) and hands each job to ``execute``.
+Per job, in order:
 
     receipt already sent?  -> ack silently (a redelivery)           exactly one receipt
     delivered too often?   -> INTERNAL receipt + dead letter          poison messages stop
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from celery import Celery
+from celery.worker.consumer import Consumer
+from kombu.message import Message
 
 from connectors.adapters.base import Adapter, CallContext, Outcome
 from connectors.catalog import ActionRef, Catalog
@@ -33,6 +35,7 @@ from workers import metrics
 from workers.app import EXECUTE_TASK
 from workers.audit import Audit
 from workers.breaker import Permit, SharedBreaker, permit_from
+from workers.consuming import threaded_consumer
 from workers.control import PoolStatus
 from workers.idempotency import Begin, Claim, Ledger, payload_hash
 from workers.publisher import Publisher
@@ -43,6 +46,9 @@ from workers.tracing import child_traceparent, span
 from workers.batcher import Batcher
 
 log = logging.getLogger("reach.pool")
+REQUEUE_PAUSE_SECONDS = 1.0
+
+
 def deliveries_key(agent_id: str, intent_id: str) -> str:
     return f"reach:deliveries:{agent_id}:{intent_id}"
 
@@ -296,6 +302,13 @@ class PoolRuntime:
                                         "x-reach-agent-id": str(job.get("agent_id") or ""),
                                         "x-reach-connector": self.connector.name})
 
+    def dead_letter_raw(self, message: Message, reason: str) -> None:
+        """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "replace")
+        self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name,
+                               message_id=str(message.properties.get("message_id") or ""),
+                               headers={"x-reach-reason": reason[:1000], "x-reach-connector": self.connector.name})
+
     def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
         """The general path (rare answers): checks the sent marker itself."""
         if not self.sink.send(receipt, reply_to, mark=False):
@@ -375,10 +388,51 @@ def _check_first(connector: ConnectorSpec, ref: ActionRef) -> str:
             + " Resending with the same idempotency_key returns this same answer.")
 
 
-def register_task(app: Celery, runtime: PoolRuntime) -> None:
-    @app.task(name=EXECUTE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-    def execute(task: Any, job: dict[str, Any]) -> None:
-        if not isinstance(job, dict):
-            log.error("dropping a malformed job: %r", type(job).__name__)
-            return
-        runtime.execute(job, redelivered=bool(task.request.delivery_info.get("redelivered")))
+def decode_job(message: Message) -> tuple[dict[str, Any] | None, str]:
+    """The job in a ``reach.execute`` task message (Celery protocol 2: ``[[job], {}, {...}]``),
+    or None and why not."""
+    task = (message.headers or {}).get("task")
+    if task != EXECUTE_TASK:
+        return None, f"not a {EXECUTE_TASK} message (task header {str(task)[:100]!r})"
+    try:
+        body = message.body
+        args = json.loads(body if isinstance(body, (bytes, str)) else bytes(body))[0]
+        job = args[0] if isinstance(args, list) and len(args) == 1 else None
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None, "the message body is not a task message of JSON"
+    if not isinstance(job, dict):
+        return None, "the task's argument is not a job object"
+    return job, ""
+
+
+def consumer_class(runtime: PoolRuntime, threads: int) -> type[Consumer]:
+    """The pool's consumer: each job runs on one of ``threads`` threads (see ``job_handler``)."""
+    return threaded_consumer(job_handler(runtime), threads, "reach-pool")
+
+
+def job_handler(runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECONDS) -> Callable[[Message], Callable[[], None]]:
+    """One message -> what to do with it. A job is acked after its receipt went out. A job that
+    could not be finished because Redis or the broker failed goes back to the queue (after a
+    pause, so an outage does not become a redelivery storm) instead of being acked without a
+    receipt; a message that is not a job is dead-lettered."""
+
+    def handle(message: Message) -> Callable[[], None]:
+        job, problem = decode_job(message)
+        if job is None:
+            log.error("dead-lettering a message that is not a job: %s", problem)
+            try:
+                runtime.dead_letter_raw(message, problem)
+            except Exception:
+                log.exception("could not dead-letter it; it will be redelivered")
+                time.sleep(requeue_pause)
+                return message.requeue
+            return message.ack
+        try:
+            runtime.execute(job, redelivered=bool(message.delivery_info.get("redelivered")))
+        except Exception:
+            log.exception("could not finish intent %s; it goes back to the queue", job.get("intent_id"))
+            time.sleep(requeue_pause)
+            return message.requeue
+        return message.ack
+
+    return handle

@@ -5,14 +5,13 @@ connector queue sees it.
 tests; ``Router.handle`` carries the decision out: dispatch, or receipt (+ dead letter), then ack.
 
 The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Celery's task
-handler is replaced (``RouterConsumer.create_task_handler``) so no message, whatever headers it
-carries, can make this worker run a task by name.
+handler is replaced (``workers.consuming``) so no message, whatever headers it carries, can make
+this worker run a task by name.
 """
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -28,6 +27,7 @@ from producers.wire import ErrorCode, Receipt
 from workers import metrics
 from workers.app import JobMessages
 from workers.breaker import AlwaysAvailable
+from workers.consuming import threaded_consumer
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
 from workers.guards import Guards, SeparateGuards
@@ -309,49 +309,8 @@ def _raw_body(message: Message) -> bytes:
         return str(body).encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
 
 
-def _settle_safely(settle: Callable[[], None], message: Message) -> None:
-    """Ack or requeue on the consumer's loop. After a broker connection loss the message's old
-    channel is gone and the broker redelivers the message anyway: that is not an error to restart
-    the consumer over (an exception here would, again and again)."""
-    channel = getattr(message, "channel", None)
-    if channel is None or getattr(channel, "is_open", True) is False:
-        log.debug("intent %s came on a closed channel; the broker redelivers it", message.properties.get("message_id"))
-        return
-    try:
-        settle()
-    except Exception as exc:
-        log.warning("could not settle intent %s (%s); the broker redelivers it", message.properties.get("message_id"), exc)
-
-
 def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
-    """A Celery consumer whose message handler routes raw JSON instead of running tasks.
-
-    Messages are routed on ``threads`` threads so that several publisher confirms are in flight
-    at once (each thread publishes through its own pooled connection); the ack goes back to the
-    consumer's loop through ``call_soon``, because a channel belongs to one thread. Intents of
-    one agent may therefore be dispatched in a different order than they were sent.
-    """
-    executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reach-route")
-
-    class RouterConsumer(Consumer):
-        def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:  # type: ignore[override]
-            call_soon = self.call_soon
-
-            def route(message: Message) -> None:
-                try:
-                    settle = runtime.process(message)
-                except BaseException:  # process() never raises for a message; this is a last resort
-                    log.exception("routing crashed; the intent will be redelivered")
-                    settle = message.requeue
-                call_soon(_settle_safely, settle, message)
-
-            def on_message(message: Message) -> None:
-                executor.submit(route, message)
-
-            return on_message
-
-        def shutdown(self) -> None:
-            executor.shutdown(wait=True)
-            super().shutdown()
-
-    return RouterConsumer
+    """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
+    publisher confirms are in flight at once (each thread publishes on its own connection).
+    Intents of one agent may therefore be dispatched in a different order than they were sent."""
+    return threaded_consumer(runtime.process, threads, "reach-route")

@@ -20,7 +20,8 @@ from workers.breaker import SharedBreaker
 from workers.control import PoolStatus, install_pause_watcher
 from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.idempotency import Heartbeat, Ledger
-from workers.pool import PoolOptions, PoolRuntime, register_task
+from workers.pool import PoolOptions, PoolRuntime
+from workers.pool import consumer_class as pool_consumer_class
 from workers.publisher import Publisher
 from workers.guards import RedisGuards
 from workers.receipts import ReceiptSink
@@ -99,7 +100,8 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     connector = catalog.connectors[name]
     threads = concurrency or connector.pool.concurrency
     queue = connector_queue(name)
-    app = create_app(settings, [queue])
+    # solo + prefetch = threads: the consumer's loop hands each job to one of the pool's threads
+    app = create_app(settings, [queue], worker_prefetch_multiplier=threads)
     try:
         adapter = HttpAdapter(connector, max_connections=threads)
     except MissingSecret as exc:
@@ -119,7 +121,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
                           breaker=SharedBreaker(redis_client, name, connector.breaker), redis_client=redis_client,
                           publisher=publisher, audit=Audit(redis_client, f"pool:{name}", batcher=batcher), status=status,
                           batcher=batcher, options=PoolOptions(max_deliveries=settings.max_deliveries))
-    register_task(app, runtime)
+    app.conf.worker_consumer = pool_consumer_class(runtime, threads)
     install_pause_watcher(app, redis_client, name, queue.name, status)
     configure_tracing(f"reach-pool-{name}")
 
@@ -132,7 +134,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     probes.install(app)
     probes.serve(settings.metrics_port)
     log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
-    app.worker_main(["worker", "-P", "threads", "-c", str(threads), "-Q", queue.name,
+    app.worker_main(["worker", "-P", "solo", "-Q", queue.name,
                      "-n", f"{name}.{os.getpid()}@%h", *_common_worker_args(settings.log_level)])
 
 

@@ -384,3 +384,30 @@ def test_agent_gets_its_own_tools(fleet: Fleet) -> None:
         tools = reader.tools("anthropic")
     assert [t["name"] for t in tools] == ["fast_tickets__query_ticket"]
     assert tools[0]["input_schema"]["required"] == ["tid"]
+
+
+def test_a_pool_dead_letters_what_is_not_a_job_and_runs_no_task_by_name(fast: TicketSystem, tester: ReachClient) -> None:
+    """Only the router publishes to a connector queue; anything else found there is kept in
+    reach.dlq with the reason, and a Celery task name in the headers runs nothing."""
+    queue_name = "reach.connector.fast_tickets"
+    job = {"intent_id": "x", "agent_id": "tester", "connector": "fast_tickets", "action": "create_ticket",
+           "params": NEW_TICKET}
+    messages = {
+        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([[], {}, {}]).encode(), "celery.backend_cleanup"),
+        f"nojob-{uuid.uuid4().hex[:8]}": (b"\xff not json", "reach.execute"),
+        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([["not a job"], {}, {}]).encode(), "reach.execute"),
+        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([[job], {}, {}]).encode(), "reach.other_task"),
+    }
+    with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
+        dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+        dlq(conn.default_channel).declare()
+        conn.default_channel.queue_purge(DLQ.name)
+        for message_id, (body, task) in messages.items():
+            conn.Producer().publish(body, exchange="", routing_key=queue_name, content_type="application/json",
+                                    content_encoding="binary", delivery_mode=2, message_id=message_id,
+                                    headers={"task": task, "id": message_id, "lang": "py"})
+        dead = [m for m in collect(conn, dlq, len(messages), timeout=10) if m.properties["message_id"] in messages]
+    assert {m.properties["message_id"] for m in dead} == set(messages)
+    assert all(m.headers["x-reach-connector"] == "fast_tickets" and m.headers["x-reach-reason"] for m in dead)
+    assert fast.requests() == []  # not even the well-formed job under another task name ran
+    assert tester.call(CREATE, NEW_TICKET, timeout=20).success  # the pool is still there
