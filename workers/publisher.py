@@ -1,11 +1,15 @@
 """Confirmed, persistent publishing of raw JSON bytes, safe to call from any thread.
 
-Each publishing thread keeps one producer on a connection of its own (py-amqp connections are
-not thread-safe): taking a producer from a shared pool, wrapping the call in kombu's retry loop
-and re-declaring the exchange cost more CPU than the publish itself. When that fast path fails
-(broker restarted, exchange deleted) the thread drops its connection and the message goes the
-careful way — pooled producer, exchange declared, bounded retries — and the next publish opens a
-fresh connection.
+One publishing thread per process owns a connection whose channel is in confirm mode. Callers
+hand it their message and wait: it publishes everything queued since its last round, then waits
+for the broker's confirms of the whole batch (RabbitMQ acks several at once), and wakes each
+caller with its own answer. A caller returns only once the broker confirmed its message, as with
+a confirm of its own, but under load twenty receipts cost one wait instead of twenty threads each
+blocking on a confirm (a publish with its own confirm costs ~200 µs of CPU per message).
+
+When the batch path fails (broker restarted, exchange deleted, a nack) each caller publishes its
+message the careful way — pooled producer, exchange declared, bounded retries — and the
+publishing thread opens a fresh connection for the next batch.
 """
 from __future__ import annotations
 
@@ -14,82 +18,141 @@ import queue
 import threading
 from typing import Any
 
-from kombu import Connection, Exchange, Producer
+import amqp
+from kombu import Connection, Exchange
 from kombu.pools import ProducerPool
 
 log = logging.getLogger("reach.publisher")
 
 # bounded: a broker that stays away makes the caller fail (and not ack) instead of hanging forever
 RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
+CONFIRM_TIMEOUT = 30.0
+MAX_BATCH = 200
+
+
+class _Item:
+    __slots__ = ("body", "exchange", "routing_key", "headers", "properties", "done", "error")
+
+    def __init__(self, body: bytes, exchange: str, routing_key: str, headers: dict[str, Any],
+                 properties: dict[str, Any]) -> None:
+        self.body = body
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.headers = headers
+        self.properties = properties
+        self.done = threading.Event()
+        self.error: BaseException | None = None
 
 
 class Publisher:
     def __init__(self, producer_pool: ProducerPool) -> None:
         self._pool = producer_pool
-        self._local = threading.local()
-        self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
-
-    def prewarm(self, count: int) -> int:
-        """Open ``count`` connections now, for the first publishing threads to take. A thread's first
-        publish would otherwise open one — an AMQP handshake of several round trips and tens of ms
-        of CPU — in the middle of an intent, and a pool's threads all start at once. Returns how
-        many were opened (fewer if the broker cannot be reached: threads then connect themselves)."""
-        for opened in range(count):
-            pair = self._connect()
-            if pair is None:
-                return opened
-            self._spare.put(pair)
-        return count
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._connection: Connection | None = None
+        self._channel: Any = None
+        self._tag = 0
+        self._pending: dict[int, _Item] = {}  # delivery tag -> item awaiting its confirm
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
 
     @classmethod
     def for_connection(cls, connection: Connection, limit: int = 8) -> Publisher:
         return cls(ProducerPool(connection.clone(transport_options={"confirm_publish": True}).Pool(limit), limit=limit))
 
+    def prewarm(self) -> bool:
+        """Open the publishing connection now rather than on the first intent (an AMQP handshake:
+        several round trips, tens of ms). Call before anything is published. False if the broker
+        cannot be reached (the first batch then connects)."""
+        return self._channel is not None or self._connect() is not None
+
     def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
                 **properties: Any) -> None:
         """Returns once the broker confirmed the message; raises if it could not be published."""
-        producer: Producer | None = getattr(self._local, "producer", None)
-        if producer is None:
-            producer = self._open()
-        if producer is not None:
-            try:
-                producer.publish(body, exchange=exchange.name, routing_key=routing_key, content_type="application/json",
-                                 content_encoding="utf-8", delivery_mode=2, headers=headers or {}, **properties)
-                return
-            except Exception as exc:  # connection or channel trouble: the careful path decides
-                log.info("publisher connection of %s failed (%s); publishing with retries",
-                         threading.current_thread().name, exc)
-                self._close()
+        self._ensure_thread()
+        item = _Item(body, exchange.name, routing_key, headers or {}, properties)
+        self._queue.put(item)
+        if item.done.wait(CONFIRM_TIMEOUT + 5) and item.error is None:
+            return
+        log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         with self._pool.acquire(block=True, timeout=30) as pooled:
             pooled.publish(body, exchange=exchange, routing_key=routing_key, content_type="application/json",
                            content_encoding="utf-8", delivery_mode=2, headers=headers or {},
                            declare=[exchange] if exchange.name else [], retry=True, retry_policy=RETRY_POLICY,
                            **properties)
 
-    def _open(self) -> Producer | None:
-        """This thread's own producer, or None when the broker cannot be reached right now."""
-        try:
-            pair: tuple[Connection, Producer] | None = self._spare.get_nowait()
-        except queue.Empty:
-            pair = self._connect()
-        if pair is None:
-            return None
-        self._local.connection, self._local.producer = pair
-        return pair[1]
+    # -- the publishing thread ---------------------------------------------------------------
 
-    def _connect(self) -> tuple[Connection, Producer] | None:
-        connection = self._pool.connections.connection.clone()
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="reach-publisher", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._publish_batch(batch)
+            except BaseException as exc:  # noqa: BLE001 - every caller must be woken, whatever happened
+                for item in batch:
+                    if not item.done.is_set():
+                        item.error = exc
+                self._drop()
+            finally:
+                for item in batch:
+                    item.done.set()
+
+    def _publish_batch(self, batch: list[_Item]) -> None:
+        channel = self._channel or self._connect()
+        if channel is None:
+            raise ConnectionError("the broker cannot be reached")
+        for item in batch:
+            message = amqp.Message(item.body, content_type="application/json", content_encoding="utf-8",
+                                   delivery_mode=2, application_headers=item.headers, **item.properties)
+            channel.basic_publish(message, exchange=item.exchange, routing_key=item.routing_key)
+            self._tag += 1  # a confirm channel numbers its publishes 1, 2, 3, ...
+            self._pending[self._tag] = item
+        while self._pending:
+            # the listeners below settle items as the broker's confirms come in
+            self._connection.connection.drain_events(timeout=CONFIRM_TIMEOUT)  # type: ignore[union-attr]
+
+    def _settle(self, delivery_tag: int, multiple: bool, nacked: bool) -> None:
+        tags = [t for t in self._pending if t <= delivery_tag] if multiple else [delivery_tag]
+        for tag in tags:
+            item = self._pending.pop(tag, None)
+            if item is not None:
+                if nacked:
+                    item.error = amqp.exceptions.MessageNacked()
+                item.done.set()
+
+    def _connect(self) -> Any:
+        # a connection of its own, without kombu's confirm-per-publish: this thread waits for
+        # the confirms of a whole batch instead
+        connection = self._pool.connections.connection.clone(transport_options={})
         try:
             connection.connect()
-            return connection, Producer(connection.channel())
+            channel = connection.connection.channel()
+            channel.confirm_select()
+            # every confirm frame reaches these (one-shot waits can miss frames read together)
+            channel.events["basic_ack"].add(lambda tag, multiple: self._settle(tag, multiple, False))
+            channel.events["basic_nack"].add(lambda tag, multiple, *_: self._settle(tag, multiple, True))
         except Exception as exc:
-            log.info("could not open a publisher connection (%s); publishing with retries", exc)
+            log.info("could not open the publishing connection (%s)", exc)
             connection.collect()
             return None
+        self._connection, self._channel, self._tag = connection, channel, 0
+        self._pending.clear()
+        return channel
 
-    def _close(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        self._local.connection = self._local.producer = None
+    def _drop(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
         if connection is not None:
             try:
                 connection.collect()  # drop sockets and channels without talking to a dead broker

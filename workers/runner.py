@@ -69,7 +69,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     publisher = Publisher(app.producer_pool)
-    publisher.prewarm(settings.router_threads)
+    publisher.prewarm()
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
@@ -111,7 +111,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         declare_all(conn, catalog.connectors)
     redis_client = _redis(settings)
     publisher = Publisher(app.producer_pool)
-    publisher.prewarm(threads)  # one connection per thread, opened before the first intent
+    publisher.prewarm()  # its connection open before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     heartbeat = Heartbeat(redis_client).start()
     batcher = Batcher(redis_client)
