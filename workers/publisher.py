@@ -1,15 +1,21 @@
 """Confirmed, persistent publishing of raw JSON bytes, safe to call from any thread.
 
-One publishing thread per process owns a connection whose channel is in confirm mode. Callers
-hand it their message and wait: it publishes everything queued since its last round, then waits
-for the broker's confirms of the whole batch (RabbitMQ acks several at once), and wakes each
-caller with its own answer. A caller returns only once the broker confirmed its message, as with
-a confirm of its own, but under load twenty receipts cost one wait instead of twenty threads each
-blocking on a confirm (a publish with its own confirm costs ~200 µs of CPU per message).
+Two ways to the same guarantee — ``publish`` returns only once the broker confirmed the message,
+and raises if it could not be published:
 
-When the batch path fails (broker restarted, exchange deleted, a nack) each caller publishes its
-message the careful way — pooled producer, exchange declared, bounded retries — and the
-publishing thread opens a fresh connection for the next batch.
+``Publisher`` (the router): each publishing thread keeps one producer on a connection of its own
+(py-amqp connections are not thread-safe) and waits for its own confirm. Taking a producer from a
+shared pool, kombu's retry wrapper and re-declaring the exchange cost more CPU than the publish.
+
+``BatchPublisher`` (the pools): one publishing thread owns a confirm-mode channel. Callers hand it
+their message and wait; it publishes everything queued since its last round, then waits for the
+broker's confirms of the whole batch (RabbitMQ acks several at once) and wakes each caller with
+its own answer. Under load twenty receipts cost one wait instead of twenty threads each blocking
+on a confirm; a lone message pays one hand-over between threads.
+
+When the fast path fails (broker restarted, exchange deleted, a nack) the message goes the careful
+way — pooled producer, exchange declared, bounded retries — and a fresh connection is opened for
+the next one.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import threading
 from typing import Any
 
 import amqp
-from kombu import Connection, Exchange
+from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
 log = logging.getLogger("reach.publisher")
@@ -28,6 +34,81 @@ log = logging.getLogger("reach.publisher")
 RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 CONFIRM_TIMEOUT = 30.0
 MAX_BATCH = 200
+
+
+class Publisher:
+    def __init__(self, producer_pool: ProducerPool) -> None:
+        self._pool = producer_pool
+        self._local = threading.local()
+        self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
+
+    def prewarm(self, count: int) -> int:
+        """Open ``count`` connections now, for the first publishing threads to take. A thread's first
+        publish would otherwise open one — an AMQP handshake of several round trips and tens of ms
+        of CPU — in the middle of an intent, and a pool's threads all start at once. Returns how
+        many were opened (fewer if the broker cannot be reached: threads then connect themselves)."""
+        for opened in range(count):
+            pair = self._connect()
+            if pair is None:
+                return opened
+            self._spare.put(pair)
+        return count
+
+    def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
+                **properties: Any) -> None:
+        """Returns once the broker confirmed the message; raises if it could not be published."""
+        producer: Producer | None = getattr(self._local, "producer", None)
+        if producer is None:
+            producer = self._open()
+        if producer is not None:
+            try:
+                producer.publish(body, exchange=exchange.name, routing_key=routing_key, content_type="application/json",
+                                 content_encoding="utf-8", delivery_mode=2, headers=headers or {}, **properties)
+                return
+            except Exception as exc:  # connection or channel trouble: the careful path decides
+                log.info("publisher connection of %s failed (%s); publishing with retries",
+                         threading.current_thread().name, exc)
+                self._close()
+        self._careful(body, exchange, routing_key, headers, properties)
+
+    def _careful(self, body: bytes, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None,
+                 properties: dict[str, Any]) -> None:
+        """Pooled producer, exchange declared, bounded retries: when the fast path failed."""
+        with self._pool.acquire(block=True, timeout=30) as pooled:
+            pooled.publish(body, exchange=exchange, routing_key=routing_key, content_type="application/json",
+                           content_encoding="utf-8", delivery_mode=2, headers=headers or {},
+                           declare=[exchange] if exchange.name else [], retry=True, retry_policy=RETRY_POLICY,
+                           **properties)
+
+    def _open(self) -> Producer | None:
+        """This thread's own producer, or None when the broker cannot be reached right now."""
+        try:
+            pair: tuple[Connection, Producer] | None = self._spare.get_nowait()
+        except queue.Empty:
+            pair = self._connect()
+        if pair is None:
+            return None
+        self._local.connection, self._local.producer = pair
+        return pair[1]
+
+    def _connect(self) -> tuple[Connection, Producer] | None:
+        connection = self._pool.connections.connection.clone()
+        try:
+            connection.connect()
+            return connection, Producer(connection.channel())
+        except Exception as exc:
+            log.info("could not open a publisher connection (%s); publishing with retries", exc)
+            connection.collect()
+            return None
+
+    def _close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = self._local.producer = None
+        if connection is not None:
+            try:
+                connection.collect()  # drop sockets and channels without talking to a dead broker
+            except Exception:
+                pass
 
 
 class _Item:
@@ -44,9 +125,9 @@ class _Item:
         self.error: BaseException | None = None
 
 
-class Publisher:
+class BatchPublisher(Publisher):
     def __init__(self, producer_pool: ProducerPool) -> None:
-        self._pool = producer_pool
+        super().__init__(producer_pool)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._connection: Connection | None = None
         self._channel: Any = None
@@ -55,15 +136,11 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    @classmethod
-    def for_connection(cls, connection: Connection, limit: int = 8) -> Publisher:
-        return cls(ProducerPool(connection.clone(transport_options={"confirm_publish": True}).Pool(limit), limit=limit))
-
-    def prewarm(self) -> bool:
+    def prewarm(self, count: int = 1) -> int:
         """Open the publishing connection now rather than on the first intent (an AMQP handshake:
-        several round trips, tens of ms). Call before anything is published. False if the broker
+        several round trips, tens of ms). Call before anything is published. 0 if the broker
         cannot be reached (the first batch then connects)."""
-        return self._channel is not None or self._connect() is not None
+        return int(self._channel is not None or self._connect_batch() is not None)
 
     def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
                 **properties: Any) -> None:
@@ -74,11 +151,7 @@ class Publisher:
         if item.done.wait(CONFIRM_TIMEOUT + 5) and item.error is None:
             return
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
-        with self._pool.acquire(block=True, timeout=30) as pooled:
-            pooled.publish(body, exchange=exchange, routing_key=routing_key, content_type="application/json",
-                           content_encoding="utf-8", delivery_mode=2, headers=headers or {},
-                           declare=[exchange] if exchange.name else [], retry=True, retry_policy=RETRY_POLICY,
-                           **properties)
+        self._careful(body, exchange, routing_key, headers, properties)
 
     # -- the publishing thread ---------------------------------------------------------------
 
@@ -110,7 +183,7 @@ class Publisher:
                     item.done.set()
 
     def _publish_batch(self, batch: list[_Item]) -> None:
-        channel = self._channel or self._connect()
+        channel = self._channel or self._connect_batch()
         if channel is None:
             raise ConnectionError("the broker cannot be reached")
         for item in batch:
@@ -132,7 +205,7 @@ class Publisher:
                     item.error = amqp.exceptions.MessageNacked()
                 item.done.set()
 
-    def _connect(self) -> Any:
+    def _connect_batch(self) -> Any:
         # a connection of its own, without kombu's confirm-per-publish: this thread waits for
         # the confirms of a whole batch instead
         connection = self._pool.connections.connection.clone(transport_options={})

@@ -22,7 +22,7 @@ from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.idempotency import Heartbeat, Ledger
 from workers.pool import PoolOptions, PoolRuntime
 from workers.pool import consumer_class as pool_consumer_class
-from workers.publisher import Publisher
+from workers.publisher import BatchPublisher, Publisher
 from workers.guards import RedisGuards
 from workers.receipts import ReceiptSink
 from workers.router import Router, RouterRuntime, consumer_class
@@ -69,7 +69,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     publisher = Publisher(app.producer_pool)
-    publisher.prewarm()
+    publisher.prewarm(settings.router_threads)  # one connection per routing thread
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
@@ -110,7 +110,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     redis_client = _redis(settings)
-    publisher = Publisher(app.producer_pool)
+    publisher = BatchPublisher(app.producer_pool)
     publisher.prewarm()  # its connection open before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     heartbeat = Heartbeat(redis_client).start()

@@ -6,18 +6,25 @@ import socket
 import threading
 import uuid
 
+import pytest
+
 from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
 from tests.fleet import BROKER_URL
-from workers.publisher import Publisher
+from workers.publisher import BatchPublisher, Publisher
 
 EXCHANGE = Exchange("", "direct")
 
 
-def publisher() -> Publisher:
+@pytest.fixture(params=[Publisher, BatchPublisher])
+def kind(request: pytest.FixtureRequest) -> type[Publisher]:
+    return request.param
+
+
+def make(kind: type[Publisher]) -> Publisher:
     connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
-    return Publisher(ProducerPool(connection.Pool(4), limit=4))
+    return kind(ProducerPool(connection.Pool(4), limit=4))
 
 
 def declared_queue() -> tuple[Connection, Queue]:
@@ -38,8 +45,8 @@ def drain(conn: Connection, queue: Queue) -> list[bytes]:
     return bodies
 
 
-def test_twenty_threads_publishing_at_once_get_every_message_confirmed_once() -> None:
-    pub = publisher()
+def test_twenty_threads_publishing_at_once_get_every_message_confirmed_once(kind: type[Publisher]) -> None:
+    pub = make(kind)
     conn, queue = declared_queue()
     errors: list[BaseException] = []
 
@@ -61,21 +68,21 @@ def test_twenty_threads_publishing_at_once_get_every_message_confirmed_once() ->
     assert sorted(bodies) == sorted(f"{t}-{i}".encode() for t in range(20) for i in range(50))
 
 
-def test_a_connection_lost_between_publishes_loses_no_message() -> None:
-    pub = publisher()
-    assert pub.prewarm()
+def test_a_connection_lost_between_publishes_loses_no_message(kind: type[Publisher]) -> None:
+    pub = make(kind)
+    assert pub.prewarm(1) == 1
     conn, queue = declared_queue()
     pub.publish(b"before", exchange=EXCHANGE, routing_key=queue.name)
     # the broker connection goes away under the publisher (as in a broker restart)
-    sock = pub._connection.connection.sock  # type: ignore[union-attr]
-    sock.shutdown(socket.SHUT_RDWR)
+    held = pub._connection if isinstance(pub, BatchPublisher) else pub._local.connection  # type: ignore[attr-defined]
+    held.connection.sock.shutdown(socket.SHUT_RDWR)
     pub.publish(b"during", exchange=EXCHANGE, routing_key=queue.name)  # the careful path takes it
     pub.publish(b"after", exchange=EXCHANGE, routing_key=queue.name)  # and a new connection the next
     assert sorted(drain(conn, queue)) == [b"after", b"before", b"during"]
 
 
-def test_a_message_to_a_missing_exchange_is_declared_and_delivered_by_the_careful_path() -> None:
-    pub = publisher()
+def test_a_message_to_a_missing_exchange_is_declared_and_delivered_by_the_careful_path(kind: type[Publisher]) -> None:
+    pub = make(kind)
     conn, queue = declared_queue()
     exchange = Exchange(f"test.publisher.x.{uuid.uuid4().hex[:8]}", "direct", durable=False, auto_delete=True)
     try:
