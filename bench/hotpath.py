@@ -39,7 +39,7 @@ from workers.guards import RedisGuards  # noqa: E402
 from workers.idempotency import Heartbeat, Ledger  # noqa: E402
 from workers.intake import RawMessage  # noqa: E402
 from workers.pool import PoolRuntime  # noqa: E402
-from workers.publisher import Publisher  # noqa: E402
+from workers.publisher import BatchPublisher, Publisher  # noqa: E402
 from workers.receipts import ReceiptSink  # noqa: E402
 from workers.router import Dispatch, Router, RouterRuntime  # noqa: E402
 from workers.settings import Settings  # noqa: E402
@@ -66,8 +66,10 @@ def main() -> int:
     app = create_app(settings, [connector_queue(catalogs.FAST)])
     with Connection(settings.broker_url) as conn:
         declare_all(conn, catalog.connectors)
-    publisher = Publisher(app.producer_pool)
+    publisher = Publisher(app.producer_pool)  # as the runner gives them: per-thread for the router,
+    pool_publisher = BatchPublisher(app.producer_pool)  # one batching thread for the pool
     sink = ReceiptSink(publisher, client, 600)
+    pool_sink = ReceiptSink(pool_publisher, client, 600)
     devnull = open("/dev/null", "w")
     batcher = Batcher(client, write_lines=lambda lines: devnull.write("\n".join(lines) + "\n"))
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
@@ -75,8 +77,9 @@ def main() -> int:
     runtime = RouterRuntime(router, app, sink, publisher, Audit(client, "router", batcher=batcher))
     spec = catalog.connectors[catalogs.FAST]
     heartbeat = Heartbeat(client).start()
-    pool = PoolRuntime(spec, catalog, HttpAdapter(spec, max_connections=max(1, args.threads)), sink, ledger=Ledger(client, heartbeat, 600),
-                       breaker=SharedBreaker(client, catalogs.FAST, spec.breaker), redis_client=client, publisher=publisher,
+    pool = PoolRuntime(spec, catalog, HttpAdapter(spec, max_connections=max(1, args.threads)), pool_sink,
+                       ledger=Ledger(client, heartbeat, 600), breaker=SharedBreaker(client, catalogs.FAST, spec.breaker),
+                       redis_client=client, publisher=pool_publisher,
                        audit=Audit(client, "pool", batcher=batcher), batcher=batcher)
 
     def raw() -> RawMessage:
