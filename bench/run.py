@@ -35,7 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import catalogs  # noqa: E402
 from common import (RESULTS, Agent, BrokerGone, CpuMeter, redis_calls, Procs, Vhost, calibrate, downstream_stats, ensure_services,  # noqa: E402
-                    find_listener_pid, find_pids, fmt, loadavg, log, median, purge, queue_state, rss_mb, scan_log,
+                    find_listener_pid, find_pids, fmt, loadavg, log, median, queue_state, rss_mb, scan_log,
                     start_downstream, start_private_redis, table, tmpdir)
 from reachfleet import ReachFleet  # noqa: E402
 

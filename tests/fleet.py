@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any

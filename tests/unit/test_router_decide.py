@@ -3,7 +3,7 @@ dead-letter redaction, and a property test over thousands of generated messages.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import pytest
