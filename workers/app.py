@@ -1,7 +1,9 @@
 """The Celery application shared by the router and the pools, configured for safety first.
 
-JSON only (never pickle), persistent messages, publisher confirms, late acks that survive a
-worker dying, and no result backend: outcomes travel as receipts, not Celery results.
+JSON only (never pickle), persistent messages, publisher confirms, and no result backend:
+outcomes travel as receipts, not Celery results. Neither the router nor the pools run Celery
+tasks (``workers.consuming`` reads each message as data and acks it only once it was handled);
+the task settings below are kept safe for anyone who does run a task on this app.
 """
 from __future__ import annotations
 
