@@ -66,12 +66,12 @@ def main() -> int:
     app = create_app(settings, [connector_queue(catalogs.FAST)])
     with Connection(settings.broker_url) as conn:
         declare_all(conn, catalog.connectors)
-    publisher = Publisher(app.producer_pool)  # as the runner gives them: per-thread for the router,
-    pool_publisher = BatchPublisher(app.producer_pool)  # one batching thread for the pool
-    sink = ReceiptSink(publisher, client, 600)
-    pool_sink = ReceiptSink(pool_publisher, client, 600)
     devnull = open("/dev/null", "w")
     batcher = Batcher(client, write_lines=lambda lines: devnull.write("\n".join(lines) + "\n"))
+    publisher = Publisher(app.producer_pool)  # as the runner gives them: per-thread for the router,
+    pool_publisher = BatchPublisher(app.producer_pool, batcher)  # one batching thread for the pool
+    sink = ReceiptSink(publisher, client, 600)
+    pool_sink = ReceiptSink(pool_publisher, client, 600)
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
                     guards=RedisGuards(client, dict(catalog.connectors), {}))
     runtime = RouterRuntime(router, app, sink, publisher, Audit(client, "router", batcher=batcher))

@@ -28,6 +28,8 @@ import amqp
 from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
+from workers.batcher import Batcher, Commands
+
 log = logging.getLogger("reach.publisher")
 
 # bounded: a broker that stays away makes the caller fail (and not ack) instead of hanging forever
@@ -37,8 +39,9 @@ MAX_BATCH = 200
 
 
 class Publisher:
-    def __init__(self, producer_pool: ProducerPool) -> None:
+    def __init__(self, producer_pool: ProducerPool, batcher: Batcher | None = None) -> None:
         self._pool = producer_pool
+        self._batcher = batcher  # writes the ``then`` of confirmed messages
         self._local = threading.local()
         self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
 
@@ -55,8 +58,13 @@ class Publisher:
         return count
 
     def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
-                **properties: Any) -> None:
-        """Returns once the broker confirmed the message; raises if it could not be published."""
+                then: Commands | None = None, **properties: Any) -> None:
+        """Returns once the broker confirmed the message; raises if it could not be published.
+
+        ``then``: Redis commands to write once the message is confirmed and before this returns
+        (needs a ``batcher``), e.g. a receipt's "sent" mark; a failure to write them is logged."""
+        if then is not None and self._batcher is None:
+            raise ValueError("publish(then=...) needs a Publisher built with a batcher")
         producer: Producer | None = getattr(self._local, "producer", None)
         if producer is None:
             producer = self._open()
@@ -64,12 +72,24 @@ class Publisher:
             try:
                 producer.publish(body, exchange=exchange.name, routing_key=routing_key, content_type="application/json",
                                  content_encoding="utf-8", delivery_mode=2, headers=headers or {}, **properties)
+                self._write_then([then] if then is not None else [])
                 return
             except Exception as exc:  # connection or channel trouble: the careful path decides
                 log.info("publisher connection of %s failed (%s); publishing with retries",
                          threading.current_thread().name, exc)
                 self._close()
         self._careful(body, exchange, routing_key, headers, properties)
+        self._write_then([then] if then is not None else [])
+
+    def _write_then(self, thens: list[Commands]) -> None:
+        """What follows confirmed messages, in one round trip (of the batcher's)."""
+        if not thens or self._batcher is None:
+            return
+        try:
+            self._batcher.call(lambda pipe: [then(pipe) for then in thens])
+        except Exception as exc:  # the messages are out: this must not make anyone publish them again
+            log.error("could not write what follows %d confirmed message(s) (receipts' sent marks): %s",
+                      len(thens), exc)
 
     def _careful(self, body: bytes, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None,
                  properties: dict[str, Any]) -> None:
@@ -112,22 +132,24 @@ class Publisher:
 
 
 class _Item:
-    __slots__ = ("body", "exchange", "routing_key", "headers", "properties", "done", "error")
+    __slots__ = ("body", "exchange", "routing_key", "headers", "properties", "then", "done", "error", "confirmed")
 
     def __init__(self, body: bytes, exchange: str, routing_key: str, headers: dict[str, Any],
-                 properties: dict[str, Any]) -> None:
+                 properties: dict[str, Any], then: Commands | None) -> None:
         self.body = body
         self.exchange = exchange
         self.routing_key = routing_key
         self.headers = headers
         self.properties = properties
+        self.then = then
+        self.confirmed = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
 
 class BatchPublisher(Publisher):
-    def __init__(self, producer_pool: ProducerPool) -> None:
-        super().__init__(producer_pool)
+    def __init__(self, producer_pool: ProducerPool, batcher: Batcher | None = None) -> None:
+        super().__init__(producer_pool, batcher)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._connection: Connection | None = None
         self._channel: Any = None
@@ -143,15 +165,19 @@ class BatchPublisher(Publisher):
         return int(self._channel is not None or self._connect_batch() is not None)
 
     def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
-                **properties: Any) -> None:
-        """Returns once the broker confirmed the message; raises if it could not be published."""
+                then: Commands | None = None, **properties: Any) -> None:
+        """As ``Publisher.publish``; the ``then`` of a whole batch are written together, by the
+        publishing thread, right after the batch's confirms."""
+        if then is not None and self._batcher is None:
+            raise ValueError("publish(then=...) needs a BatchPublisher built with a batcher")
         self._ensure_thread()
-        item = _Item(body, exchange.name, routing_key, headers or {}, properties)
+        item = _Item(body, exchange.name, routing_key, headers or {}, properties, then)
         self._queue.put(item)
         if item.done.wait(CONFIRM_TIMEOUT + 5) and item.error is None:
             return
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         self._careful(body, exchange, routing_key, headers, properties)
+        self._write_then([then] if then is not None else [])
 
     # -- the publishing thread ---------------------------------------------------------------
 
@@ -175,7 +201,7 @@ class BatchPublisher(Publisher):
                 self._publish_batch(batch)
             except BaseException as exc:  # noqa: BLE001 - every caller must be woken, whatever happened
                 for item in batch:
-                    if not item.done.is_set():
+                    if item.error is None and not item.confirmed:  # a confirmed one must not go twice
                         item.error = exc
                 self._drop()
             finally:
@@ -195,15 +221,18 @@ class BatchPublisher(Publisher):
         while self._pending:
             # the listeners below settle items as the broker's confirms come in
             self._connection.connection.drain_events(timeout=CONFIRM_TIMEOUT)  # type: ignore[union-attr]
+        self._write_then([item.then for item in batch if item.then is not None and item.error is None])
 
     def _settle(self, delivery_tag: int, multiple: bool, nacked: bool) -> None:
+        """A confirm came in (callers are woken once the whole batch is settled and its ``then``
+        written: see ``_run``)."""
         tags = [t for t in self._pending if t <= delivery_tag] if multiple else [delivery_tag]
         for tag in tags:
             item = self._pending.pop(tag, None)
             if item is not None:
+                item.confirmed = not nacked
                 if nacked:
                     item.error = amqp.exceptions.MessageNacked()
-                item.done.set()
 
     def _connect_batch(self) -> Any:
         # a connection of its own, without kombu's confirm-per-publish: this thread waits for

@@ -114,13 +114,19 @@ class ReceiptSink:
     def store_into(self, pipe: Any, receipt: Receipt, body: bytes) -> None:
         pipe.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
 
-    def publish(self, receipt: Receipt, body: bytes, routing_key: str | None) -> None:
+    def publish(self, receipt: Receipt, body: bytes, routing_key: str | None, then: Any = None) -> None:
+        """``then``: Redis commands written once the broker confirmed the receipt, before this
+        returns (the publisher batches them with other receipts'), e.g. its sent mark."""
         if routing_key is None:
             log.warning("receipt %s has no agent or reply_to to route to; stored only", receipt.intent_id)
+            if then is not None:
+                pipe = self._redis.pipeline(transaction=False)
+                then(pipe)
+                pipe.execute()
             return
         self._publisher.publish(body, exchange=RECEIPTS_EXCHANGE, routing_key=routing_key,
                                 correlation_id=receipt.intent_id, message_id=receipt.intent_id,
-                                headers={"status": receipt.status})
+                                headers={"status": receipt.status}, then=then)
 
     def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
         pipe.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)

@@ -110,11 +110,11 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     redis_client = _redis(settings)
-    publisher = BatchPublisher(app.producer_pool)
+    batcher = Batcher(redis_client)
+    publisher = BatchPublisher(app.producer_pool, batcher)  # it writes receipts' sent marks
     publisher.prewarm()  # its connection open before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     heartbeat = Heartbeat(redis_client).start()
-    batcher = Batcher(redis_client)
     status = PoolStatus(redis_client, name, heartbeat.worker_id)
     runtime = PoolRuntime(connector, catalog, adapter, sink,
                           ledger=Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),

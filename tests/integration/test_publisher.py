@@ -94,3 +94,35 @@ def test_a_message_to_a_missing_exchange_is_declared_and_delivered_by_the_carefu
     finally:
         with Connection(BROKER_URL) as c:
             c.default_channel.exchange_delete(exchange.name)
+
+
+def test_what_follows_a_confirm_is_in_redis_before_publish_returns(kind: type[Publisher]) -> None:
+    """Receipts' sent marks ride with the publish: written once the broker confirmed the message,
+    batched with other messages', and always before the publishing thread goes on (and acks)."""
+    import redis
+
+    from tests.fleet import REDIS_URL
+    from workers.batcher import Batcher
+
+    client = redis.Redis.from_url(REDIS_URL)
+    connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
+    pub = kind(ProducerPool(connection.Pool(4), limit=4), Batcher(client, write_lines=lambda lines: None))
+    conn, queue = declared_queue()
+    prefix = f"test:publisher:then:{uuid.uuid4().hex[:8]}"
+    missing: list[str] = []
+
+    def send(thread: int) -> None:
+        for i in range(20):
+            key = f"{prefix}:{thread}:{i}"
+            pub.publish(b"m", exchange=EXCHANGE, routing_key=queue.name, then=lambda pipe, k=key: pipe.set(k, 1, ex=60))
+            if not client.exists(key):
+                missing.append(key)
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert missing == [] and len(drain(conn, queue)) == 200
+    with pytest.raises(ValueError):
+        make(kind).publish(b"m", exchange=EXCHANGE, routing_key=queue.name, then=lambda pipe: None)
