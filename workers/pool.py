@@ -41,7 +41,7 @@ from workers.idempotency import Begin, Claim, Ledger, payload_hash
 from workers.publisher import Publisher
 from workers.receipts import ReceiptSink, build_receipt, iso, sent_key
 from workers.retry import run_with_retries
-from workers.topology import DEFAULT_EXCHANGE, DLQ
+from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
 from workers.tracing import child_traceparent, span
 from workers.batcher import Batcher
 
@@ -314,9 +314,11 @@ class PoolRuntime:
     def dead_letter_raw(self, message: Message, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "replace")
+        # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
         self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name,
                                message_id=str(message.properties.get("message_id") or ""),
-                               headers={"x-reach-reason": reason[:1000], "x-reach-connector": self.connector.name})
+                               headers={"x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
+                                        "x-reach-queue": connector_queue_name(self.connector.name)})
 
     def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
         """The general path (rare answers): checks the sent marker itself."""

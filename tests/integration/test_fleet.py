@@ -408,6 +408,7 @@ def test_a_pool_dead_letters_what_is_not_a_job_and_runs_no_task_by_name(fast: Ti
                                     headers={"task": task, "id": message_id, "lang": "py"})
         dead = [m for m in collect(conn, dlq, len(messages), timeout=10) if m.properties["message_id"] in messages]
     assert {m.properties["message_id"] for m in dead} == set(messages)
-    assert all(m.headers["x-reach-connector"] == "fast_tickets" and m.headers["x-reach-reason"] for m in dead)
+    assert all(m.headers["x-reach-queue"] == queue_name and queue_name in m.headers["x-reach-reason"] for m in dead)
+    assert not any("x-reach-connector" in m.headers for m in dead)  # `reach dlq replay` must not treat them as jobs
     assert fast.requests() == []  # not even the well-formed job under another task name ran
     assert tester.call(CREATE, NEW_TICKET, timeout=20).success  # the pool is still there
