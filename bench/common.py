@@ -288,21 +288,7 @@ class Procs:
         return self.start(name, old.argv, env=old.env, cwd=old.cwd)
 
     def stop(self, name: str, grace: float = 20.0) -> None:
-        proc = self.items.pop(name, None)
-        if proc is None or proc.popen.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.popen.wait(grace)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        self.stop_many([name], grace)
 
     def stop_all(self, grace: float = 20.0) -> None:
         self.stop_many(list(self.items), grace)

@@ -62,8 +62,10 @@ class PoolOptions:
 class PoolRuntime:
     def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, sink: ReceiptSink, *,
                  ledger: Ledger, breaker: SharedBreaker | None, redis_client: redis.Redis, publisher: Publisher,
-                 audit: Audit | None = None, status: PoolStatus | None = None, batcher: Batcher | None = None,
+                 batcher: Batcher, audit: Audit | None = None, status: PoolStatus | None = None,
                  options: PoolOptions = PoolOptions(), sleep: Callable[[float], None] = time.sleep) -> None:
+        """``batcher`` carries the pool's Redis round trips, and ``sink``'s publisher must write
+        ``then`` commands through it (a ``BatchPublisher`` built with the same batcher)."""
         self.connector = connector
         self.catalog = catalog
         self.adapter = adapter
@@ -240,27 +242,13 @@ class PoolRuntime:
 
         # one round trip for everything decided (breaker, ledger, attempt audit lines, the receipt),
         # stored before the receipt is published
-        self._redis_call(decided)
-        outcome_label = "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed")
-        if self.batcher is not None:
-            # the sent mark rides with the publisher's confirms (one hand-over less per intent)
-            lines, mark = self._sent_record(receipt)
-            self.sink.publish(receipt, body, reply_to, then=mark)
-            if lines:
-                self.audit.write_lines(lines)
-            self._count(receipt, outcome_label)
-        else:
-            self.sink.publish(receipt, body, reply_to)
-            self._after_publish(receipt, outcome_label)
-
-    def _redis_call(self, commands: Callable[[Any], None]) -> list[Any]:
-        """One pipeline of commands: through the batcher (shared with other threads' round trips)
-        or, without one, on this thread."""
-        if self.batcher is not None:
-            return self.batcher.call(commands)
-        pipe = self.redis.pipeline(transaction=False)
-        commands(pipe)
-        return pipe.execute()
+        self.batcher.call(decided)
+        # the sent mark rides with the publisher's confirms (one hand-over less per intent)
+        lines, mark = self._sent_record(receipt)
+        self.sink.publish(receipt, body, reply_to, then=mark)
+        if lines:
+            self.audit.write_lines(lines)
+        self._count(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
 
     def _settle_claim(self, begin: Begin, key: str, params_hash: str, intent_id: str, deadline: float | None,
                       safe: bool) -> Claim:
@@ -327,13 +315,14 @@ class PoolRuntime:
         self._after_publish(receipt, outcome)
 
     def _after_publish(self, receipt: Receipt, outcome: str) -> None:
-        """Mark the receipt sent and write its audit line (one round trip, or a share of the
-        batcher's; either way stored before this returns and the job is acked); count it."""
+        """Mark the receipt sent and write its audit line (stored before this returns and the job
+        is acked); count it. The rare answers' path: a dispatched job's receipt is marked by the
+        publisher (``_run``)."""
         lines, mark = self._sent_record(receipt)
         if lines:
             self.audit.write_lines(lines)
         try:
-            self._redis_call(mark)
+            self.batcher.call(mark)
         except redis.RedisError as exc:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         self._count(receipt, outcome)

@@ -2,7 +2,8 @@
 connector queue sees it.
 
 ``Router.decide`` is pure (catalog lookups and checks, no I/O) so it can be driven by property
-tests; ``Router.handle`` carries the decision out: dispatch, or receipt (+ dead letter), then ack.
+tests; ``RouterRuntime.process`` carries the decision out: dispatch, or receipt (+ dead letter),
+then ack.
 
 The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Celery's task
 handler is replaced (``workers.consuming``) so no message, whatever headers it carries, can make
@@ -195,10 +196,6 @@ class RouterRuntime:
         self.sink = sink
         self.publisher = publisher
         self.audit = audit
-
-    def handle(self, message: Message) -> None:
-        """Route one message on the calling thread and ack (or requeue) it."""
-        self.process(message)()
 
     def process(self, message: Message) -> Callable[[], None]:
         """Route one message; return what must then happen to it on the consumer's own thread
