@@ -1,12 +1,12 @@
-"""One thread that does a process's Redis round trips and audit writes in batches.
+"""A process's Redis round trips and audit writes, in batches.
 
 Every Redis round trip and every write to stdout costs a router or pool thread far more CPU than
 the work itself (system calls, redis-py's per-call work, the GIL changing hands between 20
-threads). Threads hand their commands to this one instead. It takes everything queued since its
-last round, writes all audit lines with one ``write`` and sends all commands in one pipeline, so
-under load many intents share one round trip (measured with 20 threads: about 100 µs of CPU per
-batched call against 240 µs for a call of its own); when idle it goes round at once, so nothing
-waits for a timer.
+threads). So threads' commands are combined (``workers.combining``): the thread that finds no
+batch running writes all audit lines queued so far with one ``write`` and sends all commands in
+one pipeline, its own included; under load many intents share one round trip (measured with 20
+threads: about 100 µs of CPU per batched call against 240 µs for a call of its own), and a lone
+call pays no hand-over to another thread.
 
 ``call`` waits until its commands' batch came back and returns their results: a caller that
 stores something before acting (the idempotency claim, the receipt before it is published, the
@@ -16,7 +16,6 @@ does not wait (the router's trace entries: best effort, the log lines are the re
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import redis
 
 from workers.audit import write_stdout
+from workers.combining import Combiner
 
 log = logging.getLogger("reach.batcher")
 
@@ -48,47 +48,29 @@ class Batcher:
                  name: str = "reach-batcher") -> None:
         self._client = client
         self._write_lines = write_lines
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._combiner: Combiner[_Item] = Combiner(self._write, max_batch=MAX_BATCH, name=name)
 
     def lines(self, lines: list[str]) -> None:
         """Audit lines for stdout (an ``Audit`` write function)."""
-        self._queue.put(_Item(None, lines, None))
+        self._combiner.post(_Item(None, lines, None))
 
     def submit(self, commands: Commands | None, lines: list[str] | None = None) -> None:
         """Queue Redis commands (and audit lines) and return at once: best effort, errors are logged."""
-        self._queue.put(_Item(commands, lines, None))
+        self._combiner.post(_Item(commands, lines, None))
 
     def call(self, commands: Commands, lines: list[str] | None = None) -> list[Any]:
-        """Run the commands in the next batch and return their results, as ``pipeline.execute()``
-        would; raises ``redis.RedisError`` as it would too."""
+        """Run the commands (and write the lines) in the next batch and return their results, as
+        ``pipeline.execute()`` would; raises ``redis.RedisError`` as it would too."""
         item = _Item(commands, lines, threading.Event())
-        self._queue.put(item)
-        if not item.done.wait(WAIT_SECONDS):  # type: ignore[union-attr]
+        if not self._combiner.run(item, item.done, WAIT_SECONDS):  # type: ignore[arg-type]
             raise redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
         if item.error is not None:
             raise item.error
         return item.results
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is None for item in batch)
-            self._write([item for item in batch if item is not None])
-            if stop:
-                return
+        """Write what is queued, then stop the background thread (later calls run on their caller)."""
+        self._combiner.close(timeout)
 
     def _write(self, batch: list[_Item]) -> None:
         try:

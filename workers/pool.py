@@ -226,8 +226,6 @@ class PoolRuntime:
                                 attempts=result.attempts, downstream_ms=result.downstream_ms)
         body = receipt.to_json()
         lines = self.audit.render(common["intent_id"], attempts, level=level)
-        if lines:
-            self.audit.write_lines(lines)
 
         def decided(pipe: Any) -> None:
             if gate is not None:
@@ -241,8 +239,8 @@ class PoolRuntime:
             self.sink.store_into(pipe, receipt, body)
 
         # one round trip for everything decided (breaker, ledger, attempt audit lines, the receipt),
-        # stored before the receipt is published
-        self.batcher.call(decided)
+        # stored before the receipt is published; the attempt lines go to stdout in the same batch
+        self.batcher.call(decided, lines=lines or None)
         # the sent mark rides with the publisher's confirms (one hand-over less per intent)
         lines, mark = self._sent_record(receipt)
         self.sink.publish(receipt, body, reply_to, then=mark)

@@ -7,11 +7,13 @@ and raises if it could not be published:
 (py-amqp connections are not thread-safe) and waits for its own confirm. Taking a producer from a
 shared pool, kombu's retry wrapper and re-declaring the exchange cost more CPU than the publish.
 
-``BatchPublisher`` (the pools): one publishing thread owns a confirm-mode channel. Callers hand it
-their message and wait; it publishes everything queued since its last round, then waits for the
-broker's confirms of the whole batch (RabbitMQ acks several at once) and wakes each caller with
-its own answer. Under load twenty receipts cost one wait instead of twenty threads each blocking
-on a confirm; a lone message pays one hand-over between threads.
+``BatchPublisher`` (the pools): one confirm-mode channel, used by one thread at a time. A caller
+that finds no batch running publishes its message and everything queued before it, waits for the
+broker's confirms of the whole batch (RabbitMQ acks several at once) and wakes each waiting caller
+with its own answer; a caller that finds a batch running queues its message and waits, and what
+queued during a batch goes to a background thread (``workers.combining``). Under load twenty
+receipts cost one wait instead of twenty threads each blocking on a confirm; a lone message is
+published by its own thread, with no hand-over.
 
 When the fast path fails (broker restarted, exchange deleted, a nack) the message goes the careful
 way — pooled producer, exchange declared, bounded retries — and a fresh connection is opened for
@@ -29,6 +31,7 @@ from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
 from workers.batcher import Batcher, Commands
+from workers.combining import Combiner
 
 log = logging.getLogger("reach.publisher")
 
@@ -150,13 +153,11 @@ class _Item:
 class BatchPublisher(Publisher):
     def __init__(self, producer_pool: ProducerPool, batcher: Batcher | None = None) -> None:
         super().__init__(producer_pool, batcher)
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._connection: Connection | None = None
-        self._channel: Any = None
+        self._channel: Any = None  # used only by the thread running a batch
         self._tag = 0
         self._pending: dict[int, _Item] = {}  # delivery tag -> item awaiting its confirm
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self._combiner: Combiner[_Item] = Combiner(self._run_batch, max_batch=MAX_BATCH, name="reach-publisher")
 
     def prewarm(self, count: int = 1) -> int:
         """Open the publishing connection now rather than on the first intent (an AMQP handshake:
@@ -167,46 +168,33 @@ class BatchPublisher(Publisher):
     def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
                 then: Commands | None = None, **properties: Any) -> None:
         """As ``Publisher.publish``; the ``then`` of a whole batch are written together, by the
-        publishing thread, right after the batch's confirms."""
+        thread that ran the batch, right after the batch's confirms."""
         if then is not None and self._batcher is None:
             raise ValueError("publish(then=...) needs a BatchPublisher built with a batcher")
-        self._ensure_thread()
         item = _Item(body, exchange.name, routing_key, headers or {}, properties, then)
-        self._queue.put(item)
-        if item.done.wait(CONFIRM_TIMEOUT + 5) and item.error is None:
+        if self._combiner.run(item, item.done, CONFIRM_TIMEOUT + 5) and item.error is None:
             return
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         self._careful(body, exchange, routing_key, headers, properties)
         self._write_then([then] if then is not None else [])
 
-    # -- the publishing thread ---------------------------------------------------------------
+    def close(self, timeout: float = 10.0) -> None:
+        """Publish what is queued and stop the background thread (later publishes run on their caller)."""
+        self._combiner.close(timeout)
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None:
-            return
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="reach-publisher", daemon=True)
-                self._thread.start()
+    # -- one batch, on whichever thread runs it -----------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                self._publish_batch(batch)
-            except BaseException as exc:  # noqa: BLE001 - every caller must be woken, whatever happened
-                for item in batch:
-                    if item.error is None and not item.confirmed:  # a confirmed one must not go twice
-                        item.error = exc
-                self._drop()
-            finally:
-                for item in batch:
-                    item.done.set()
+    def _run_batch(self, batch: list[_Item]) -> None:
+        try:
+            self._publish_batch(batch)
+        except BaseException as exc:  # noqa: BLE001 - every caller must be woken, whatever happened
+            for item in batch:
+                if item.error is None and not item.confirmed:  # a confirmed one must not go twice
+                    item.error = exc
+            self._drop()
+        finally:
+            for item in batch:
+                item.done.set()
 
     def _publish_batch(self, batch: list[_Item]) -> None:
         channel = self._channel or self._connect_batch()

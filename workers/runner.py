@@ -127,6 +127,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:
+        publisher.close()  # before the batcher: a batch's sent marks go through it
         batcher.close()
         heartbeat.stop()
         adapter.close()

@@ -1,0 +1,106 @@
+"""Batches of work done by whichever thread gets there first ("flat combining").
+
+The Redis batcher and the pools' receipt publisher both turn many threads' small requests into one
+round trip. A dedicated thread doing every batch made that cheap under load and expensive when
+quiet: a lone intent handed its request to that thread and was handed the answer back, two thread
+switches per round trip, and at a paced 100 intents/s those switches (futex calls, the GIL changing
+hands, waking an idle CPU) cost the pool more CPU than the work itself.
+
+So a caller that finds no batch running runs the batch itself — its own item and whatever was
+queued before it — on its own thread: no hand-over. A caller that finds a batch running queues its
+item and waits; when that batch ends, whatever queued meanwhile is passed to the background thread,
+which batches it as before. Low load pays no hand-overs; high load batches as much as ever.
+
+Only the thread holding ``busy`` touches what ``run_batch`` uses (a pipeline, a channel), so
+that need not be thread-safe.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger("reach.combining")
+
+T = TypeVar("T")
+
+
+class Combiner(Generic[T]):
+    def __init__(self, run_batch: Callable[[list[T]], None], *, max_batch: int, name: str) -> None:
+        """``run_batch`` must settle every item it is given (its caller may be waiting on it) and
+        should not raise; ``max_batch`` bounds one batch."""
+        self._run_batch = run_batch
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._busy = threading.Lock()  # held by the thread running a batch
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._background, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, item: T, done: threading.Event, timeout: float) -> bool:
+        """Queue ``item`` and return once ``done`` is set (by ``run_batch``): on this thread if no
+        batch is running, else by whoever runs the next one. False if ``timeout`` passed first."""
+        self._queue.put(item)
+        if self._busy.acquire(blocking=self._closed):
+            try:
+                while not done.is_set():
+                    if not self._one_batch():
+                        break  # (cannot happen: our item is queued) — never spin
+            finally:
+                self._busy.release()
+            self._pass_on()
+            return done.is_set() or done.wait(timeout)
+        return done.wait(timeout)
+
+    def post(self, item: T) -> None:
+        """Queue ``item`` without waiting for it: if no batch is running, this thread runs one now
+        (waking another thread would cost more than the round trip), else it goes in the next."""
+        self._queue.put(item)
+        if self._busy.acquire(blocking=self._closed):
+            try:
+                self._one_batch()
+            finally:
+                self._busy.release()
+            self._pass_on()
+        # else: the running batch's thread passes it on when it ends (``_pass_on``)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Run what is queued, then stop the background thread; later calls run on their caller."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _one_batch(self) -> bool:
+        """Run one batch of what is queued (the caller holds ``busy``). False if nothing was."""
+        batch: list[T] = []
+        while len(batch) < self._max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if not batch:
+            return False
+        try:
+            self._run_batch(batch)
+        except BaseException:  # run_batch settles its items itself; this thread must go on
+            log.exception("a batch failed")
+        return True
+
+    def _pass_on(self) -> None:
+        """After releasing ``busy``: what queued while we ran goes to the background thread. (A
+        caller that queued before we released either took ``busy`` itself or is seen here.)"""
+        if not self._queue.empty():
+            self._wake.set()
+
+    def _background(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while not self._queue.empty():
+                with self._busy:
+                    self._one_batch()
+            if self._closed:
+                return
