@@ -325,10 +325,12 @@ class Procs:
 
 def start_private_redis(procs: Procs) -> tuple[str, int]:
     """A redis-server of this run's own on a free loopback port (same settings as .ci/services.sh):
-    no other tenant's keys, and its CPU is the benchmark's alone."""
+    no other tenant's keys, and its CPU is the benchmark's alone. It works in the run's log
+    directory, so a dump.rdb left in the current directory is never loaded."""
     port = free_port()
     proc = procs.start("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                 "--appendonly", "no", "--daemonize", "no", "--databases", "2"])
+                                 "--appendonly", "no", "--daemonize", "no", "--databases", "2",
+                                 "--dir", str(procs.log_dir)])
     deadline = time.time() + 20
     while time.time() < deadline:
         try:

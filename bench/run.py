@@ -565,9 +565,20 @@ def main() -> int:
                                             "redis-server; its CPU is then measured net of its idle rate")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs even when clean")
     parser.add_argument("--output", default=str(RESULTS / "latest.json"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one setting of the run's config for a focused look, e.g. "
+                             "--set iso_reps=3 --set iso_seconds=10 (a number; see CONFIGS)")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[mode])
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in cfg or not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
+            parser.error(f"--set {item}: {key!r} is not a numeric setting ({', '.join(k for k, v in cfg.items() if isinstance(v, (int, float)) and not isinstance(v, bool))})")
+        try:
+            cfg[key] = type(cfg[key])(value)
+        except ValueError:
+            parser.error(f"--set {item}: {value!r} is not a {type(cfg[key]).__name__}")
     sections = set(args.only.split(","))
     # --quick skips py-spy unless it was asked for by name (--only ...,profile)
     if args.no_profile or (not cfg["profile"] and args.only == parser.get_default("only")):
@@ -579,7 +590,8 @@ def main() -> int:
     started = time.time()
     results: dict[str, Any] = {"meta": {
         "mode": mode, "command": "bench/run.py" + (" --quick" if args.quick else "") +
-        (f" --only {args.only}" if args.only != parser.get_default("only") else ""),
+        (f" --only {args.only}" if args.only != parser.get_default("only") else "") +
+        "".join(f" --set {item}" for item in args.set),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "load_start": loadavg(),
         "calibration_ms_start": calibrate(), "config": {k: v for k, v in cfg.items()}}}
     log(f"{mode} run {run_id}; load average {results['meta']['load_start']}; logs in {work}")
