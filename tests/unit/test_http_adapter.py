@@ -643,3 +643,22 @@ def test_an_unsendable_idempotency_key_is_refused_as_never_sent(server: Recorder
     assert outcome.ok is False and outcome.sent is False
     assert outcome.code is ErrorCode.VALIDATION_FAILED
     assert server.seen == []
+
+
+# -- cookies ---------------------------------------------------------------------------------------
+
+
+def test_a_cookie_set_by_one_answer_is_never_sent_with_a_later_call(server: Recorder) -> None:
+    # one client per pool thread carries every agent's calls: a session cookie must not leak between them
+    spec = connector(server.url, {"action": "get", "path": "GET /x"})
+    server.answer(200, {"ok": True}, headers={"Set-Cookie": "session=agent-a-secret; Path=/"})
+    adapter = HttpAdapter(spec, environ={})
+    try:
+        found = spec.action("get")
+        assert found is not None
+        for n in range(3):
+            assert adapter.call(found, {}, CallContext(f"intent-{n}")).ok
+    finally:
+        adapter.close()
+    assert len(server.seen) == 3
+    assert all("cookie" not in seen.headers for seen in server.seen)
