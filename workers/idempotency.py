@@ -1,19 +1,21 @@
 """The idempotency ledger: one record per (agent, connector, action, idempotency key) in Redis.
 
-A record is *in progress* (with the id of the worker process that holds it; that process keeps
-a heartbeat key alive while it runs) or *completed* (with the receipt it produced and a hash of
-the params). Claiming is one Lua script, so two deliveries can never both execute:
+A record is *in progress* (with its owner: the id of the worker process that holds it — that
+process keeps a heartbeat key alive while it runs — and of the attempt, ``<worker>/<attempt>``)
+or *completed* (with the receipt it produced and a hash of the params). Claiming is one Lua script, so two deliveries can never both execute:
 
     claim ->  claimed       nobody had it: execute
               completed     answer the stored outcome (deduplicated), never call again
               reused        same key, other params: IDEMPOTENCY_KEY_REUSED
               in_progress   a live worker holds it: wait for its outcome
-              orphaned      the holder died mid-call: the outcome is unknown unless repeating is safe
+              orphaned      the holder died mid-call, or gave the attempt up (``abandon``): the
+                            outcome is unknown unless repeating is safe
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -26,6 +28,8 @@ import redis
 
 if TYPE_CHECKING:
     from workers.batcher import Batcher
+
+log = logging.getLogger("reach.idempotency")
 
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
 
@@ -41,7 +45,9 @@ if not rec[1] then
 end
 if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
 if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0} end
-if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
+if redis.call('EXISTS', 'reach:alive:' .. string.match(rec[3], '^[^/]*')) == 1 then
+  return {'in_progress', '', rec[5] or '', n, 0}
+end
 return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
 """
 
@@ -80,6 +86,19 @@ if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' th
 end
 return 0
 """
+
+
+# an attempt that could not keep its outcome (Redis or the broker failed after the call) gives
+# its record up, so that the job's next delivery sees it orphaned instead of waiting for an
+# attempt that no longer runs. KEYS[1] record; ARGV[1] the attempt's owner
+_ABANDON = """
+if redis.call('HGET', KEYS[1], 'state') == 'in_progress' and redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'owner', 'abandoned/' .. ARGV[1])
+  return 1
+end
+return 0
+"""
+ABANDON_RETRY_SECONDS = 600.0
 
 
 def payload_hash(params: dict[str, Any]) -> str:
@@ -150,23 +169,28 @@ class Ledger:
         self._claim = client.register_script(_CLAIM)
         self._begin = client.register_script(_BEGIN)
         self._take_over = client.register_script(_TAKE_OVER)
+        self._abandon = client.register_script(_ABANDON)
 
     @staticmethod
     def key(agent: str, connector: str, action: str, idempotency_key: str) -> str:
         return f"reach:idem:{agent}:{connector}:{action}:{idempotency_key}"
 
-    def claim(self, key: str, params_hash: str, intent_id: str) -> Claim:
-        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,
+    def owner(self, attempt: str) -> str:
+        """What a record held by ``attempt`` of this worker says: its heartbeat id, then the attempt."""
+        return f"{self._heartbeat.worker_id}/{attempt}"
+
+    def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
+        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self.owner(attempt), intent_id,
                                                                        self._ttl_ms])
         return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
 
-    def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str,
+    def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str, attempt: str,
               max_deliveries: int, breaker_key: str | None = None, batcher: Batcher | None = None) -> Begin:
         """One round trip (of its own, or in the ``batcher``'s next one): the sent check, the
         delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
         breaker is closed."""
         keys = [sent_key, deliveries_key, key] + ([breaker_key] if breaker_key else [])
-        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries]
+        args = [params_hash, self.owner(attempt), intent_id, self._ttl_ms, max_deliveries]
         if batcher is not None:
             # EVAL in a pipeline: a Script object would add a SCRIPT EXISTS round trip per batch
             result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(keys), *keys, *args))[0]
@@ -180,12 +204,35 @@ class Ledger:
         pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
         pipe.pexpire(key, self._ttl_ms)
 
-    def take_over(self, key: str, intent_id: str) -> bool:
-        """Claim an orphaned record for this worker (only used when repeating is safe)."""
+    def take_over(self, key: str, intent_id: str, attempt: str) -> bool:
+        """Claim an orphaned record for this worker's ``attempt`` (only used when repeating is safe)."""
         owner = self._client.hget(key, "owner")
         if owner is None:
             return False
-        return bool(self._take_over(keys=[key], args=[owner, self._heartbeat.worker_id, intent_id]))
+        return bool(self._take_over(keys=[key], args=[owner, self.owner(attempt), intent_id]))
+
+    def abandon(self, key: str, attempt: str) -> None:
+        """Give up the record ``attempt`` holds (if it still does): its outcome was not kept, and
+        the job goes back to the queue. Its next delivery then finds the record orphaned — and
+        answers OUTCOME_UNKNOWN, or runs again where that is safe — instead of waiting for an
+        attempt that no longer runs and acking the job unanswered. Redis is what just failed, so
+        this keeps trying on a thread of its own until it succeeds (for ``ABANDON_RETRY_SECONDS``)."""
+        try:
+            self._abandon(keys=[key], args=[self.owner(attempt)])
+        except redis.RedisError:
+            threading.Thread(target=self._abandon_later, args=(key, attempt), name="reach-abandon", daemon=True).start()
+
+    def _abandon_later(self, key: str, attempt: str) -> None:
+        give_up = time.monotonic() + ABANDON_RETRY_SECONDS
+        while time.monotonic() < give_up:
+            time.sleep(0.5)
+            try:
+                self._abandon(keys=[key], args=[self.owner(attempt)])
+                return
+            except redis.RedisError:
+                continue
+        log.error("could not give up the idempotency record %s for %.0f s; a redelivery of its job waits for "
+                  "it and is acked without a receipt", key, ABANDON_RETRY_SECONDS)
 
     def mark_sending(self, key: str) -> None:
         """Noted right before each attempt: an orphaned record without it never reached the system."""

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -125,12 +126,13 @@ class PoolRuntime:
             return
 
         params = dict(job.get("params") or {})
+        attempt = uuid.uuid4().hex[:12]  # this delivery's own claim: see Ledger.abandon
         key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
         safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
         # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
         # and the first attempt's breaker permit while the breaker is closed
         begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
-                                  payload_hash(params), intent_id, self.options.max_deliveries,
+                                  payload_hash(params), intent_id, attempt, self.options.max_deliveries,
                                   breaker_key=self.breaker.key if self.breaker is not None else None,
                                   batcher=self.batcher)
         if begin.state == "sent":
@@ -141,7 +143,7 @@ class PoolRuntime:
             answer(ErrorCode.INTERNAL, f"the intent was delivered {begin.deliveries - 1} times and never finished",
                    "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
             return
-        claim = self._settle_claim(begin, key, payload_hash(params), intent_id, deadline, safe)
+        claim = self._settle_claim(begin, key, payload_hash(params), intent_id, attempt, deadline, safe)
         if claim.state == "completed":
             self._send(self._deduplicated(claim.receipt_json, common), reply_to, "deduplicated")
             return
@@ -166,7 +168,13 @@ class PoolRuntime:
             self.ledger.complete(key, receipt.to_json().decode())
             return
         # (begin.permit is only ever set on a fresh claim)
-        self._run(ref, job, params, key, deadline, safe, common, reply_to, permit=begin.permit)
+        try:
+            self._run(ref, job, params, key, deadline, safe, common, reply_to, permit=begin.permit)
+        except Exception:
+            # Redis or the broker failed before the outcome was kept or its receipt went out: the
+            # job goes back to the queue, and its next delivery must not wait for this attempt
+            self.ledger.abandon(key, attempt)
+            raise
 
     def _run(self, ref: ActionRef, job: dict[str, Any], params: dict[str, Any], key: str, deadline: float | None,
              safe: bool, common: dict[str, Any], reply_to: str, permit: bool = False) -> None:
@@ -248,8 +256,8 @@ class PoolRuntime:
             self.audit.write_lines(lines)
         self._count(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
 
-    def _settle_claim(self, begin: Begin, key: str, params_hash: str, intent_id: str, deadline: float | None,
-                      safe: bool) -> Claim:
+    def _settle_claim(self, begin: Begin, key: str, params_hash: str, intent_id: str, attempt: str,
+                      deadline: float | None, safe: bool) -> Claim:
         claim = Claim(begin.state, begin.receipt_json, begin.holder_intent)  # type: ignore[arg-type]
         if claim.state == "in_progress" and claim.holder_intent == intent_id:
             # this very intent is held: by a live worker still running it (a broker redelivery after
@@ -258,14 +266,14 @@ class PoolRuntime:
             give_up = time.monotonic() + self.options.wait_for_holder_seconds
             while claim.state == "in_progress" and time.monotonic() < give_up:
                 self.sleep(0.25)
-                claim = self.ledger.claim(key, params_hash, intent_id)
+                claim = self.ledger.claim(key, params_hash, intent_id, attempt)
             was_sending = self.ledger.was_sending(key) if claim.state == "orphaned" else begin.was_sending
             begin = dataclasses.replace(begin, was_sending=was_sending)
         if claim.state == "orphaned" and (safe or not begin.was_sending):
             # the dead worker's call is safe to repeat, or it never reached the system
-            if self.ledger.take_over(key, intent_id):
+            if self.ledger.take_over(key, intent_id, attempt):
                 return Claim("claimed")
-            claim = self.ledger.claim(key, params_hash, intent_id)
+            claim = self.ledger.claim(key, params_hash, intent_id, attempt)
         if claim.state == "in_progress" and claim.holder_intent != intent_id:
             wait = self.options.wait_for_holder_seconds
             if deadline is not None:
@@ -274,7 +282,7 @@ class PoolRuntime:
             if settled is not None and settled.state == "completed":
                 return settled
             if settled is not None:  # released by its holder: ours to try
-                return self.ledger.claim(key, params_hash, intent_id)
+                return self.ledger.claim(key, params_hash, intent_id, attempt)
         return claim
 
     def _deduplicated(self, stored_json: str, common: dict[str, Any]) -> Receipt:

@@ -11,6 +11,8 @@ It listens on 127.0.0.1 (a free port) in front of one downstream and is switched
     proxy.set("pass")           # heal
     proxy.hold(rb"regex")       # pass, but a connection whose data matches stalls there for good;
                                 # proxy.held (an Event) is set when that happens
+    proxy.reset_on(rb"regex")   # pass, but every chunk that matches gets an RST instead of being
+                                # forwarded (until reset_on(None)); proxy.reset_matched counts them
 
 The mode is read for every chunk, so pooled keep-alive connections change behaviour too.
 ``counts()`` gives (requests, forwarded, resets): client chunks that start an HTTP request (one
@@ -48,6 +50,8 @@ class FaultProxy:
         self.requests = self.forwarded = self.resets = 0
         self.held = threading.Event()
         self._pattern: re.Pattern[bytes] | None = None
+        self._reset_pattern: re.Pattern[bytes] | None = None
+        self.reset_matched = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -84,6 +88,10 @@ class FaultProxy:
         """Stall (for good) the first connection that sends data matching ``pattern``; None stops."""
         self.held.clear()
         self._pattern = None if pattern is None else re.compile(pattern)
+
+    def reset_on(self, pattern: bytes | None) -> None:
+        """Reset (RST, nothing forwarded) every connection that sends data matching ``pattern``."""
+        self._reset_pattern = None if pattern is None else re.compile(pattern)
 
     def counts(self) -> tuple[int, int, int]:
         with self._lock:
@@ -147,6 +155,13 @@ class FaultProxy:
                         self.held.set()
                     if mode == "blackhole" or held:
                         continue
+                    reset_pattern = self._reset_pattern
+                    if reset_pattern is not None and reset_pattern.search(data):
+                        with self._lock:
+                            self.resets += 1
+                            self.reset_matched += 1
+                        _close(client, rst=True)
+                        return
                     if mode == "reset_before":
                         with self._lock:
                             self.resets += 1

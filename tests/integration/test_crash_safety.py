@@ -47,6 +47,7 @@ CONNECTORS = {
     "crash_poison": (True, 2, False),              # a job that kills its pool every time
     "crash_backlog": (False, 2, False),            # started with messages waiting
     "crash_marked": (False, 1, False),             # killed between publishing a receipt and marking it
+    "crash_unkept": (False, 1, False),             # Redis fails after the call, before the outcome is kept
 }
 
 
@@ -309,6 +310,34 @@ def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_on
         redis_proxy.stop()
     assert systems[name].executions()[f"{RUN}-marked"] == 1
     assert len(receipts) == 1, receipts
+
+
+def test_a_job_whose_outcome_redis_could_not_keep_gets_one_receipt_on_its_next_delivery(
+        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    """The call went out, then Redis failed when the pool stored the outcome: the job goes back to
+    the queue and its record stays "in progress", held by a live worker (this very process). The
+    next delivery must answer it — the call was made and is not safe to repeat, so OUTCOME_UNKNOWN
+    — not wait for an attempt that no longer runs and ack the job without a receipt."""
+    name = "crash_unkept"
+    systems[name].state.reset()
+    redis_url = urlsplit(REDIS_URL)
+    redis_proxy = FaultProxy(redis_url.port or 6379, redis_url.hostname or "127.0.0.1").start()
+    # the write that keeps a *succeeded* outcome (the receipt stored before it is published) fails;
+    # everything else reaches Redis, the next delivery's answer (unknown) included
+    redis_proxy.reset_on(rb'reach:receipt:[^\r]*\r\n\$\d+\r\n\{[^\r]*"status":"succeeded"')
+    through_proxy = urlunsplit(redis_url._replace(netloc=f"127.0.0.1:{redis_proxy.port}"))
+    try:
+        assert start_pool(fleet, name, REACH_REDIS_URL=through_proxy)
+        intent_id = client.publish(f"{name}.create_item", {"title": f"{RUN}-unkept"})
+        receipts = [r for r in gather(client, {intent_id}, timeout=20, grace=2.0) if r.intent_id == intent_id]
+    finally:
+        fleet.stop_process(name)
+        redis_proxy.stop()
+    assert redis_proxy.reset_matched >= 1, "the outcome's write never failed: the test did not test anything"
+    assert systems[name].executions()[f"{RUN}-unkept"] == 1  # not repeated: the action is not safe to repeat
+    assert len(receipts) == 1, receipts
+    receipt = receipts[0]
+    assert receipt.status == "unknown" and receipt.error is not None and receipt.error.code == "OUTCOME_UNKNOWN", receipt
 
 
 # -- idempotency keys under concurrency -----------------------------------------------------------

@@ -29,11 +29,11 @@ def fresh_key() -> str:
 def test_first_claim_wins_and_the_others_see_it_in_progress_reused_or_completed() -> None:
     (a, beat_a), (b, beat_b) = worker(), worker()
     key, h = fresh_key(), payload_hash({"title": "x"})
-    assert a.claim(key, h, "i-1").state == "claimed"
-    assert b.claim(key, h, "i-2").state == "in_progress"
-    assert b.claim(key, payload_hash({"title": "other"}), "i-3").state == "reused"
+    assert a.claim(key, h, "i-1", "a").state == "claimed"
+    assert b.claim(key, h, "i-2", "a").state == "in_progress"
+    assert b.claim(key, payload_hash({"title": "other"}), "i-3", "a").state == "reused"
     a.complete(key, '{"receipt": 1}')
-    done = b.claim(key, h, "i-4")
+    done = b.claim(key, h, "i-4", "a")
     assert done.state == "completed" and done.receipt_json == '{"receipt": 1}'
     beat_a.stop()
     beat_b.stop()
@@ -49,7 +49,7 @@ def test_twenty_concurrent_claims_from_different_workers_execute_once() -> None:
     def claim(i: int) -> None:
         ledger = workers[i % 4][0]
         barrier.wait()
-        state = ledger.claim(key, h, f"i-{i}").state
+        state = ledger.claim(key, h, f"i-{i}", "a").state
         with lock:
             states.append(state)
 
@@ -66,24 +66,24 @@ def test_twenty_concurrent_claims_from_different_workers_execute_once() -> None:
 def test_a_record_held_by_a_dead_worker_is_orphaned_and_can_be_taken_over_once() -> None:
     (dead, dead_beat), (alive, alive_beat) = worker(ttl=0.3), worker()
     key, h = fresh_key(), payload_hash({})
-    assert dead.claim(key, h, "i-1").state == "claimed"
+    assert dead.claim(key, h, "i-1", "a").state == "claimed"
     dead.mark_sending(key)
     dead_beat._stop.set()  # the process "dies": its heartbeat stops being renewed
     time.sleep(0.5)
-    claim = alive.claim(key, h, "i-1")
+    claim = alive.claim(key, h, "i-1", "a")
     assert claim.state == "orphaned" and claim.holder_intent == "i-1"
     assert alive.was_sending(key)
-    assert alive.take_over(key, "i-1") is True
-    assert alive.take_over(key, "i-1") is False or alive.claim(key, h, "i-9").state == "in_progress"
+    assert alive.take_over(key, "i-1", "a") is True
+    assert alive.take_over(key, "i-1", "a") is False or alive.claim(key, h, "i-9", "a").state == "in_progress"
     alive_beat.stop()
 
 
 def test_released_records_let_a_resend_execute() -> None:
     (ledger, beat) = worker()
     key, h = fresh_key(), payload_hash({})
-    assert ledger.claim(key, h, "i-1").state == "claimed"
+    assert ledger.claim(key, h, "i-1", "a").state == "claimed"
     ledger.release(key)
-    assert ledger.claim(key, h, "i-2").state == "claimed"
+    assert ledger.claim(key, h, "i-2", "a").state == "claimed"
     beat.stop()
 
 
@@ -91,7 +91,7 @@ def test_completed_records_expire() -> None:
     beat = Heartbeat(client()).start()
     ledger = Ledger(client(), beat, ttl_seconds=1)
     key, h = fresh_key(), payload_hash({})
-    ledger.claim(key, h, "i-1")
+    ledger.claim(key, h, "i-1", "a")
     ledger.complete(key, "{}")
     assert 0 < client().pttl(key) <= 1000
     beat.stop()
@@ -167,7 +167,7 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
 
     def begin(key: str, intent: str, max_deliveries: int = 5) -> object:
         return ledger.begin(f"reach:receipt-sent:t:{intent}", f"reach:deliveries:t:{intent}", key, h, intent,
-                            max_deliveries, breaker_key=b.key)
+                            "a", max_deliveries, breaker_key=b.key)
 
     closed_key = fresh_key()
     first = begin(closed_key, "i-closed")
@@ -190,4 +190,24 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     client().set("reach:receipt-sent:t:i-sent", "1")
     sent = begin(fresh_key(), "i-sent")
     assert sent.state == "sent" and not sent.permit  # type: ignore[attr-defined]
+    beat.stop()
+
+
+def test_an_abandoned_attempt_leaves_its_record_orphaned_for_the_next_delivery() -> None:
+    # the same live worker process: only the attempt that holds the record may give it up
+    ledger, beat = worker()
+    key, h = fresh_key(), payload_hash({"n": 1})
+    assert ledger.claim(key, h, "i-1", "first").state == "claimed"
+    ledger.mark_sending(key)
+    assert ledger.claim(key, h, "i-1", "second").state == "in_progress"  # its heartbeat lives
+    ledger.abandon(key, "second")  # not the holder: nothing changes
+    assert ledger.claim(key, h, "i-1", "second").state == "in_progress"
+    ledger.abandon(key, "first")
+    again = ledger.claim(key, h, "i-1", "second")
+    assert again.state == "orphaned" and again.holder_intent == "i-1" and ledger.was_sending(key)
+    assert ledger.take_over(key, "i-1", "second") is True
+    assert ledger.claim(key, h, "i-1", "third").state == "in_progress"  # held again, by the live attempt
+    ledger.complete(key, "{}")
+    ledger.abandon(key, "second")  # a completed record is never given up
+    assert ledger.claim(key, h, "i-1", "third").state == "completed"
     beat.stop()
