@@ -252,21 +252,26 @@ def dlq_list(limit: int) -> None:
 @dlq.command("replay")
 @click.option("--id", "ids", multiple=True, help="Message id to replay (repeatable); default: all.")
 def dlq_replay(ids: tuple[str, ...]) -> None:
-    """Send dead letters back through the fleet; idempotency keys are kept, so nothing runs twice."""
-    from workers.app import EXECUTE_TASK, create_app
+    """Send dead letters back through the fleet; idempotency keys are kept, so nothing runs twice.
+
+    A letter whose sensitive params were redacted is not replayed (the system would get the
+    placeholder): it stays in reach.dlq, is reported, and the exit code is 1.
+    """
+    from workers.app import JobMessages, create_app
     from workers.ops import replay_dead_letters
     from workers.topology import connector_queue
 
     settings = _settings()
-    app = create_app(settings, [connector_queue("_replay")])
-
-    def send_job(job: dict[str, Any], connector: str) -> None:
-        app.send_task(EXECUTE_TASK, args=[job], queue=connector_queue(connector), retry=True)
-
-    done = replay_dead_letters(settings.broker_url, _redis_client(settings), set(ids) if ids else None, send_job)
-    missing = set(ids) - set(done)
-    click.echo(f"replayed {len(done)} dead letter(s)" + (f"; not found: {', '.join(sorted(missing))}" if missing else ""))
-    sys.exit(EXIT_PROBLEMS if missing else 0)
+    # only for the reach.execute message template, as the router builds it (no params in headers)
+    jobs = JobMessages(create_app(settings, [connector_queue("_replay")]))
+    done = replay_dead_letters(settings.broker_url, _redis_client(settings), set(ids) if ids else None, jobs)
+    for message_id, why in done.kept:
+        click.echo(f"not replayed {message_id or '(no message id)'}: {why}")
+    missing = set(ids) - set(done.replayed) - {message_id for message_id, _ in done.kept}
+    click.echo(f"replayed {len(done.replayed)} dead letter(s)"
+               + (f"; {len(done.kept)} kept in reach.dlq" if done.kept else "")
+               + (f"; not found: {', '.join(sorted(missing))}" if missing else ""))
+    sys.exit(EXIT_PROBLEMS if missing or done.kept else 0)
 
 
 def _parse_param(text: str) -> tuple[str, Any]:

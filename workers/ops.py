@@ -3,21 +3,27 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from kombu import Connection
+from kombu import Connection, Producer
 
 from connectors.catalog import Catalog
+from workers.app import JobMessages
 from workers.breaker import RedisBreakerStorage
 from workers.control import is_paused, last_error_key, live_workers
 from workers.health import HealthBoard
 from workers.idempotency import _text
 from workers.pool import deliveries_key
 from workers.receipts import sent_key
-from workers.topology import DLQ, INTENTS_EXCHANGE, connector_queue
+from workers.redact import REDACTED_HEADER, contains_redacted
+from workers.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
+
+# why a letter stays in reach.dlq instead of being replayed (the CLI prints it)
+NOT_REPLAYED_REDACTED = ("its sensitive params were redacted when it was dead-lettered; "
+                         "ask the agent to send the intent again")
+NOT_REPLAYED_NOT_A_JOB = "its body is not a job (a JSON object); it cannot be sent to its connector's pool"
 
 
 
@@ -111,34 +117,73 @@ def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:
     return found
 
 
-def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | None,
-                        send_job: Callable[[dict[str, Any], str], None]) -> list[str]:
+def was_redacted(letter: DeadLetter) -> bool:
+    """Whether sensitive params of this letter were replaced by the redaction marker when it was
+    dead-lettered: replayed as it is, the business system would get the marker instead of the
+    value. Pools say so in a header; letters written before they did, and the router's (whose
+    body is redacted), are recognized by the marker in their params."""
+    if _text(letter.headers.get(REDACTED_HEADER)).lower() == "true":
+        return True
+    try:
+        doc = json.loads(letter.body)
+        return isinstance(doc, dict) and "params" in doc and contains_redacted(doc["params"])
+    except (ValueError, RecursionError):
+        return False  # not JSON: no params to have lost (the router rejects it again)
+
+
+@dataclass(frozen=True)
+class Replay:
+    replayed: list[str]
+    kept: list[tuple[str, str]]  # (message id, why it was not replayed): still in reach.dlq
+
+
+def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | None, jobs: JobMessages) -> Replay:
     """Send dead letters (all, or those whose message id is in ``ids``) back through the fleet.
 
     A router dead letter (an intent it could not read) goes back to reach.intents; a pool dead
-    letter (a job that kept killing workers) goes back to its connector queue. Message ids and
+    letter (a job that kept killing workers) goes back to its connector queue as a ``reach.execute``
+    message built like the router's, so no param is copied into its headers. Message ids and
     idempotency keys are kept, so the ledger still prevents a second execution; the intent's
-    receipt marker is cleared so the replay is answered.
+    receipt marker is cleared so the replay is answered. A letter whose params were redacted is
+    never sent (the system would get placeholders): it stays in reach.dlq and is in ``kept``.
     """
     replayed: list[str] = []
+    kept: list[tuple[str, str]] = []
     with Connection(broker_url, connect_timeout=5, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.auto_decode = False
         DLQ(channel).declare()
+        # only the letters there now: one the fleet dead-letters again while this runs (a replayed
+        # intent the router still cannot read) comes after them and is not replayed a second time
+        waiting = int(channel.queue_declare(DLQ.name, passive=True).message_count)
         producer = conn.Producer(channel=conn.channel())
-        while True:
+        for _ in range(waiting):
             message = channel.basic_get(DLQ.name, no_ack=False)
             if message is None:
                 break
             letter = _dead_letter(message)
             if ids is not None and letter.message_id not in ids:
                 continue  # stays unacked: returned to the queue when the channel closes
+            job: Any = None
+            if letter.connector:
+                try:
+                    job = json.loads(letter.body)
+                except (ValueError, RecursionError):
+                    pass
+                if not isinstance(job, dict):
+                    kept.append((letter.message_id, NOT_REPLAYED_NOT_A_JOB))
+                    continue  # unacked: returned
+            if was_redacted(letter):
+                kept.append((letter.message_id, NOT_REPLAYED_REDACTED))
+                continue  # unacked: returned, and its markers stay as they are
             if letter.message_id:
                 client.delete(sent_key(letter.agent or None, letter.message_id),
                               deliveries_key(letter.agent, letter.message_id))
             if letter.connector:
-                send_job(json.loads(letter.body), letter.connector)
+                _publish_job(producer, jobs, job, letter.connector, letter.message_id)
             else:
+                # also a letter with x-reach-queue only (not a job, found on a pool's queue): the
+                # router reads it as an intent, never a pool as a job
                 agent = letter.agent
                 producer.publish(letter.body, exchange=INTENTS_EXCHANGE, routing_key="intent",
                                  content_type="application/json", content_encoding="utf-8", delivery_mode=2,
@@ -147,4 +192,15 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
             channel.basic_ack(message.delivery_info["delivery_tag"])
             replayed.append(letter.message_id)
         channel.close()
-    return replayed
+    return Replay(replayed, kept)
+
+
+def _publish_job(producer: Producer, jobs: JobMessages, job: dict[str, Any], connector: str, message_id: str) -> None:
+    """As the router dispatches (confirmed, persistent, on reach.dispatch); the queue is declared
+    as the pools declare it, so a letter for a connector whose pool never started is not lost."""
+    queue = connector_queue(connector)
+    intent_id = str(job.get("intent_id") or message_id or "replay")
+    body, headers, properties = jobs.build(job, f"{intent_id}:{time.time_ns()}")
+    producer.publish(body, exchange=DISPATCH_EXCHANGE.name, routing_key=queue.name, headers=headers,
+                     content_type="application/json", content_encoding="utf-8", delivery_mode=2,
+                     declare=[queue], **properties)

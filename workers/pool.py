@@ -295,15 +295,17 @@ class PoolRuntime:
         return original.model_copy(update={"intent_id": common["intent_id"], "execution": execution})
 
     def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
-        from workers.redact import redact_params
+        from workers.redact import REDACTED, REDACTED_HEADER, redact_params
 
         ref = self.catalog.refs.get((str(job.get("connector")), str(job.get("action"))))
-        safe_job = dict(job, params=redact_params(job.get("params"), ref.action.input) if ref else "[redacted]")
-        self.publisher.publish(json.dumps(safe_job, default=str).encode(), exchange=DEFAULT_EXCHANGE,
-                               routing_key=DLQ.name, message_id=str(job.get("intent_id") or ""),
-                               headers={"x-reach-reason": reason, "x-reach-intent-id": str(job.get("intent_id") or ""),
-                                        "x-reach-agent-id": str(job.get("agent_id") or ""),
-                                        "x-reach-connector": self.connector.name})
+        params = job.get("params")
+        safe_params = redact_params(params, ref.action.input) if ref else REDACTED
+        headers = {"x-reach-reason": reason, "x-reach-intent-id": str(job.get("intent_id") or ""),
+                   "x-reach-agent-id": str(job.get("agent_id") or ""), "x-reach-connector": self.connector.name}
+        if safe_params != params:
+            headers[REDACTED_HEADER] = "true"  # `reach dlq replay` must not send the marker downstream
+        self.publisher.publish(json.dumps(dict(job, params=safe_params), default=str).encode(), exchange=DEFAULT_EXCHANGE,
+                               routing_key=DLQ.name, message_id=str(job.get("intent_id") or ""), headers=headers)
 
     def dead_letter_raw(self, message: Message, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""

@@ -9,6 +9,8 @@ from connectors.spec import FieldSpec
 from producers.formats import FormatError, loads_strict, normalize
 
 REDACTED = "[redacted]"
+# on a dead letter whose params had sensitive values replaced: it must not be replayed as it is
+REDACTED_HEADER = "x-reach-redacted"
 
 
 def redact_params(params: Any, fields: dict[str, FieldSpec]) -> Any:
@@ -31,6 +33,15 @@ def redact_params(params: Any, fields: dict[str, FieldSpec]) -> Any:
         else:
             out[key] = value
     return out
+
+
+def contains_redacted(value: Any) -> bool:
+    """Whether the marker is ``value`` or anywhere inside it (as ``redact_params`` leaves params)."""
+    if isinstance(value, dict):
+        return any(contains_redacted(v) for v in value.values())
+    if isinstance(value, list):
+        return any(contains_redacted(v) for v in value)
+    return value == REDACTED
 
 
 def redact_body(body: bytes, catalog: Catalog) -> bytes:

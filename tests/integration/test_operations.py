@@ -38,7 +38,7 @@ from tests.integration.prometheus_server import PrometheusServer, ensure_install
 from workers.audit import TRACE_KEY, params_digest
 from workers.control import paused_key
 from workers.ops import list_dead_letters
-from workers.redact import REDACTED
+from workers.redact import REDACTED, REDACTED_HEADER
 from workers.topology import DEFAULT_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:8]
@@ -913,6 +913,103 @@ def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(fleet: Fleet
     assert len(tickets.requests("POST")) == 1  # the idempotency key was kept: no second ticket
     assert dlq_depth() == 1
     assert [line.split()[0] for line in reach(fleet, "dlq", "list").stdout.splitlines()[2:]] == [bystander]
+
+
+def pool_letter(intent_id: str, connector: str, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """(body, headers) of a job dead-lettered by ``connector``'s pool, as ``PoolRuntime._dead_letter``
+    writes it (the params as given: already redacted or not)."""
+    now = time.time()
+    job = {"v": 1, "intent_id": intent_id, "agent_id": "ops_agent", "connector": connector, "action": "create_ticket",
+           "params": params, "idempotency_key": intent_id, "reply_to": "ops_agent", "deadline": None,
+           "trace_id": uuid.uuid4().hex, "traceparent": None, "format": "native", "received_at": now,
+           "dispatched_at": now}
+    headers = {"x-reach-reason": "delivered 6 times without finishing (a worker died each time)",
+               "x-reach-intent-id": intent_id, "x-reach-agent-id": "ops_agent", "x-reach-connector": connector}
+    return json.dumps(job).encode(), headers
+
+
+@pytest.mark.parametrize("written", ["with_header", "before_the_header"])
+def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(fleet: Fleet, tickets: TicketSystem,
+                                                                        client: ReachClient, written: str) -> None:
+    purge(DLQ.name)
+    redacted_id, clean_id = (f"replay-{n}-{uuid.uuid4().hex[:8]}" for n in ("redacted", "clean"))
+    body, headers = pool_letter(redacted_id, TRACED, ticket_params(phone=REDACTED))
+    if written == "with_header":
+        headers[REDACTED_HEADER] = "true"  # as pools mark it now; older letters only have the marker
+    publish_dead_letter(body, redacted_id, headers)
+    clean_body, clean_headers = pool_letter(clean_id, TRACED, ticket_params())
+    publish_dead_letter(clean_body, clean_id, clean_headers)
+    wait_for(lambda: dlq_depth() == 2, 10, "the dead letters are not there")
+
+    done = reach(fleet, "dlq", "replay")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (f"not replayed {redacted_id}: its sensitive params were redacted when it was dead-lettered; "
+            "ask the agent to send the intent again") in done.stdout
+    assert "replayed 1 dead letter(s); 1 kept in reach.dlq" in done.stdout and "not found" not in done.stdout
+    # the other letter was replayed as before
+    assert client.wait(clean_id, timeout=20).success
+    # the redacted one stays, and asking for it by id says the same, not "not found"
+    assert [letter.message_id for letter in list_dead_letters(BROKER_URL)] == [redacted_id]
+    by_id = reach(fleet, "dlq", "replay", "--id", redacted_id)
+    assert by_id.returncode == 1 and f"not replayed {redacted_id}:" in by_id.stdout
+    assert "replayed 0 dead letter(s); 1 kept in reach.dlq" in by_id.stdout and "not found" not in by_id.stdout
+    assert [letter.message_id for letter in list_dead_letters(BROKER_URL)] == [redacted_id]
+    time.sleep(0.5)
+    assert [r for r in client.receipts(timeout=1.0) if r.intent_id == redacted_id] == []
+    assert len(tickets.requests("POST")) == 1  # only the clean letter's ticket
+    assert all(REDACTED not in json.dumps(r, default=str) for r in tickets.requests())
+
+
+def test_dlq_replay_sends_a_pool_job_as_the_router_does_and_it_runs_once(fleet: Fleet, plain: TicketSystem,
+                                                                           client: ReachClient) -> None:
+    purge(DLQ.name)
+    queue = connector_queue(PLAIN).name
+    intent_id, raw_id = f"replay-wire-{uuid.uuid4().hex[:8]}", f"raw-{uuid.uuid4().hex[:8]}"
+    params = ticket_params()
+    body, headers = pool_letter(intent_id, PLAIN, params)
+    publish_dead_letter(body, intent_id, headers)
+    # a message that is not a job, as a pool dead-letters it (x-reach-queue, no x-reach-connector)
+    raw = json.dumps([[json.loads(body)], {}, {}]).encode()
+    publish_dead_letter(raw, raw_id, {"x-reach-reason": "not a reach.execute message", "x-reach-queue": queue})
+    wait_for(lambda: dlq_depth() == 2, 10, "the dead letters are not there")
+    try:
+        assert reach(fleet, "pause", PLAIN).returncode == 0
+        wait_for(lambda: queue_depth(queue)[1] == 0, 5, "the pool kept consuming after `reach pause`")
+        done = reach(fleet, "dlq", "replay", "--id", intent_id, "--id", raw_id)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # each once: the copy the router dead-letters again while the replay runs is left alone
+        assert "replayed 2 dead letter(s)" in done.stdout
+        # the job waits in the paused queue; the other went to the router, which dead-letters it again
+        wait_for(lambda: queue_depth(queue) == (1, 0), 10, "the replayed job is not in the connector queue")
+        wait_for(dlq_depth, 20, "the router did not dead-letter the replayed non-job again", until=lambda n: n == 1)
+        assert [letter.message_id for letter in list_dead_letters(BROKER_URL)] == [raw_id]
+        time.sleep(0.5)
+        assert queue_depth(queue) == (1, 0)  # the non-job was never sent to the pool
+        with Connection(BROKER_URL) as conn:
+            channel = conn.channel()
+            channel.auto_decode = False
+            message = channel.basic_get(queue, no_ack=False)
+            assert message is not None
+            props, wire_headers = message.properties, message.properties["application_headers"]
+            assert message.delivery_info["exchange"] == "reach.dispatch"
+            assert props["delivery_mode"] == 2 and props["content_type"] == "application/json"
+            assert wire_headers["task"] == "reach.execute" and wire_headers["id"].startswith(f"{intent_id}:")
+            # protocol 2 as the router builds it: the params are in the body only
+            assert wire_headers["argsrepr"] == "(job)" and wire_headers["kwargsrepr"] == "{}"
+            assert params["title"] not in json.dumps(wire_headers, default=str)
+            (job,), kwargs, _ = json.loads(message.body)
+            assert job == json.loads(body) and kwargs == {}
+            channel.close()  # unacked: back to the queue for the pool
+        assert queue_depth(queue) == (1, 0)
+    finally:
+        assert reach(fleet, "resume", PLAIN).returncode == 0
+    receipt = client.wait(intent_id, timeout=30)
+    assert receipt.success and not receipt.execution.deduplicated
+    posts = plain.requests("POST")
+    assert len(posts) == 1 and params["title"] in json.dumps(posts[0], default=str)
+    time.sleep(0.5)
+    assert [r for r in client.receipts(timeout=1.0) if r.intent_id == intent_id] == []  # exactly one receipt
+    assert len(plain.requests("POST")) == 1
 
 
 # --------------------------------------------------------------------------- probes
