@@ -223,6 +223,8 @@ class AmqpAgent:
                                for k in firsts), reverse=True)[:8],
             "stages_ms": self._stages(),
             "agent_cpu_ms": round(cpu * 1000, 2),
+            # every latency, when asked: percentiles over several phases pooled (bench/isolation.py)
+            **({"samples_ms": [round(v, 3) for v in latencies]} if cmd.get("samples") else {}),
         }
 
     def _stages(self) -> dict[str, Any] | None:

@@ -459,6 +459,14 @@ def median(values: list[float | None]) -> float | None:
     return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile, as the agent computes its own (bench/agent.py)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))], 3)
+
+
 def calibrate() -> float:
     """Milliseconds for a fixed piece of pure-Python work (json round trips): how fast this machine
     is right now. Printed at start and end; compare runs by it."""

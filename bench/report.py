@@ -106,7 +106,8 @@ def render(r: dict[str, Any]) -> str:
     iso = r.get("isolation")
     if iso and "fast_p99_without_ms" in iso:
         out += ["", f"### Isolation (fast connector at paced 100/s; bench_slow takes 2 s per call, backlog {iso['backlog']})", "",
-                md_table(["", "p50 ms", "p99 ms", "repetitions (p99)"],
+                f"(p50 and p99 over all repetitions' intents pooled: {iso.get('samples')} without / with)", "",
+                md_table(["", "p50 ms", "p99 ms", "each repetition's p99"],
                          [["without the backlog", f(iso["fast_p50_without_ms"], 2), f(iso["fast_p99_without_ms"], 2),
                            " / ".join(f(x["latency_ms"]["p99"], 1) for x in iso["without"])],
                           ["with the backlog", f(iso["fast_p50_with_ms"], 2), f(iso["fast_p99_with_ms"], 2),

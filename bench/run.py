@@ -41,7 +41,7 @@ from reachfleet import ReachFleet  # noqa: E402
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "full": dict(reps=3, burst_n=2000, warmup=200, paced=[(100, 10.0), (200, 6.0)], idle_s=1.0,
-                 iso_reps=2, iso_seconds=10.0, backlog=1000,
+                 iso_reps=3, iso_seconds=10.0, backlog=1000,
                  scale_grid=[(10, 10), (1000, 10), (10000, 10), (10, 500), (10000, 500)],
                  scale_n=1500, profile=True, profile_n=2000),
     "quick": dict(reps=1, burst_n=500, warmup=50, paced=[(100, 3.0), (200, 2.0)], idle_s=0.5,
@@ -117,13 +117,16 @@ class Ctx:
                 "reply_suffix": suffix or {"bare": "rb", "fleet": "rf"}.get(variant, "x")}
 
     def phase(self, variant: str, mode: str, n: int, rate: float | None = None, label: str = "",
-              agents: list[str] | None = None, meter: CpuMeter | None = None, check: bool = True) -> dict[str, Any]:
+              agents: list[str] | None = None, meter: CpuMeter | None = None, check: bool = True,
+              samples: bool = False) -> dict[str, Any]:
+        """One phase of ``variant``'s agent; ``samples``: its result carries every latency (samples_ms)."""
         timeout = 30 + (n / rate if rate else n / 80)
         interrupted = False
         for attempt in range(3):
             try:
                 res = self.agents[variant].run(meter if meter is not None else self.meters.get(variant), mode=mode,
-                                               n=n, rate=rate, timeout=timeout, intent=self.intent(variant, agents))
+                                               n=n, rate=rate, timeout=timeout, intent=self.intent(variant, agents),
+                                               samples=samples)
                 break
             except BrokerGone as exc:
                 # another tenant restarted RabbitMQ (the crash-safety tests do): reconnect, let the
@@ -481,8 +484,9 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"isolation: fast connector at paced 100/s beside bench_slow (2 s per call, backlog {iso['backlog']}): "
                      f"p99 {fmt(iso['fast_p99_without_ms'], 2)} ms without, {fmt(iso['fast_p99_with_ms'], 2)} ms with the backlog"
                      f" -> ratio {fmt(iso['ratio'], 2)} (target <= {TARGETS['isolation_ratio_max']}); p50 "
-                     f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; slow queue depth during "
-                     f"'with': {iso.get('slow_depth')}")
+                     f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; intents pooled over "
+                     f"{len(iso['without'])} repetitions {iso.get('samples')}; each repetition's p99 {iso.get('rep_p99_ms')}; "
+                     f"slow queue depth during 'with': {iso.get('slow_depth')}")
     sc = results.get("scale")
     if sc and sc.get("rows"):
         lines.append("")
