@@ -122,7 +122,7 @@ def soak(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     titles: dict[str, str] = {}
     receipts: list[Receipt] = []
     try:
-        with ReachClient(agent, BROKER_URL, reply_to=f"{agent}.soak") as client:
+        with ReachClient(agent, BROKER_URL, reply_to=f"{agent}.soak", drop_duplicates=False) as client:
             started = time.monotonic()
             until = started + args.duration
             killer = Killer(fleet, system, name, args.kill_every, until, args.restart_after_heartbeat)

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
 INTENT_ROUTING_KEY = "intent"
 LIST_TOOLS_ACTION = "reach.list_tools"
+SEEN_RECEIPTS = 100_000  # intent ids a client remembers to drop a second receipt (about 10 MB)
 # the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
 # passively only, which needs no permission and leaves them as the fleet made them
 INTENTS_EXCHANGE = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
@@ -118,6 +119,7 @@ class ReachClient:
         connect_timeout: float = 10.0,
         user_id: str | None = None,
         authenticated: bool = False,
+        drop_duplicates: bool = True,
     ) -> None:
         """Connect, check the exchanges exist and bind this client's receipt queue.
 
@@ -133,6 +135,12 @@ class ReachClient:
                 the broker login (the broker refuses anything else) and equal ``agent_id``
                 (the router refuses anything else).
             authenticated: Shorthand for ``user_id`` = the broker URL's login.
+            drop_duplicates: Drop a second receipt for an intent whose receipt this client
+                already took in (the last ``SEEN_RECEIPTS`` intents). The fleet sends one, except
+                when a pool dies right after the broker confirmed a receipt and before it
+                recorded that: the redelivered job publishes it again. Dropped ones are counted
+                in ``duplicate_receipts``. False shows every receipt as it arrives (tests of
+                the fleet itself).
 
         Raises:
             ValueError: ``agent_id`` or ``reply_to`` is malformed, or ``user_id`` is not
@@ -152,6 +160,11 @@ class ReachClient:
         self.reply_to = reply_to
         self._timeout = connect_timeout
         self._buffer: deque[Receipt] = deque()
+        # intent ids whose receipt was already taken in, newest last: a second receipt for one
+        # of them is dropped (see _on_message)
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._drop_duplicates = drop_duplicates
+        self.duplicate_receipts = 0  # second receipts dropped (see drop_duplicates)
         self._returned: list[str] = []
         self._closed = False
         # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
@@ -509,6 +522,16 @@ class ReachClient:
         except ValidationError as exc:
             log.warning("ignoring a malformed receipt on %s: %s", self.queue_name, exc)
             return
+        if self._drop_duplicates:
+            if receipt.intent_id in self._seen:
+                # the fleet publishes a receipt again when a pool died after the broker confirmed
+                # it and before recording that it had; the intent has its answer already
+                self.duplicate_receipts += 1
+                log.info("dropping a second receipt for intent %s", receipt.intent_id)
+                return
+            self._seen[receipt.intent_id] = None
+            if len(self._seen) > SEEN_RECEIPTS:
+                self._seen.popitem(last=False)
         self._buffer.append(receipt)
 
     def _take(self, intent_id: str) -> Receipt | None:

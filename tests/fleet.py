@@ -220,4 +220,4 @@ class Fleet:
 
 
 def agent(agent_id: str) -> ReachClient:
-    return ReachClient(agent_id, BROKER_URL)
+    return ReachClient(agent_id, BROKER_URL, drop_duplicates=False)  # tests see the wire as it is

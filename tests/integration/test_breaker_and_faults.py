@@ -160,7 +160,7 @@ def flaky(downstreams: dict[str, CountingSystem], proxy: FaultProxy, fleet: Flee
 
 @pytest.fixture
 def client(fleet: Fleet) -> Iterator[ReachClient]:
-    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}") as reach:
+    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}", drop_duplicates=False) as reach:
         yield reach
 
 

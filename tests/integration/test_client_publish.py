@@ -318,6 +318,30 @@ def test_buffered_receipts_come_out_of_receipts_first_in_arrival_order(
     assert got == sent[:2]
 
 
+def test_a_second_receipt_for_the_same_intent_is_dropped_and_counted(
+    client: ReachClient, broker: Broker, agent_id: str
+) -> None:
+    # what the fleet sends when a pool dies between the broker's confirm and its "sent" mark
+    receipt, other = make_receipt(agent_id), make_receipt(agent_id)
+    for sent in (receipt, receipt, other, receipt):
+        broker.send_receipt(sent, agent_id)
+    assert client.wait(other.intent_id, timeout=5) == other
+    got = [r for r in client.receipts(timeout=0.5) if r.intent_id in (receipt.intent_id, other.intent_id)]
+    assert got == [receipt]
+    assert client.duplicate_receipts == 2
+
+
+def test_with_drop_duplicates_off_every_receipt_is_shown(
+    broker_url: str, broker: Broker, agent_id: str
+) -> None:
+    receipt = make_receipt(agent_id)
+    with ReachClient(agent_id, broker_url, drop_duplicates=False) as raw:
+        broker.send_receipt(receipt, agent_id)
+        broker.send_receipt(receipt, agent_id)
+        got = [r for r in raw.receipts(timeout=0.5) if r.intent_id == receipt.intent_id]
+        assert got == [receipt, receipt] and raw.duplicate_receipts == 0
+
+
 def test_receipts_stops_after_the_given_silence(
     client: ReachClient, broker: Broker, agent_id: str
 ) -> None:

@@ -105,7 +105,8 @@ def stop_all_at_once(fleet: Fleet) -> None:
 
 @pytest.fixture
 def client(fleet: Fleet) -> Iterator[ReachClient]:
-    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}") as reach:
+    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}",
+                     drop_duplicates=False) as reach:
         yield reach
 
 
@@ -287,8 +288,8 @@ def test_a_pool_started_with_a_backlog_keeps_running(fleet: Fleet, systems: dict
     "BUG: exactly one receipt per intent does not hold when a pool dies after the broker confirmed "
     "the receipt and before Redis has its 'sent' mark: the redelivered intent finds the stored receipt "
     "unmarked and publishes it again (ReceiptSink's docstring admits the window). It cannot be closed "
-    "on the publishing side; proposed: ReachClient drops a receipt whose intent_id it already returned, "
-    "and the contract tells raw AMQP consumers to dedupe by correlation_id/message_id"))
+    "on the publishing side. ReachClient drops the second one (drop_duplicates, on by default; this "
+    "test's client has it off to see the wire); raw AMQP consumers dedupe by correlation_id/message_id"))
 def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_one_receipt(
         fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
     name = "crash_marked"
@@ -459,7 +460,7 @@ def test_broker_restart_with_sixty_queued_intents_loses_and_duplicates_nothing(
         receipts_queue(conn.default_channel).declare()
     fleet.stop_process(name)  # the intents queue up for it
     titles = {}
-    with ReachClient(AGENT, BROKER_URL, reply_to=reply_to) as client:
+    with ReachClient(AGENT, BROKER_URL, reply_to=reply_to, drop_duplicates=False) as client:
         for i in range(60):
             title = f"{RUN}-queued-{i}"
             titles[client.publish(f"{name}.create_item", {"title": title})] = title  # returns once confirmed
@@ -505,6 +506,6 @@ def test_broker_restart_with_sixty_queued_intents_loses_and_duplicates_nothing(
     assert set(per_intent) == set(titles) and set(per_intent.values()) == {1}, per_intent
     assert all(r.status == "succeeded" for r in receipts), [r.error for r in receipts if r.error]
     assert system.executions() == Counter({title: 1 for title in titles.values()})
-    with ReachClient(AGENT, BROKER_URL) as client:  # the next intents, on a new connection
+    with ReachClient(AGENT, BROKER_URL, drop_duplicates=False) as client:  # the next intents, on a new connection
         assert client.call(f"{name}.create_item", {"title": f"{RUN}-after"}, timeout=30).status == "succeeded"
         assert client.call(f"{bystander}.create_item", {"title": f"{RUN}-after"}, timeout=30).status == "succeeded"

@@ -157,7 +157,7 @@ def test_receipt_is_persistent_json_correlated_and_routed_to_reply_to(fast: Tick
     reply_to = f"tester.custom{uuid.uuid4().hex[:8]}"
     conn, queue = raw_receipts(reply_to)
     try:
-        with ReachClient("tester", BROKER_URL, reply_to=reply_to) as client:
+        with ReachClient("tester", BROKER_URL, reply_to=reply_to, drop_duplicates=False) as client:
             intent_id = client.publish("query_ticket", {"tid": "TK-4242"})
             messages = collect(conn, queue, 1)
     finally:
