@@ -8,17 +8,10 @@ tracer, its own thread pool) is not paid for each intent.
 
 The handler returns what must then happen to the message (ack, or requeue); that goes back to the
 consumer's loop through ``call_soon``, because a channel belongs to one thread.
-
-With ``inline_after``, a message that arrives when nothing is being handled and at least that long
-after the one before is handled on the consumer's loop itself, as Celery's solo pool would: at a
-low, steady rate the two hand-overs between threads (to a pool thread and back for the ack) cost
-more CPU than the handling. Under load messages come back to back and go to the threads.
 """
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -46,43 +39,25 @@ def settle_safely(settle: Callable[[], None], message: Message) -> None:
                     exc)
 
 
-def threaded_consumer(handle: Handler, threads: int, thread_name_prefix: str,
-                      inline_after: float | None = None) -> type[Consumer]:
-    """A consumer class (``app.conf.worker_consumer``) running ``handle`` on ``threads`` threads
-    (and, with ``inline_after`` seconds, on its own loop when quiet: only for handlers that never
-    wait long). Run the worker with ``-P solo`` and a prefetch of ``threads`` (or more) messages."""
+def threaded_consumer(handle: Handler, threads: int, thread_name_prefix: str) -> type[Consumer]:
+    """A consumer class (``app.conf.worker_consumer``) running ``handle`` on ``threads`` threads.
+    Run the worker with ``-P solo`` and a prefetch of ``threads`` (or more) messages."""
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=thread_name_prefix)
-    lock = threading.Lock()
-    state = {"busy": 0, "last": 0.0}  # messages on the threads; when the last message came
 
     class ThreadedConsumer(Consumer):
         def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:  # type: ignore[override]
             call_soon = self.call_soon
 
-            def settle_of(message: Message) -> Callable[[], None]:
+            def run(message: Message) -> None:
                 try:
-                    return handle(message)
+                    settle = handle(message)
                 except BaseException:  # handlers never raise for a message; this is a last resort
                     log.exception("handling a message crashed; it will be redelivered")
-                    return message.requeue
-
-            def run(message: Message) -> None:
-                settle = settle_of(message)
-                with lock:
-                    state["busy"] -= 1
+                    settle = message.requeue
                 call_soon(settle_safely, settle, message)
 
             def on_message(message: Message) -> None:
-                now = time.monotonic()
-                with lock:
-                    quiet = inline_after is not None and state["busy"] == 0 and now - state["last"] >= inline_after
-                    state["last"] = now
-                    if not quiet:
-                        state["busy"] += 1
-                if quiet:
-                    settle_safely(settle_of(message), message)  # this is the loop's thread
-                else:
-                    executor.submit(run, message)
+                executor.submit(run, message)
 
             return on_message
 

@@ -41,8 +41,6 @@ from workers.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
 LIST_TOOLS = "reach.list_tools"
-# a message arriving this long after the one before, with none being routed, is routed inline
-INLINE_AFTER = 0.002
 
 
 @dataclass(frozen=True)
@@ -311,7 +309,5 @@ def _raw_body(message: Message) -> bytes:
 def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
     """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
     publisher confirms are in flight at once (each thread publishes on its own connection).
-    Intents of one agent may therefore be dispatched in a different order than they were sent.
-    Routing never waits long (a Redis round trip, a confirm), so a lone intent at a quiet moment
-    is routed on the consumer's own thread (``INLINE_AFTER``)."""
-    return threaded_consumer(runtime.process, threads, "reach-route", inline_after=INLINE_AFTER)
+    Intents of one agent may therefore be dispatched in a different order than they were sent."""
+    return threaded_consumer(runtime.process, threads, "reach-route")

@@ -71,7 +71,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors)
     publisher = Publisher(app.producer_pool)
-    publisher.prewarm(settings.router_threads + 1)  # one connection per routing thread, and the consumer's
+    publisher.prewarm(settings.router_threads)  # one connection per routing thread
     redis_client = _redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
