@@ -44,7 +44,7 @@ class Combiner(Generic[T]):
         """Queue ``item`` and return once ``done`` is set (by ``run_batch``): on this thread if no
         batch is running, else by whoever runs the next one. False if ``timeout`` passed first."""
         self._queue.put(item)
-        if self._busy.acquire(blocking=self._closed):
+        if self._acquire():
             try:
                 while not done.is_set():
                     if not self._one_batch():
@@ -59,7 +59,7 @@ class Combiner(Generic[T]):
         """Queue ``item`` without waiting for it: if no batch is running, this thread runs one now
         (waking another thread would cost more than the round trip), else it goes in the next."""
         self._queue.put(item)
-        if self._busy.acquire(blocking=self._closed):
+        if self._acquire():
             try:
                 self._one_batch()
             finally:
@@ -73,6 +73,10 @@ class Combiner(Generic[T]):
         self._wake.set()
         self._thread.join(timeout)
 
+    def _acquire(self) -> bool:
+        """Take ``busy`` if free; once closed (no background thread to pass work to), wait for it."""
+        return self._busy.acquire(blocking=False) or (self._closed and self._busy.acquire())
+
     def _one_batch(self) -> bool:
         """Run one batch of what is queued (the caller holds ``busy``). False if nothing was."""
         batch: list[T] = []
@@ -85,15 +89,22 @@ class Combiner(Generic[T]):
             return False
         try:
             self._run_batch(batch)
-        except BaseException:  # run_batch settles its items itself; this thread must go on
+        except Exception:  # run_batch settles its items itself; this thread must go on
             log.exception("a batch failed")
         return True
 
     def _pass_on(self) -> None:
         """After releasing ``busy``: what queued while we ran goes to the background thread. (A
-        caller that queued before we released either took ``busy`` itself or is seen here.)"""
-        if not self._queue.empty():
+        caller that queued before we released either took ``busy`` itself or is seen here.) Once
+        closed, the background thread may be gone: this thread runs it instead."""
+        if self._queue.empty():
+            return
+        if not self._closed:
             self._wake.set()
+            return
+        with self._busy:
+            while self._one_batch():
+                pass
 
     def _background(self) -> None:
         while True:

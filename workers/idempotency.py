@@ -1,8 +1,8 @@
 """The idempotency ledger: one record per (agent, connector, action, idempotency key) in Redis.
 
-A record is *in progress* (with its owner: the id of the worker process that holds it — that
-process keeps a heartbeat key alive while it runs — and of the attempt, ``<worker>/<attempt>``)
-or *completed* (with the receipt it produced and a hash of the params). Claiming is one Lua script, so two deliveries can never both execute:
+A record is *in progress* (with its owner, the id of the worker process that holds it — that
+process keeps a heartbeat key alive while it runs — and the id of the attempt, one delivery's
+run) or *completed* (with the receipt it produced and a hash of the params). Claiming is one Lua script, so two deliveries can never both execute:
 
     claim ->  claimed       nobody had it: execute
               completed     answer the stored outcome (deduplicated), never call again
@@ -34,29 +34,28 @@ log = logging.getLogger("reach.idempotency")
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
 
 # The claim itself, shared by both scripts below: `rec_key` is the record, `n` the delivery count;
-# ARGV: payload hash, owner, intent id, in-progress ttl ms.
+# ARGV: payload hash, owner, intent id, in-progress ttl ms; `attempt` is set by the wrapper.
 # Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending}
 _CLAIM_BODY = """
 local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
 if not rec[1] then
-  redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3],
+             'attempt', attempt)
   redis.call('PEXPIRE', rec_key, ARGV[4])
   return {'claimed', '', '', n, 0}
 end
 if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
 if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0} end
-if redis.call('EXISTS', 'reach:alive:' .. string.match(rec[3], '^[^/]*')) == 1 then
-  return {'in_progress', '', rec[5] or '', n, 0}
-end
+if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
 return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
 """
 
 # KEYS[1] record
-_CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\n" + _CLAIM_BODY
+_CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
 
 # the pool's first round trip for a job: receipt already sent? count the delivery (poison
 # messages), then claim. KEYS: sent marker, delivery counter, record, optional breaker hash;
-# ARGV[5]: max deliveries. With a breaker key, a claim made while that breaker is closed also
+# ARGV[5]: max deliveries, ARGV[6] the attempt. With a breaker key, a claim made while that breaker is closed also
 # takes the first attempt's permit (the record is marked "sending", as the breaker's acquire
 # does): the 6th value is 1 then. Open and half-open breakers are left to the acquire script.
 _BEGIN = """
@@ -65,6 +64,7 @@ local n = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 86400)
 if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, 0} end
 local rec_key = KEYS[3]
+local attempt = ARGV[6]
 local function claim()
 """ + _CLAIM_BODY + """
 end
@@ -77,11 +77,12 @@ end
 return out
 """
 
-# take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner... new owner, intent
+# take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner,
+# new owner, intent, attempt
 _TAKE_OVER = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' then
-  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3], 'attempt', ARGV[4])
   return 1
 end
 return 0
@@ -90,10 +91,12 @@ return 0
 
 # an attempt that could not keep its outcome (Redis or the broker failed after the call) gives
 # its record up, so that the job's next delivery sees it orphaned instead of waiting for an
-# attempt that no longer runs. KEYS[1] record; ARGV[1] the attempt's owner
+# attempt that no longer runs (its owner then names no live worker, for workers of any version).
+# KEYS[1] record; ARGV: owner, attempt
 _ABANDON = """
-if redis.call('HGET', KEYS[1], 'state') == 'in_progress' and redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'owner', 'abandoned/' .. ARGV[1])
+local rec = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
+if rec[1] == 'in_progress' and rec[2] == ARGV[1] and rec[3] == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'owner', 'abandoned:' .. ARGV[1])
   return 1
 end
 return 0
@@ -170,18 +173,17 @@ class Ledger:
         self._begin = client.register_script(_BEGIN)
         self._take_over = client.register_script(_TAKE_OVER)
         self._abandon = client.register_script(_ABANDON)
+        self._to_abandon: list[tuple[str, str, float]] = []  # (record, attempt, give up at) while Redis is away
+        self._retry_lock = threading.Lock()
+        self._retrier: threading.Thread | None = None
 
     @staticmethod
     def key(agent: str, connector: str, action: str, idempotency_key: str) -> str:
         return f"reach:idem:{agent}:{connector}:{action}:{idempotency_key}"
 
-    def owner(self, attempt: str) -> str:
-        """What a record held by ``attempt`` of this worker says: its heartbeat id, then the attempt."""
-        return f"{self._heartbeat.worker_id}/{attempt}"
-
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
-        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self.owner(attempt), intent_id,
-                                                                       self._ttl_ms])
+        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,
+                                                                       self._ttl_ms, attempt])
         return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
 
     def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str, attempt: str,
@@ -190,7 +192,7 @@ class Ledger:
         delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
         breaker is closed."""
         keys = [sent_key, deliveries_key, key] + ([breaker_key] if breaker_key else [])
-        args = [params_hash, self.owner(attempt), intent_id, self._ttl_ms, max_deliveries]
+        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries, attempt]
         if batcher is not None:
             # EVAL in a pipeline: a Script object would add a SCRIPT EXISTS round trip per batch
             result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(keys), *keys, *args))[0]
@@ -209,7 +211,7 @@ class Ledger:
         owner = self._client.hget(key, "owner")
         if owner is None:
             return False
-        return bool(self._take_over(keys=[key], args=[owner, self.owner(attempt), intent_id]))
+        return bool(self._take_over(keys=[key], args=[owner, self._heartbeat.worker_id, intent_id, attempt]))
 
     def abandon(self, key: str, attempt: str) -> None:
         """Give up the record ``attempt`` holds (if it still does): its outcome was not kept, and
@@ -218,21 +220,33 @@ class Ledger:
         attempt that no longer runs and acking the job unanswered. Redis is what just failed, so
         this keeps trying on a thread of its own until it succeeds (for ``ABANDON_RETRY_SECONDS``)."""
         try:
-            self._abandon(keys=[key], args=[self.owner(attempt)])
+            self._abandon(keys=[key], args=[self._heartbeat.worker_id, attempt])
         except redis.RedisError:
-            threading.Thread(target=self._abandon_later, args=(key, attempt), name="reach-abandon", daemon=True).start()
+            with self._retry_lock:
+                self._to_abandon.append((key, attempt, time.monotonic() + ABANDON_RETRY_SECONDS))
+                if self._retrier is None or not self._retrier.is_alive():
+                    self._retrier = threading.Thread(target=self._abandon_later, name="reach-abandon", daemon=True)
+                    self._retrier.start()
 
-    def _abandon_later(self, key: str, attempt: str) -> None:
-        give_up = time.monotonic() + ABANDON_RETRY_SECONDS
-        while time.monotonic() < give_up:
+    def _abandon_later(self) -> None:
+        """One thread retries every record still to give up, until all are done or past their time."""
+        while True:
             time.sleep(0.5)
-            try:
-                self._abandon(keys=[key], args=[self.owner(attempt)])
-                return
-            except redis.RedisError:
-                continue
-        log.error("could not give up the idempotency record %s for %.0f s; a redelivery of its job waits for "
-                  "it and is acked without a receipt", key, ABANDON_RETRY_SECONDS)
+            with self._retry_lock:
+                pending, self._to_abandon = self._to_abandon, []
+                if not pending:
+                    self._retrier = None
+                    return
+            for key, attempt, give_up in pending:
+                try:
+                    self._abandon(keys=[key], args=[self._heartbeat.worker_id, attempt])
+                except redis.RedisError:
+                    if time.monotonic() < give_up:
+                        with self._retry_lock:
+                            self._to_abandon.append((key, attempt, give_up))
+                    else:
+                        log.error("could not give up the idempotency record %s for %.0f s; a redelivery of its job "
+                                  "waits for it and is acked without a receipt", key, ABANDON_RETRY_SECONDS)
 
     def mark_sending(self, key: str) -> None:
         """Noted right before each attempt: an orphaned record without it never reached the system."""

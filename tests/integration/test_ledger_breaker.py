@@ -8,7 +8,10 @@ import uuid
 import redis
 
 from connectors.spec import BreakerSpec
+from urllib.parse import urlsplit
+
 from tests.fleet import REDIS_URL
+from tests.integration.faultproxy import FaultProxy
 from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker, health_key
 from workers.idempotency import Heartbeat, Ledger, payload_hash
 
@@ -210,4 +213,38 @@ def test_an_abandoned_attempt_leaves_its_record_orphaned_for_the_next_delivery()
     ledger.complete(key, "{}")
     ledger.abandon(key, "second")  # a completed record is never given up
     assert ledger.claim(key, h, "i-1", "third").state == "completed"
+    beat.stop()
+
+
+def test_a_record_that_could_not_be_given_up_while_redis_was_away_is_given_up_when_it_is_back() -> None:
+    url = urlsplit(REDIS_URL)
+    proxy = FaultProxy(url.port or 6379, url.hostname or "127.0.0.1").start()
+    try:
+        through = redis.Redis(host="127.0.0.1", port=proxy.port, db=int((url.path or "/0").strip("/") or 0),
+                              socket_timeout=2, socket_connect_timeout=2)
+        beat = Heartbeat(client()).start()
+        ledger = Ledger(through, beat, ttl_seconds=3600)
+        key, h = fresh_key(), payload_hash({"n": 2})
+        assert ledger.claim(key, h, "i-1", "first").state == "claimed"
+        proxy.set("refuse")  # Redis is away just when the attempt fails
+        ledger.abandon(key, "first")  # does not raise: retried on a thread of its own
+        assert Ledger(client(), beat, 3600).claim(key, h, "i-1", "second").state == "in_progress"
+        proxy.set("pass")
+        deadline = time.monotonic() + 10
+        while Ledger(client(), beat, 3600).claim(key, h, "i-1", "second").state != "orphaned":
+            assert time.monotonic() < deadline, "the record was never given up once Redis was back"
+            time.sleep(0.1)
+        beat.stop()
+    finally:
+        proxy.stop()
+
+
+def test_a_record_written_by_an_older_worker_without_an_attempt_is_still_judged_by_its_owner() -> None:
+    # a rolling upgrade: records claimed by workers that never wrote an attempt id
+    ledger, beat = worker()
+    key, h = fresh_key(), payload_hash({"n": 3})
+    client().hset(key, mapping={"state": "in_progress", "hash": h, "owner": beat.worker_id, "intent": "i-1"})
+    assert ledger.claim(key, h, "i-1", "a").state == "in_progress"  # its worker lives
+    ledger.abandon(key, "a")  # not this attempt's record: left alone
+    assert ledger.claim(key, h, "i-1", "a").state == "in_progress"
     beat.stop()
