@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
 INTENT_ROUTING_KEY = "intent"
 LIST_TOOLS_ACTION = "reach.list_tools"
-SEEN_RECEIPTS = 100_000  # intent ids a client remembers to drop a second receipt (about 10 MB)
+SEEN_RECEIPTS = 100_000  # receipts a client remembers to drop a repeat of one (about 20 MB)
 # the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
 # passively only, which needs no permission and leaves them as the fleet made them
 INTENTS_EXCHANGE = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
@@ -135,12 +135,14 @@ class ReachClient:
                 the broker login (the broker refuses anything else) and equal ``agent_id``
                 (the router refuses anything else).
             authenticated: Shorthand for ``user_id`` = the broker URL's login.
-            drop_duplicates: Drop a second receipt for an intent whose receipt this client
-                already took in (the last ``SEEN_RECEIPTS`` intents). The fleet sends one, except
-                when a pool dies right after the broker confirmed a receipt and before it
-                recorded that: the redelivered job publishes it again. Dropped ones are counted
-                in ``duplicate_receipts``. False shows every receipt as it arrives (tests of
-                the fleet itself).
+            drop_duplicates: Drop a receipt that repeats one this client already took in (of
+                the last ``SEEN_RECEIPTS``): same agent, intent, status, code, trace and finish
+                time. The fleet sends one, except when a pool dies right after the broker
+                confirmed a receipt and before it recorded that: the redelivered job publishes
+                the same stored receipt again. A different receipt for the same intent id (a
+                dead letter replayed, an id reused a day later) is kept. Dropped ones are counted
+                in ``duplicate_receipts``. False shows every receipt as it arrives (tests of the
+                fleet itself).
 
         Raises:
             ValueError: ``agent_id`` or ``reply_to`` is malformed, or ``user_id`` is not
@@ -162,7 +164,7 @@ class ReachClient:
         self._buffer: deque[Receipt] = deque()
         # intent ids whose receipt was already taken in, newest last: a second receipt for one
         # of them is dropped (see _on_message)
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._drop_duplicates = drop_duplicates
         self.duplicate_receipts = 0  # second receipts dropped (see drop_duplicates)
         self._returned: list[str] = []
@@ -523,13 +525,16 @@ class ReachClient:
             log.warning("ignoring a malformed receipt on %s: %s", self.queue_name, exc)
             return
         if self._drop_duplicates:
-            if receipt.intent_id in self._seen:
-                # the fleet publishes a receipt again when a pool died after the broker confirmed
-                # it and before recording that it had; the intent has its answer already
+            # the fleet publishes a stored receipt again when a pool died after the broker
+            # confirmed it and before recording that it had: the very same receipt
+            error = receipt.error
+            fingerprint = (receipt.agent_id, receipt.intent_id, receipt.status, error.code if error else None,
+                           receipt.execution.trace_id, receipt.execution.finished_at)
+            if fingerprint in self._seen:
                 self.duplicate_receipts += 1
-                log.info("dropping a second receipt for intent %s", receipt.intent_id)
+                log.info("dropping a repeated receipt for intent %s", receipt.intent_id)
                 return
-            self._seen[receipt.intent_id] = None
+            self._seen[fingerprint] = None
             if len(self._seen) > SEEN_RECEIPTS:
                 self._seen.popitem(last=False)
         self._buffer.append(receipt)

@@ -103,7 +103,7 @@ class _Client(httpx.Client):
 
     @cookies.setter
     def cookies(self, cookies: Any) -> None:
-        pass  # httpx's constructor sets an empty jar: there is none to set
+        pass  # there is no jar to set (httpx's own constructor fills ``_cookies``, which is never read)
 
 
 _NO_COOKIES = _NoCookies()

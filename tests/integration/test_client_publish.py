@@ -331,6 +331,18 @@ def test_a_second_receipt_for_the_same_intent_is_dropped_and_counted(
     assert client.duplicate_receipts == 2
 
 
+def test_a_different_receipt_for_the_same_intent_id_is_kept(
+    client: ReachClient, broker: Broker, agent_id: str
+) -> None:
+    # a dead letter replayed after its "poison" answer, or an intent id reused a day later
+    first = make_receipt(agent_id)
+    later = first.model_copy(update={"execution": first.execution.model_copy(update={"finished_at": "2099-01-01T00:00:00Z"})})
+    broker.send_receipt(first, agent_id)
+    broker.send_receipt(later, agent_id)
+    got = [r for r in client.receipts(timeout=0.5) if r.intent_id == first.intent_id]
+    assert got == [first, later] and client.duplicate_receipts == 0
+
+
 def test_with_drop_duplicates_off_every_receipt_is_shown(
     broker_url: str, broker: Broker, agent_id: str
 ) -> None:
