@@ -10,6 +10,7 @@ run) or *completed* (with the receipt it produced and a hash of the params). Cla
               in_progress   a live worker holds it: wait for its outcome
               orphaned      the holder died mid-call, or gave the attempt up (``abandon``): the
                             outcome is unknown unless repeating is safe
+              abandoned     this very attempt was given up before its claim ran (late): no claim
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reach.idempotency")
 
-ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"]
+ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
 
 # The claim itself, shared by both scripts below: `rec_key` is the record, `n` the delivery count;
 # ARGV: payload hash, owner, intent id, in-progress ttl ms; `attempt` is set by the wrapper.
@@ -39,6 +40,7 @@ ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"
 _CLAIM_BODY = """
 local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
 if not rec[1] then
+  if redis.call('EXISTS', 'reach:abandoned:' .. attempt) == 1 then return {'abandoned', '', '', n, 0} end
   redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3],
              'attempt', attempt)
   redis.call('PEXPIRE', rec_key, ARGV[4])
@@ -81,6 +83,7 @@ return out
 # new owner, intent, attempt
 _TAKE_OVER = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
+if redis.call('EXISTS', 'reach:abandoned:' .. ARGV[4]) == 1 then return 0 end
 if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3], 'attempt', ARGV[4])
   return 1
@@ -92,8 +95,10 @@ return 0
 # an attempt that could not keep its outcome (Redis or the broker failed after the call) gives
 # its record up, so that the job's next delivery sees it orphaned instead of waiting for an
 # attempt that no longer runs (its owner then names no live worker, for workers of any version).
-# KEYS[1] record; ARGV: owner, attempt
+# The attempt is also marked given up for an hour: one of its own commands that Redis runs late
+# (its caller stopped waiting for it) can then never claim the record. KEYS[1] record; ARGV: owner, attempt
 _ABANDON = """
+redis.call('SET', 'reach:abandoned:' .. ARGV[2], '1', 'EX', 3600)
 local rec = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
 if rec[1] == 'in_progress' and rec[2] == ARGV[1] and rec[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'owner', 'abandoned:' .. ARGV[1])
@@ -120,7 +125,7 @@ class Claim:
 class Begin:
     """The outcome of ``Ledger.begin``: ``sent`` and ``poison`` come before any claim."""
 
-    state: Literal["sent", "poison", "claimed", "completed", "reused", "in_progress", "orphaned"]
+    state: Literal["sent", "poison", "claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
     receipt_json: str
     holder_intent: str
     deliveries: int

@@ -129,12 +129,27 @@ class PoolRuntime:
         attempt = uuid.uuid4().hex[:12]  # this delivery's own claim: see Ledger.abandon
         key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
         safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
+        try:
+            self._claim_and_run(job, ref, params, attempt, key, safe, deadline, common, reply_to, answer)
+        except Exception:
+            # Redis or the broker failed before the outcome was kept or its receipt went out (or
+            # before we knew whether our claim was made): the job goes back to the queue, and its
+            # next delivery must not wait for this attempt
+            self.ledger.abandon(key, attempt)
+            raise
+
+    def _claim_and_run(self, job: dict[str, Any], ref: ActionRef, params: dict[str, Any], attempt: str, key: str,
+                       safe: bool, deadline: float | None, common: dict[str, Any], reply_to: str,
+                       answer: Callable[..., Receipt]) -> None:
+        intent_id, agent_id = common["intent_id"], common["agent_id"]
         # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
         # and the first attempt's breaker permit while the breaker is closed
         begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
                                   payload_hash(params), intent_id, attempt, self.options.max_deliveries,
                                   breaker_key=self.breaker.key if self.breaker is not None else None,
                                   batcher=self.batcher)
+        if begin.state == "abandoned":  # cannot happen while we wait for it: see Ledger.abandon
+            raise RuntimeError(f"attempt {attempt} of intent {intent_id} was given up")
         if begin.state == "sent":
             log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
             return
@@ -168,13 +183,7 @@ class PoolRuntime:
             self.ledger.complete(key, receipt.to_json().decode())
             return
         # (begin.permit is only ever set on a fresh claim)
-        try:
-            self._run(ref, job, params, key, deadline, safe, common, reply_to, permit=begin.permit)
-        except Exception:
-            # Redis or the broker failed before the outcome was kept or its receipt went out: the
-            # job goes back to the queue, and its next delivery must not wait for this attempt
-            self.ledger.abandon(key, attempt)
-            raise
+        self._run(ref, job, params, key, deadline, safe, common, reply_to, permit=begin.permit)
 
     def _run(self, ref: ActionRef, job: dict[str, Any], params: dict[str, Any], key: str, deadline: float | None,
              safe: bool, common: dict[str, Any], reply_to: str, permit: bool = False) -> None:

@@ -196,23 +196,29 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     beat.stop()
 
 
+def attempts(*names: str) -> list[str]:
+    """Attempt ids are unique in the fleet (a given-up attempt stays marked for an hour)."""
+    return [f"{name}-{uuid.uuid4().hex[:8]}" for name in names]
+
+
 def test_an_abandoned_attempt_leaves_its_record_orphaned_for_the_next_delivery() -> None:
     # the same live worker process: only the attempt that holds the record may give it up
     ledger, beat = worker()
+    first, second, stranger, third = attempts("first", "second", "stranger", "third")
     key, h = fresh_key(), payload_hash({"n": 1})
-    assert ledger.claim(key, h, "i-1", "first").state == "claimed"
+    assert ledger.claim(key, h, "i-1", first).state == "claimed"
     ledger.mark_sending(key)
-    assert ledger.claim(key, h, "i-1", "second").state == "in_progress"  # its heartbeat lives
-    ledger.abandon(key, "second")  # not the holder: nothing changes
-    assert ledger.claim(key, h, "i-1", "second").state == "in_progress"
-    ledger.abandon(key, "first")
-    again = ledger.claim(key, h, "i-1", "second")
+    assert ledger.claim(key, h, "i-1", second).state == "in_progress"  # its heartbeat lives
+    ledger.abandon(key, stranger)  # not the holder: nothing changes
+    assert ledger.claim(key, h, "i-1", second).state == "in_progress"
+    ledger.abandon(key, first)
+    again = ledger.claim(key, h, "i-1", second)
     assert again.state == "orphaned" and again.holder_intent == "i-1" and ledger.was_sending(key)
-    assert ledger.take_over(key, "i-1", "second") is True
-    assert ledger.claim(key, h, "i-1", "third").state == "in_progress"  # held again, by the live attempt
+    assert ledger.take_over(key, "i-1", second) is True
+    assert ledger.claim(key, h, "i-1", third).state == "in_progress"  # held again, by the live attempt
     ledger.complete(key, "{}")
-    ledger.abandon(key, "second")  # a completed record is never given up
-    assert ledger.claim(key, h, "i-1", "third").state == "completed"
+    ledger.abandon(key, second)  # a completed record is never given up
+    assert ledger.claim(key, h, "i-1", third).state == "completed"
     beat.stop()
 
 
@@ -225,13 +231,14 @@ def test_a_record_that_could_not_be_given_up_while_redis_was_away_is_given_up_wh
         beat = Heartbeat(client()).start()
         ledger = Ledger(through, beat, ttl_seconds=3600)
         key, h = fresh_key(), payload_hash({"n": 2})
-        assert ledger.claim(key, h, "i-1", "first").state == "claimed"
+        first, second = attempts("first", "second")
+        assert ledger.claim(key, h, "i-1", first).state == "claimed"
         proxy.set("refuse")  # Redis is away just when the attempt fails
-        ledger.abandon(key, "first")  # does not raise: retried on a thread of its own
-        assert Ledger(client(), beat, 3600).claim(key, h, "i-1", "second").state == "in_progress"
+        ledger.abandon(key, first)  # does not raise: retried on a thread of its own
+        assert Ledger(client(), beat, 3600).claim(key, h, "i-1", second).state == "in_progress"
         proxy.set("pass")
         deadline = time.monotonic() + 10
-        while Ledger(client(), beat, 3600).claim(key, h, "i-1", "second").state != "orphaned":
+        while Ledger(client(), beat, 3600).claim(key, h, "i-1", second).state != "orphaned":
             assert time.monotonic() < deadline, "the record was never given up once Redis was back"
             time.sleep(0.1)
         beat.stop()
@@ -244,7 +251,21 @@ def test_a_record_written_by_an_older_worker_without_an_attempt_is_still_judged_
     ledger, beat = worker()
     key, h = fresh_key(), payload_hash({"n": 3})
     client().hset(key, mapping={"state": "in_progress", "hash": h, "owner": beat.worker_id, "intent": "i-1"})
-    assert ledger.claim(key, h, "i-1", "a").state == "in_progress"  # its worker lives
-    ledger.abandon(key, "a")  # not this attempt's record: left alone
-    assert ledger.claim(key, h, "i-1", "a").state == "in_progress"
+    (a,) = attempts("a")
+    assert ledger.claim(key, h, "i-1", a).state == "in_progress"  # its worker lives
+    ledger.abandon(key, a)  # not this attempt's record: left alone
+    (b,) = attempts("b")
+    assert ledger.claim(key, h, "i-1", b).state == "in_progress"
+    beat.stop()
+
+
+def test_a_claim_of_an_attempt_given_up_before_its_claim_ran_is_never_made() -> None:
+    # the attempt's begin reached Redis only after its caller had stopped waiting and given up
+    ledger, beat = worker()
+    key, h = fresh_key(), payload_hash({"n": 4})
+    late, following = attempts("late", "next")
+    ledger.abandon(key, late)  # nothing to give up yet: only the attempt is marked
+    assert ledger.claim(key, h, "i-1", late).state == "abandoned"
+    assert not client().exists(key)
+    assert ledger.claim(key, h, "i-1", following).state == "claimed"  # the next delivery's attempt
     beat.stop()
