@@ -30,7 +30,7 @@ import amqp
 from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
-from workers.batcher import Batcher, Commands
+from workers.batcher import WAIT_SECONDS, Batcher, Commands
 from workers.combining import Combiner
 
 log = logging.getLogger("reach.publisher")
@@ -38,6 +38,10 @@ log = logging.getLogger("reach.publisher")
 # bounded: a broker that stays away makes the caller fail (and not ack) instead of hanging forever
 RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 CONFIRM_TIMEOUT = 30.0
+# how long a caller waits for someone else's batch: longer than a batch can take (a confirm wait,
+# then its "then" writes through the batcher), so it never gives up on a receipt that batch may
+# still publish — publishing it again on the careful path would send it twice
+BATCH_WAIT_SECONDS = CONFIRM_TIMEOUT + WAIT_SECONDS + 5
 MAX_BATCH = 200
 
 
@@ -172,7 +176,7 @@ class BatchPublisher(Publisher):
         if then is not None and self._batcher is None:
             raise ValueError("publish(then=...) needs a BatchPublisher built with a batcher")
         item = _Item(body, exchange.name, routing_key, headers or {}, properties, then)
-        if self._combiner.run(item, item.done, CONFIRM_TIMEOUT + 5) and item.error is None:
+        if self._combiner.run(item, item.done, BATCH_WAIT_SECONDS) and item.error is None:
             return
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         self._careful(body, exchange, routing_key, headers, properties)
