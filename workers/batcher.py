@@ -11,7 +11,8 @@ call pays no hand-over to another thread.
 ``call`` waits until its commands' batch came back and returns their results: a caller that
 stores something before acting (the idempotency claim, the receipt before it is published, the
 "sent" mark before the ack) keeps exactly the order it had with its own round trips. ``submit``
-does not wait (the router's trace entries: best effort, the log lines are the record).
+and ``lines`` never wait for another thread's batch (the router's trace entries: best effort, the
+log lines are the record); when no batch is running they run one on the calling thread.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class Batcher:
         self._combiner.post(_Item(None, lines, None))
 
     def submit(self, commands: Commands | None, lines: list[str] | None = None) -> None:
-        """Queue Redis commands (and audit lines) and return at once: best effort, errors are logged."""
+        """Queue Redis commands (and audit lines) without waiting for another thread's batch (if none
+        is running, this thread runs one): best effort, errors are logged."""
         self._combiner.post(_Item(commands, lines, None))
 
     def call(self, commands: Commands, lines: list[str] | None = None) -> list[Any]:
