@@ -74,18 +74,6 @@ class Audit:
         except redis.RedisError:
             pass  # the log lines are the record of truth; `reach trace` just misses these stages
 
-    def queue(self, pipe: Any, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> bool:
-        """Write the stages' lines now (or hand them to the batcher) and add their Redis writes to
-        ``pipe`` (sent with the caller's other writes). False when nothing was to be written."""
-        lines = self.render(intent_id, stages, level=level)
-        if not lines:
-            return False
-        self.write_lines(lines)
-        if pipe is None:
-            return False
-        self.push_into(pipe, intent_id, lines)
-        return True
-
     def render(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> list[str]:
         """The JSON lines of the stages the audit level keeps."""
         lines = []
