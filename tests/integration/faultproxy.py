@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 MODES = ("pass", "latency", "reset_before", "reset_after", "blackhole", "refuse")
 _METHODS = (b"GET ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"HEAD ", b"OPTIONS ")
@@ -41,6 +42,14 @@ def _close(sock: socket.socket | None, rst: bool = False) -> None:
         sock.close()
     except OSError:
         pass
+
+
+def redis_proxy(redis_url: str) -> tuple[FaultProxy, str]:
+    """A started proxy in front of the Redis at ``redis_url``, and the URL that reaches it through
+    the proxy (same database)."""
+    url = urlsplit(redis_url)
+    proxy = FaultProxy(url.port or 6379, url.hostname or "127.0.0.1").start()
+    return proxy, urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
 
 
 class FaultProxy:

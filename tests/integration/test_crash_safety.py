@@ -18,7 +18,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -28,7 +27,7 @@ from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
-from tests.integration.faultproxy import FaultProxy
+from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
 from workers.topology import DLQ, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:6]
@@ -294,11 +293,9 @@ def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_on
         fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
     name = "crash_marked"
     systems[name].state.reset()
-    redis_url = urlsplit(REDIS_URL)
-    redis_proxy = FaultProxy(redis_url.port or 6379, redis_url.hostname or "127.0.0.1").start()
+    redis_proxy, through_proxy = proxy_in_front_of_redis(REDIS_URL)
     # this pool reaches Redis through the proxy, which stalls the write of the "sent" mark
     redis_proxy.hold(rb"\$3\r\nSET\r\n\$\d+\r\nreach:receipt-sent:")
-    through_proxy = urlunsplit(redis_url._replace(netloc=f"127.0.0.1:{redis_proxy.port}"))
     try:
         assert start_pool(fleet, name, REACH_REDIS_URL=through_proxy)
         intent_id = client.publish(f"{name}.create_item", {"title": f"{RUN}-marked"})
@@ -321,12 +318,10 @@ def test_a_job_whose_outcome_redis_could_not_keep_gets_one_receipt_on_its_next_d
     — not wait for an attempt that no longer runs and ack the job without a receipt."""
     name = "crash_unkept"
     systems[name].state.reset()
-    redis_url = urlsplit(REDIS_URL)
-    redis_proxy = FaultProxy(redis_url.port or 6379, redis_url.hostname or "127.0.0.1").start()
+    redis_proxy, through_proxy = proxy_in_front_of_redis(REDIS_URL)
     # the write that keeps a *succeeded* outcome (the receipt stored before it is published) fails;
     # everything else reaches Redis, the next delivery's answer (unknown) included
     redis_proxy.reset_on(rb'reach:receipt:[^\r]*\r\n\$\d+\r\n\{[^\r]*"status":"succeeded"')
-    through_proxy = urlunsplit(redis_url._replace(netloc=f"127.0.0.1:{redis_proxy.port}"))
     try:
         assert start_pool(fleet, name, REACH_REDIS_URL=through_proxy)
         intent_id = client.publish(f"{name}.create_item", {"title": f"{RUN}-unkept"})

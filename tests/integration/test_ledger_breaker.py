@@ -8,10 +8,8 @@ import uuid
 import redis
 
 from connectors.spec import BreakerSpec
-from urllib.parse import urlsplit
-
 from tests.fleet import REDIS_URL
-from tests.integration.faultproxy import FaultProxy
+from tests.integration.faultproxy import redis_proxy
 from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker, health_key
 from workers.idempotency import Heartbeat, Ledger, payload_hash
 
@@ -223,11 +221,9 @@ def test_an_abandoned_attempt_leaves_its_record_orphaned_for_the_next_delivery()
 
 
 def test_a_record_that_could_not_be_given_up_while_redis_was_away_is_given_up_when_it_is_back() -> None:
-    url = urlsplit(REDIS_URL)
-    proxy = FaultProxy(url.port or 6379, url.hostname or "127.0.0.1").start()
+    proxy, through_url = redis_proxy(REDIS_URL)
     try:
-        through = redis.Redis(host="127.0.0.1", port=proxy.port, db=int((url.path or "/0").strip("/") or 0),
-                              socket_timeout=2, socket_connect_timeout=2)
+        through = redis.Redis.from_url(through_url, socket_timeout=2, socket_connect_timeout=2)
         beat = Heartbeat(client()).start()
         ledger = Ledger(through, beat, ttl_seconds=3600)
         key, h = fresh_key(), payload_hash({"n": 2})
