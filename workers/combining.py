@@ -44,34 +44,34 @@ class Combiner(Generic[T]):
         """Queue ``item`` and return once ``done`` is set (by ``run_batch``): on this thread if no
         batch is running, else by whoever runs the next one. False if ``timeout`` passed first."""
         self._queue.put(item)
-        if self._acquire():
-            try:
-                while not done.is_set():
-                    if not self._one_batch():
-                        break  # (cannot happen: our item is queued) — never spin
-            finally:
-                self._busy.release()
-            self._pass_on()
-            return done.is_set() or done.wait(timeout)
-        return done.wait(timeout)
+        self._combine(done)
+        return done.is_set() or done.wait(timeout)
 
     def post(self, item: T) -> None:
         """Queue ``item`` without waiting for it: if no batch is running, this thread runs one now
         (waking another thread would cost more than the round trip), else it goes in the next."""
         self._queue.put(item)
-        if self._acquire():
-            try:
-                self._one_batch()
-            finally:
-                self._busy.release()
-            self._pass_on()
-        # else: the running batch's thread passes it on when it ends (``_pass_on``)
+        self._combine(None)
 
     def close(self, timeout: float = 10.0) -> None:
         """Run what is queued, then stop the background thread; later calls run on their caller."""
         self._closed = True
         self._wake.set()
         self._thread.join(timeout)
+
+    def _combine(self, done: threading.Event | None) -> None:
+        """If no batch is running, run batches on this thread — until ``done`` is set, or one when
+        there is nothing to wait for — then pass on what queued meanwhile. Otherwise the running
+        batch's thread passes our item on when it ends (``_pass_on``)."""
+        if not self._acquire():
+            return
+        try:
+            while done is None or not done.is_set():
+                if not self._one_batch() or done is None:
+                    break  # (a batch always finds our item while it is not done) — never spin
+        finally:
+            self._busy.release()
+        self._pass_on()
 
     def _acquire(self) -> bool:
         """Take ``busy`` if free; once closed (no background thread to pass work to), wait for it."""
