@@ -11,8 +11,12 @@ here on purpose so this baseline does not move when the fleet's code changes: JS
 messages, publisher confirms, acks_late + reject_on_worker_lost, prefetch 1 per pool thread,
 router prefetch 32 (REACH_ROUTER_PREFETCH's default), no result backend, no events, no mingle/gossip.
 
+The isolation section adds a second connector for the slow system: the router sends intents whose
+action starts with ``bench_slow.`` to ``bare.connector.slow``, everything else to ``bare.connector.fast``.
+
     python bench/bare.py router       # env BARE_BROKER_URL
-    python bench/bare.py connector    # env BARE_BROKER_URL, BARE_DOWNSTREAM_URL, BARE_CONCURRENCY
+    python bench/bare.py connector    # env BARE_BROKER_URL, BARE_DOWNSTREAM_URL, BARE_CONCURRENCY,
+                                      #     BARE_CONNECTOR (fast, the default, or slow)
 """
 from __future__ import annotations
 
@@ -30,7 +34,10 @@ from kombu import Exchange, Queue
 INTENTS_EXCHANGE = Exchange("bare.intents", "direct", durable=True)
 INTENTS_QUEUE = Queue("bare.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True)
 DISPATCH_EXCHANGE = Exchange("bare.dispatch", "direct", durable=True)
-CONNECTOR_QUEUE = Queue("bare.connector.fast", DISPATCH_EXCHANGE, routing_key="bare.connector.fast", durable=True)
+CONNECTOR_QUEUES = {name: Queue(f"bare.connector.{name}", DISPATCH_EXCHANGE, routing_key=f"bare.connector.{name}",
+                                 durable=True) for name in ("fast", "slow")}
+CONNECTOR_QUEUE = CONNECTOR_QUEUES["fast"]
+SLOW_ACTION_PREFIX = "bench_slow."  # the isolation section's slow system (bench/catalogs.py SLOW)
 RECEIPTS_EXCHANGE = Exchange("bare.receipts", "topic", durable=True)
 TASK = "bare.execute"
 ROUTER_PREFETCH = 32
@@ -68,7 +75,7 @@ def declare(app: Celery) -> None:
         channel = conn.channel()
         for exchange in (INTENTS_EXCHANGE, DISPATCH_EXCHANGE, RECEIPTS_EXCHANGE):
             exchange.declare(channel=channel)
-        for queue in (INTENTS_QUEUE, CONNECTOR_QUEUE):
+        for queue in (INTENTS_QUEUE, *CONNECTOR_QUEUES.values()):
             queue.bind(channel).declare()
         channel.close()
 
@@ -87,7 +94,8 @@ def run_router(broker_url: str) -> None:
         job = {"intent_id": intent["intent_id"], "agent_id": intent.get("agent_id"), "action": intent.get("action"),
                "params": intent.get("params") or {}, "reply_to": intent.get("reply_to") or intent.get("agent_id"),
                "received_at": time.time()}
-        app.send_task(TASK, args=[job], queue=CONNECTOR_QUEUE, task_id=f"{job['intent_id']}:{time.time_ns()}",
+        queue = CONNECTOR_QUEUES["slow"] if str(job["action"]).startswith(SLOW_ACTION_PREFIX) else CONNECTOR_QUEUE
+        app.send_task(TASK, args=[job], queue=queue, task_id=f"{job['intent_id']}:{time.time_ns()}",
                       retry=True)
         message.ack()
 
@@ -99,10 +107,10 @@ def run_router(broker_url: str) -> None:
     app.worker_main(_worker_args("solo", 1, INTENTS_QUEUE.name, "bare-router"))
 
 
-def run_connector(broker_url: str, downstream_url: str, concurrency: int) -> None:
+def run_connector(broker_url: str, downstream_url: str, concurrency: int, queue: Queue) -> None:
     import httpx
 
-    app = make_app(broker_url, CONNECTOR_QUEUE)
+    app = make_app(broker_url, queue)
     declare(app)
     client = httpx.Client(timeout=httpx.Timeout(15.0, connect=5.0), trust_env=False, follow_redirects=False,
                           limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
@@ -121,7 +129,7 @@ def run_connector(broker_url: str, downstream_url: str, concurrency: int) -> Non
                              content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                              correlation_id=job["intent_id"], retry=True)
 
-    app.worker_main(_worker_args("threads", concurrency, CONNECTOR_QUEUE.name, "bare-connector"))
+    app.worker_main(_worker_args("threads", concurrency, queue.name, "bare-connector"))
 
 
 if __name__ == "__main__":
@@ -132,6 +140,10 @@ if __name__ == "__main__":
     if role == "router":
         run_router(broker)
     elif role == "connector":
-        run_connector(broker, os.environ["BARE_DOWNSTREAM_URL"], int(os.environ.get("BARE_CONCURRENCY", "20")))
+        connector = os.environ.get("BARE_CONNECTOR", "fast")
+        if connector not in CONNECTOR_QUEUES:
+            sys.exit(f"BARE_CONNECTOR must be one of {sorted(CONNECTOR_QUEUES)}, not {connector!r}")
+        run_connector(broker, os.environ["BARE_DOWNSTREAM_URL"], int(os.environ.get("BARE_CONCURRENCY", "20")),
+                      CONNECTOR_QUEUES[connector])
     else:
         sys.exit("usage: bare.py router|connector")

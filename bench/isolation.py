@@ -9,94 +9,105 @@ gets paced 100/s intents:
              the router: 20 are in the slow pool's hands, the rest wait in reach.connector.bench_slow
              (it drains at 10/s, so the backlog lasts the whole phase)
 
-The phases alternate (without, with, without, with, ...). Reported: the fast connector's p50/p99
-with and without the backlog over all repetitions' intents pooled (3 x 1,000 each in the full
-run: one p99 over 3,000 latencies moves less with a noisy neighbour than the median of three
-p99s of 1,000), p99 with / without (target <= 1.2), and each repetition's own p99 beside them.
-Run as a section of bench/run.py (``--only isolation``).
+The same experiment runs on the bare pipeline (bench/bare.py with a second connector,
+bare.connector.slow, on the same slow system) in the same repetitions, as the baseline: how much
+of the effect is two shared cores and Celery-with-threads, and how much is the fleet's.
+
+The phases alternate (fleet without, fleet with, bare without, bare with, ...). Reported for each
+pipeline: the fast connector's p50/p99 with and without the backlog over all repetitions' intents
+pooled (3 x 1,000 each in the full run: one p99 over 3,000 latencies moves less with a noisy
+neighbour than the median of three p99s of 1,000), p99 with / without (target <= 1.2 for the
+fleet), and each repetition's own p99 beside them. The fleet's figures are at the top level of the
+result, the baseline's under "bare". Run as a section of bench/run.py (``--only isolation``).
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import catalogs
 from common import Agent, BrokerGone, CpuMeter, log, percentile, purge, queue_state
 from reachfleet import ReachFleet
 
 SLOW_QUEUE = "reach.connector." + catalogs.SLOW
+BARE_SLOW_QUEUE = "bare.connector.slow"
 
 
-def _wait_router_drained(ctx: Any, timeout: float = 120.0) -> float:
-    """Until the router has passed the whole backlog on: reach.intents has nothing ready and the
-    slow queue stopped growing (the router's prefetched intents are through too)."""
+@dataclass
+class Pipeline:
+    """What differs between the fleet and the bare pipeline in this experiment."""
+
+    variant: str  # ctx.agents / ctx.meters key
+    intents_exchange: str
+    intents_queue: str
+    receipts_exchange: str
+    slow_queue: str
+    start_slow: Callable[[], int]  # starts the slow connector's worker; returns its pid
+    stop_slow: Callable[[], None]
+
+
+def _wait_router_drained(ctx: Any, pipe: Pipeline, timeout: float = 120.0) -> float:
+    """Until the router has passed the whole backlog on: its intents queue has nothing ready and
+    the slow queue stopped growing (the router's prefetched intents are through too)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        if queue_state(ctx.broker_url, "reach.intents")[0] == 0:
+        if queue_state(ctx.broker_url, pipe.intents_queue)[0] == 0:
             break
         time.sleep(0.1)
     else:
-        raise RuntimeError("the router did not pass the backlog on within the timeout")
-    last = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
+        raise RuntimeError(f"the {pipe.variant} router did not pass the backlog on within the timeout")
+    last = queue_state(ctx.broker_url, pipe.slow_queue)[0]
     while time.time() - t0 < timeout:
         time.sleep(0.5)
-        depth = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
+        depth = queue_state(ctx.broker_url, pipe.slow_queue)[0]
         if depth <= last:
             return time.time() - t0
         last = depth
     return time.time() - t0
 
 
-def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
+def _publish_backlog(ctx: Any, pipe: Pipeline, agent: Agent) -> dict[str, Any]:
     cfg = ctx.cfg
-    fleet.start_pool(catalogs.SLOW)
-    fleet.wait_consuming(SLOW_QUEUE)
-    ctx.consumer_queues.append(SLOW_QUEUE)
-    ctx.no_drain.add(SLOW_QUEUE)
-    backlog_agent = Agent(ctx.procs, "agent-backlog")
-    # nobody binds the slow receipts' routing key: they are published (and confirmed) and dropped
-    backlog_agent.connect_amqp(ctx.broker_url, "reach.intents", "reach.receipts", "nobody.listens")
-    n = int(100 * cfg["iso_seconds"])
-    out: dict[str, Any] = {"backlog": cfg["backlog"], "rate": 100, "n": n, "without": [], "with": []}
-    meter = ctx.meters["fleet"]
-    meter.pids["pool_slow"] = fleet.pid(catalogs.SLOW)
-    for rep in range(cfg["iso_reps"]):
-        # warm the path again after whatever ran before (not measured)
-        ctx.phase("fleet", "burst", 50, label="isolation warm-up", meter=CpuMeter({}))
-        res = ctx.phase("fleet", "paced", n, rate=100, label=f"isolation without backlog rep {rep + 1}", samples=True)
-        out["without"].append(res)
-        log(f"isolation rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
-        for attempt in range(3):
-            try:
-                backlog = backlog_agent.run(None, mode="burst", n=cfg["backlog"], wait_receipts=False, timeout=60,
-                                            intent=ctx.intent("slow", [catalogs.SLOW_AGENT],
-                                                              action="bench_slow.create_ticket", suffix="sink"))
-                break
-            except BrokerGone as exc:
-                ctx.notes.append(f"isolation backlog: broker connection lost ({exc}); published again")
-                if attempt == 2:
-                    raise
-                backlog_agent.reconnect()
-                ctx.wait_consumers()
-                purge(ctx.broker_url, SLOW_QUEUE)
-        routed_s = _wait_router_drained(ctx)
-        depth_before = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
-        res = ctx.phase("fleet", "paced", n, rate=100, label=f"isolation with backlog rep {rep + 1}", samples=True)
-        depth_after = queue_state(ctx.broker_url, SLOW_QUEUE)[0]
-        res.update(slow_depth_before=depth_before, slow_depth_after=depth_after, backlog_published_s=backlog["publish_s"],
-                   backlog_routed_s=round(routed_s, 2))
-        out["with"].append(res)
-        log(f"isolation rep {rep + 1} with backlog ({depth_before} -> {depth_after} waiting): "
-            f"p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
-        if depth_after <= 0:
-            ctx.problems.append("isolation: the slow backlog ran out before the 'with' phase ended")
-        purge(ctx.broker_url, SLOW_QUEUE)
-        time.sleep(2.5)  # the 20 calls in flight finish (2 s each)
-    backlog_agent.quit()
-    ctx.consumer_queues.remove(SLOW_QUEUE)
-    ctx.no_drain.discard(SLOW_QUEUE)
-    meter.pids.pop("pool_slow", None)
-    fleet.stop(catalogs.SLOW)
+    for attempt in range(3):
+        try:
+            return agent.run(None, mode="burst", n=cfg["backlog"], wait_receipts=False, timeout=60,
+                             intent=ctx.intent(pipe.variant, [catalogs.SLOW_AGENT],
+                                               action=f"{catalogs.SLOW}.create_ticket", suffix="sink"))
+        except BrokerGone as exc:
+            ctx.notes.append(f"isolation backlog ({pipe.variant}): broker connection lost ({exc}); published again")
+            if attempt == 2:
+                raise
+            agent.reconnect()
+            ctx.wait_consumers()
+            purge(ctx.broker_url, pipe.slow_queue)
+    raise RuntimeError("unreachable")
+
+
+def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict[str, Any]) -> None:
+    v = pipe.variant
+    # warm the path again after whatever ran before (not measured)
+    ctx.phase(v, "burst", 50, label="isolation warm-up", meter=CpuMeter({}))
+    res = ctx.phase(v, "paced", n, rate=100, label=f"isolation without backlog rep {rep + 1}", samples=True)
+    out["without"].append(res)
+    log(f"isolation {v} rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
+    backlog = _publish_backlog(ctx, pipe, agent)
+    routed_s = _wait_router_drained(ctx, pipe)
+    depth_before = queue_state(ctx.broker_url, pipe.slow_queue)[0]
+    res = ctx.phase(v, "paced", n, rate=100, label=f"isolation with backlog rep {rep + 1}", samples=True)
+    depth_after = queue_state(ctx.broker_url, pipe.slow_queue)[0]
+    res.update(slow_depth_before=depth_before, slow_depth_after=depth_after, backlog_published_s=backlog["publish_s"],
+               backlog_routed_s=round(routed_s, 2))
+    out["with"].append(res)
+    log(f"isolation {v} rep {rep + 1} with backlog ({depth_before} -> {depth_after} waiting): "
+        f"p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
+    if depth_after <= 0:
+        ctx.problems.append(f"isolation ({v}): the slow backlog ran out before the 'with' phase ended")
+    purge(ctx.broker_url, pipe.slow_queue)
+    time.sleep(2.5)  # the 20 calls in flight finish (2 s each)
+
+
+def _summary(out: dict[str, Any]) -> dict[str, Any]:
     pooled = {phase: [v for r in out[phase] for v in r.pop("samples_ms", [])] for phase in ("without", "with")}
     p99_without, p99_with = percentile(pooled["without"], 99), percentile(pooled["with"], 99)
     out.update(fast_p99_without_ms=p99_without, fast_p99_with_ms=p99_with,
@@ -106,3 +117,44 @@ def run(ctx: Any, fleet: ReachFleet) -> dict[str, Any]:
                ratio=round(p99_with / p99_without, 3) if p99_with and p99_without else None,
                slow_depth=[(r["slow_depth_before"], r["slow_depth_after"]) for r in out["with"]])
     return out
+
+
+def run(ctx: Any, fleet: ReachFleet, bare: bool = True) -> dict[str, Any]:
+    """``bare``: run the baseline too (its router and fast connector must be up)."""
+    cfg = ctx.cfg
+
+    def start_fleet_slow() -> int:
+        fleet.start_pool(catalogs.SLOW)
+        fleet.wait_consuming(SLOW_QUEUE)
+        return fleet.pid(catalogs.SLOW)
+
+    pipes = [Pipeline("fleet", "reach.intents", "reach.intents", "reach.receipts", SLOW_QUEUE, start_fleet_slow,
+                      lambda: fleet.stop(catalogs.SLOW))]
+    if bare:
+        pipes.append(Pipeline("bare", "bare.intents", "bare.intents", "bare.receipts", BARE_SLOW_QUEUE,
+                              lambda: ctx.start_bare_slow(), lambda: ctx.procs.stop_many(["bare-connector-slow"])))
+    agents: dict[str, Agent] = {}
+    for pipe in pipes:
+        meter = ctx.meters[pipe.variant]
+        meter.pids["pool_slow"] = pipe.start_slow()
+        ctx.consumer_queues.append(pipe.slow_queue)
+        ctx.no_drain.add(pipe.slow_queue)
+        agents[pipe.variant] = Agent(ctx.procs, f"agent-backlog-{pipe.variant}")
+        # nobody binds the slow receipts' routing key: they are published (and confirmed) and dropped
+        agents[pipe.variant].connect_amqp(ctx.broker_url, pipe.intents_exchange, pipe.receipts_exchange,
+                                          "nobody.listens")
+    n = int(100 * cfg["iso_seconds"])
+    outs = {p.variant: {"backlog": cfg["backlog"], "rate": 100, "n": n, "without": [], "with": []} for p in pipes}
+    for rep in range(cfg["iso_reps"]):
+        for pipe in pipes:
+            _one_rep(ctx, pipe, agents[pipe.variant], rep, n, outs[pipe.variant])
+    for pipe in pipes:
+        agents[pipe.variant].quit()
+        ctx.consumer_queues.remove(pipe.slow_queue)
+        ctx.no_drain.discard(pipe.slow_queue)
+        ctx.meters[pipe.variant].pids.pop("pool_slow", None)
+        pipe.stop_slow()
+    result = _summary(outs["fleet"])
+    if bare:
+        result["bare"] = _summary(outs["bare"])
+    return result

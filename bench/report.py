@@ -18,6 +18,14 @@ PROCS = ("agent", "router", "pool", "rabbitmq", "redis", "downstream")
 VARIANTS = ("direct", "bare", "fleet")
 
 
+
+def _isolation_rows(name: str, iso: dict[str, Any]) -> list[list[Any]]:
+    """Two rows (without / with the slow backlog) of the isolation table for one pipeline."""
+    return [[f"{name}, without the backlog", f(iso["fast_p50_without_ms"], 2), f(iso["fast_p99_without_ms"], 2),
+             " / ".join(f(x["latency_ms"]["p99"], 1) for x in iso["without"]), ""],
+            [f"{name}, with the backlog", f(iso["fast_p50_with_ms"], 2), f(iso["fast_p99_with_ms"], 2),
+             " / ".join(f(x["latency_ms"]["p99"], 1) for x in iso["with"]), f(iso.get("ratio"), 2)]]
+
 def f(value: Any, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -107,13 +115,12 @@ def render(r: dict[str, Any]) -> str:
     if iso and "fast_p99_without_ms" in iso:
         out += ["", f"### Isolation (fast connector at paced 100/s; bench_slow takes 2 s per call, backlog {iso['backlog']})", "",
                 f"(p50 and p99 over all repetitions' intents pooled: {iso.get('samples')} without / with)", "",
-                md_table(["", "p50 ms", "p99 ms", "each repetition's p99"],
-                         [["without the backlog", f(iso["fast_p50_without_ms"], 2), f(iso["fast_p99_without_ms"], 2),
-                           " / ".join(f(x["latency_ms"]["p99"], 1) for x in iso["without"])],
-                          ["with the backlog", f(iso["fast_p50_with_ms"], 2), f(iso["fast_p99_with_ms"], 2),
-                           " / ".join(f(x["latency_ms"]["p99"], 1) for x in iso["with"])]]),
-                "", f"p99 with / without: **{f(iso.get('ratio'), 2)}**; slow queue depth at the start and end of each "
-                    f"'with' phase: {iso.get('slow_depth')}."]
+                md_table(["", "p50 ms", "p99 ms", "each repetition's p99", "p99 with / without"],
+                         [row for name, x in (("fleet", iso), ("bare (baseline)", iso.get("bare"))) if x
+                          for row in _isolation_rows(name, x)]),
+                "", f"Fleet p99 with / without: **{f(iso.get('ratio'), 2)}**"
+                    + (f" (bare pipeline in the same repetitions: {f(iso['bare'].get('ratio'), 2)})" if iso.get("bare") else "")
+                    + f"; fleet slow queue depth at the start and end of each 'with' phase: {iso.get('slow_depth')}."]
     sc = r.get("scale")
     if sc and sc.get("rows"):
         out += ["", f"### Scale (burst of {sc['n']} intents for one action, agent ids round-robin over all agents)", "",

@@ -78,6 +78,21 @@ class Ctx:
     no_drain: set[str] = field(default_factory=set)  # queues whose backlog is part of the experiment
     succeeded: dict[str, int] = field(default_factory=dict)
     redis_mem0: int = 0
+    slow_url: str = ""  # bench_slow's own downstream
+    bare_env: dict[str, str] = field(default_factory=dict)
+
+    def start_bare_slow(self) -> int:
+        """The bare pipeline's connector for the slow system (the isolation section's baseline)."""
+        env = dict(self.bare_env, BARE_CONNECTOR="slow", BARE_DOWNSTREAM_URL=self.slow_url + "/slow/tickets")
+        proc = self.procs.start("bare-connector-slow", [sys.executable, str(Path(__file__).resolve().parent / "bare.py"),
+                                                        "connector"], env=env)
+        t0 = time.time()
+        while queue_state(self.broker_url, "bare.connector.slow")[1] <= 0:
+            self.procs.check_alive("bare-connector-slow")
+            if time.time() - t0 > 120:
+                raise RuntimeError(f"bare.connector.slow has no consumer; see {self.procs.log_dir}")
+            time.sleep(0.2)
+        return proc.pid
 
     def wait_consumers(self, timeout: float = 180.0) -> None:
         """Every queue this run consumes has its consumer (again); a worker that died is reported
@@ -263,7 +278,8 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     ctx.downstream_url, ctx.downstream_pid = start_downstream(ctx.procs)
     # bench_slow is another system: its own process, so its 2 s calls do not queue behind (or
     # ahead of) the fast system's requests in one shared event loop
-    slow_url, _ = start_downstream(ctx.procs, name="downstream-slow")
+    ctx.slow_url, _ = start_downstream(ctx.procs, name="downstream-slow")
+    slow_url = ctx.slow_url
     log(f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url} (slow: {slow_url}), "
         f"beam.smp pid {ctx.beam_pid}")
 
@@ -272,8 +288,9 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     fleet = ReachFleet(ctx.procs, catalog_dir, ctx.broker_url, ctx.redis_url)
     fleet.start_router()
     fleet.start_pool(catalogs.FAST)
-    bare_env = dict(os.environ, BARE_BROKER_URL=ctx.broker_url, BARE_DOWNSTREAM_URL=ctx.downstream_url + "/tickets",
-                    BARE_CONCURRENCY="20", PYTHONUNBUFFERED="1")
+    ctx.bare_env = bare_env = dict(os.environ, BARE_BROKER_URL=ctx.broker_url,
+                                   BARE_DOWNSTREAM_URL=ctx.downstream_url + "/tickets", BARE_CONCURRENCY="20",
+                                   PYTHONUNBUFFERED="1")
     py = sys.executable
     bench = Path(__file__).resolve().parent
     ctx.procs.start("bare-router", [py, str(bench / "bare.py"), "router"], env=bare_env)
@@ -487,6 +504,12 @@ def render(results: dict[str, Any]) -> str:
                      f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; intents pooled over "
                      f"{len(iso['without'])} repetitions {iso.get('samples')}; each repetition's p99 {iso.get('rep_p99_ms')}; "
                      f"slow queue depth during 'with': {iso.get('slow_depth')}")
+        bare_iso = iso.get("bare")
+        if bare_iso and bare_iso.get("ratio") is not None:
+            lines.append(f"  baseline, the bare pipeline in the same repetitions: p99 {fmt(bare_iso['fast_p99_without_ms'], 2)} ms "
+                         f"without, {fmt(bare_iso['fast_p99_with_ms'], 2)} ms with -> ratio {fmt(bare_iso['ratio'], 2)}; "
+                         f"p50 {fmt(bare_iso['fast_p50_without_ms'], 2)} / {fmt(bare_iso['fast_p50_with_ms'], 2)} ms; "
+                         f"each repetition's p99 {bare_iso.get('rep_p99_ms')}")
     sc = results.get("scale")
     if sc and sc.get("rows"):
         lines.append("")
@@ -634,14 +657,16 @@ def main() -> int:
             results["profile"] = profiling.run(
                 pids["fleet_router"], pids["fleet_pool"],
                 lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})))
-        # the bare pipeline and the direct agent are done: free their CPU for what follows
-        for variant in ("direct", "bare"):
-            ctx.agents.pop(variant).quit()
-        procs.stop_many(["bare-router", "bare-connector", "agent-direct", "agent-bare"])
-        ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST]
+        # the direct agent is done, and the bare pipeline once isolation (its baseline) has run:
+        # free their CPU for what follows
+        ctx.agents.pop("direct").quit()
+        procs.stop_many(["agent-direct"])
         if "isolation" in sections:
             import isolation
             results["isolation"] = isolation.run(ctx, fleet)
+        ctx.agents.pop("bare").quit()
+        procs.stop_many(["bare-router", "bare-connector", "agent-bare"])
+        ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST]
         fleet_logs = {name: scan_log(procs.items[name].log_text()) for name in fleet.names if name in procs.items}
         if "scale" in sections:
             fleet.stop_all()
@@ -649,7 +674,8 @@ def main() -> int:
             results["scale"] = scale.run(ctx)
         # cross-checks: queues drained, nothing dead-lettered, the system saw exactly one call per receipt
         queues = {q: queue_state(ctx.broker_url, q)[0] for q in
-                  ("reach.intents", "reach.connector.bench_fast", "reach.dlq", "bare.intents", "bare.connector.fast")}
+                  ("reach.intents", "reach.connector.bench_fast", "reach.dlq", "bare.intents", "bare.connector.fast",
+                   "bare.connector.slow")}
         stats = downstream_stats(ctx.downstream_url)
         checks: dict[str, Any] = {"queues_ready_at_end": queues, "downstream": stats,
                                   "receipts_succeeded": ctx.expected_calls, "fleet_logs": fleet_logs}
