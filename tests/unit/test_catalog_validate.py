@@ -520,6 +520,20 @@ def test_invalid_yaml_in_one_file_does_not_hide_problems_in_another(tmp_path: Pa
     assert_reported(tmp_path, other, 4, "ghost")
 
 
+def test_invalid_yaml_in_a_later_document_keeps_nothing_of_its_file(tmp_path: Path) -> None:
+    """Documents are read one at a time, but a file that is not valid YAML is still one problem
+    and none of its documents, not even those before the broken one, join the catalog."""
+    text = TICKETS + "---\nagent_app:\n  name: bot\n  connector_bindings: [\n"
+    broken = write(tmp_path, "tickets.yaml", text)
+    other = write(tmp_path, "bots.yaml", "agent_app:\n  name: helper\n  connector_bindings:\n"
+                                         "    - connector: tickets   #!\n      allowed_actions: [query_ticket]\n")
+    problems = problems_of(tmp_path)
+    in_broken = [p for p in problems if p.file == str(broken)]
+    assert len(in_broken) == 1 and "not valid YAML" in in_broken[0].message, problems
+    assert in_broken[0].line == len(textwrap.dedent(text).splitlines()) + 1
+    assert_reported(tmp_path, other, 4, "unknown connector", "tickets")
+
+
 @pytest.mark.parametrize("document, line", [
     ("foo:\n  bar: 1\n", 1),
     ("connector:\n  name: c\n  endpoint: http://127.0.0.1:1\n  actions: [{action: a, path: GET /a}]\nagent_app:\n  name: b\n", 1),
