@@ -9,7 +9,7 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.loader import CatalogError, LoadResult, Problem, line_of, load_directory
+from connectors.loader import CatalogError, LoadResult, Problem, load_directory
 from connectors.schema import ParamValidator, default_problems, object_json_schema
 from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec
 from producers.tools import ToolSpec
@@ -161,12 +161,14 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
         spec = doc.model
         assert isinstance(spec, ConnectorSpec)
         if spec.name in connectors:
-            problems.append(Problem(doc.file, line_of(doc, "connector", "name"), f"connector {spec.name!r} is declared twice"))
+            problems.append(Problem(doc.file, result.line_of(doc, "connector", "name"),
+                                    f"connector {spec.name!r} is declared twice"))
             continue
         connectors[spec.name] = spec
         for i, action in enumerate(spec.actions):
             for field_name, message in default_problems(action):
-                problems.append(Problem(doc.file, line_of(doc, "connector", "actions", i, "input", field_name, "default"),
+                line = result.line_of(doc, "connector", "actions", i, "input", field_name, "default")
+                problems.append(Problem(doc.file, line,
                                         f"connector.actions.{i}.input.{field_name}.default: {message}"))
             ref = ActionRef(spec, action, ParamValidator(action))
             refs[(spec.name, action.action)] = ref
@@ -177,7 +179,8 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
         agent = doc.model
         assert isinstance(agent, AgentApp)
         if agent.name in agents:
-            problems.append(Problem(doc.file, line_of(doc, "agent_app", "name"), f"agent_app {agent.name!r} is declared twice"))
+            problems.append(Problem(doc.file, result.line_of(doc, "agent_app", "name"),
+                                    f"agent_app {agent.name!r} is declared twice"))
             continue
         agents[agent.name] = agent
         per_connector: dict[str, Binding] = {}
@@ -188,16 +191,16 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
                 continue  # its own document's problems are already reported
             if connector is None:
                 known = ", ".join(sorted(connectors)) or "none"
-                problems.append(Problem(doc.file, line_of(doc, *where, "connector"),
+                problems.append(Problem(doc.file, result.line_of(doc, *where, "connector"),
                                         f"binding to unknown connector {binding.connector!r} (known: {known})"))
                 continue
             if binding.connector in per_connector:
-                problems.append(Problem(doc.file, line_of(doc, *where, "connector"),
+                problems.append(Problem(doc.file, result.line_of(doc, *where, "connector"),
                                         f"agent {agent.name!r} binds connector {binding.connector!r} twice"))
                 continue
             for j, action_name in enumerate(binding.allowed_actions):
                 if action_name != ALL_ACTIONS and connector.action(action_name) is None:
-                    problems.append(Problem(doc.file, line_of(doc, *where, "allowed_actions", j),
+                    problems.append(Problem(doc.file, result.line_of(doc, *where, "allowed_actions", j),
                                             f"connector {binding.connector!r} has no action {action_name!r}"))
             per_connector[binding.connector] = binding
         grants[agent.name] = per_connector

@@ -48,6 +48,17 @@ class LoadResult:
     warnings: list[Problem] = field(default_factory=list)
     # names of connectors whose documents failed: bindings to them are not reported again
     broken_connectors: set[str] = field(default_factory=set)
+    # files composed again to name a problem's line, each once (see line_of)
+    _composed: dict[str, list[yaml.Node | None]] = field(default_factory=dict, repr=False)
+
+    def line_of(self, loaded: LoadedDocument, *loc: Any) -> int:
+        """The line of ``loc`` in a loaded document. Node trees are not kept from loading, so the
+        document's file is composed again — only for a problem, and once per file."""
+        if loaded.file not in self._composed:
+            self._composed[loaded.file] = _compose_again(loaded.file)
+        nodes = self._composed[loaded.file]
+        node = nodes[loaded.index] if loaded.index < len(nodes) else None
+        return _line_of(node, loc) if node is not None else loaded.line
 
 
 class CatalogError(Exception):
@@ -271,17 +282,18 @@ def _line_of(node: yaml.Node, loc: tuple[Any, ...] | list[Any]) -> int:
     return line
 
 
-def line_of(loaded: LoadedDocument, *loc: Any) -> int:
-    """The line of ``loc`` in a loaded document, composing its file again (only problems need it)."""
+def _compose_again(file: str) -> list[yaml.Node | None]:
+    """A file's documents as node trees, repaired as when it was loaded; [] if it cannot be read
+    any more (it changed since: a problem then points at its document's first line)."""
     try:
-        text = Path(loaded.file).read_text(encoding="utf-8")
-        for index, node in enumerate(yaml.compose_all(text, Loader=_Composer)):
-            if index == loaded.index and node is not None:
-                _rejoin_flow_commas(node, text)
-                return _line_of(node, loc)
+        text = Path(file).read_text(encoding="utf-8")
+        nodes = list(yaml.compose_all(text, Loader=_Composer))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        pass  # the file changed since it was loaded: the document's first line is what is left
-    return loaded.line
+        return []
+    for node in nodes:
+        if node is not None:
+            _rejoin_flow_commas(node, text)
+    return nodes
 
 
 class _DuplicateKey(ValueError):
