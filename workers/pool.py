@@ -356,6 +356,9 @@ class PoolRuntime:
             level=binding.audit_level if binding else "full")
 
         def mark(pipe: Any) -> None:
+            # the delivery count guards against a job that kills its pool before it is answered;
+            # once the receipt is out, a redelivery stops at the sent mark (checked first)
+            pipe.delete(deliveries_key(receipt.agent_id or "", receipt.intent_id))
             self.sink.mark_sent_into(pipe, receipt)
             if lines:
                 self.audit.push_into(pipe, receipt.intent_id, lines)

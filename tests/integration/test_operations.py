@@ -622,6 +622,20 @@ def test_one_audit_line_per_stage_with_a_redacted_params_digest(fleet: Fleet, ti
     assert SECRET not in all_redis_text()
 
 
+def test_an_answered_intent_leaves_its_receipt_and_sent_mark_but_no_delivery_count(
+        fleet: Fleet, tickets: TicketSystem, client: ReachClient) -> None:
+    """The delivery counter only matters until the receipt is out: kept for 24 h it was a fifth
+    of the keys the fleet stores per intent."""
+    receipt = client.call(CREATE, ticket_params(), timeout=20)
+    assert receipt.success
+    store = redis.Redis.from_url(REDIS_URL)
+    agent = receipt.agent_id
+    # the sent mark is written once the broker confirmed the receipt, just after the agent has it
+    wait_for(lambda: store.exists(f"reach:receipt-sent:{agent}:{receipt.intent_id}"), 10, "no sent mark")
+    assert store.exists(f"reach:receipt:{receipt.intent_id}") == 1
+    assert store.exists(f"reach:deliveries:{agent}:{receipt.intent_id}") == 0, "the delivery count outlived the receipt"
+
+
 def test_rejected_intent_audit_lines_received_rejected_receipt(fleet: Fleet, tickets: TicketSystem,
                                                                client: ReachClient) -> None:
     traceparent, trace_id, _ = new_traceparent()
