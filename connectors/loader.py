@@ -7,9 +7,16 @@ Documents are composed one at a time (by libyaml when PyYAML has it) and their n
 dropped once the document is checked: for a catalog of 10,000 actions the trees took ~250 MB
 and 14 s, and a process keeps the memory its peak took. The rare problem found later (by
 ``catalog.build``) composes its file again to name the line.
+
+libyaml and PyYAML's own parser disagree on a few corners of YAML: libyaml refuses a ``:`` right
+before ``}`` or ``,`` in a flow mapping and some ``%YAML`` headers, and accepts tabs and ``?``
+inside flow text that PyYAML refuses. A file libyaml refuses is read again by PyYAML's parser, so
+nothing that loaded before is refused now, and a file neither reads gets PyYAML's message (it
+names the character or alias). Without libyaml, PyYAML's parser reads everything.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -48,14 +55,18 @@ class LoadResult:
     warnings: list[Problem] = field(default_factory=list)
     # names of connectors whose documents failed: bindings to them are not reported again
     broken_connectors: set[str] = field(default_factory=set)
+    # each file read: the digest of its text and the parser that read it (see line_of)
+    _sources: dict[str, tuple[str, type[yaml.SafeLoader]]] = field(default_factory=dict, repr=False)
     # files composed again to name a problem's line, each once (see line_of)
     _composed: dict[str, list[yaml.Node | None]] = field(default_factory=dict, repr=False)
 
     def line_of(self, loaded: LoadedDocument, *loc: Any) -> int:
         """The line of ``loc`` in a loaded document. Node trees are not kept from loading, so the
-        document's file is composed again — only for a problem, and once per file."""
+        document's file is composed again — only for a problem, and once per file. A file that
+        changed since it was read gives its document's first line."""
         if loaded.file not in self._composed:
-            self._composed[loaded.file] = _compose_again(loaded.file)
+            digest, composer = self._sources.get(loaded.file, ("", _Composer))
+            self._composed[loaded.file] = _compose_again(loaded.file, digest, composer)
         nodes = self._composed[loaded.file]
         node = nodes[loaded.index] if loaded.index < len(nodes) else None
         return _line_of(node, loc) if node is not None else loaded.line
@@ -118,25 +129,30 @@ def load_directory(directory: str | Path, environ: dict[str, str] | None = None)
 def _load_file(path: Path, result: LoadResult, env: Any) -> None:
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read(path)
     except (OSError, UnicodeDecodeError) as exc:
         result.problems.append(Problem(name, 0, f"cannot read file: {exc}"))
         return
     # a file that is not valid YAML is one problem, with nothing taken from its earlier documents
-    found = LoadResult()
-    try:
-        for index, node in enumerate(yaml.compose_all(text, Loader=_Composer)):
-            _load_document(name, text, index, node, found, env)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 0
-        result.problems.append(Problem(name, line, f"not valid YAML: {getattr(exc, 'problem', exc)}"))
+    error: yaml.YAMLError | None = None
+    for composer in _COMPOSERS:
+        found = LoadResult()
+        try:
+            for index, node in enumerate(yaml.compose_all(text, Loader=composer)):
+                _load_document(name, text, index, node, found, env)
+        except yaml.YAMLError as exc:
+            error = exc
+            continue
+        result._sources[name] = (_digest(text), composer)
+        result.connectors.extend(found.connectors)
+        result.agents.extend(found.agents)
+        result.problems.extend(found.problems)
+        result.warnings.extend(found.warnings)
+        result.broken_connectors |= found.broken_connectors
         return
-    result.connectors.extend(found.connectors)
-    result.agents.extend(found.agents)
-    result.problems.extend(found.problems)
-    result.warnings.extend(found.warnings)
-    result.broken_connectors |= found.broken_connectors
+    mark = getattr(error, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else 0
+    result.problems.append(Problem(name, line, f"not valid YAML: {getattr(error, 'problem', error)}"))
 
 
 def _load_document(name: str, text: str, index: int, node: yaml.Node | None, result: LoadResult, env: Any) -> None:
@@ -282,12 +298,23 @@ def _line_of(node: yaml.Node, loc: tuple[Any, ...] | list[Any]) -> int:
     return line
 
 
-def _compose_again(file: str) -> list[yaml.Node | None]:
-    """A file's documents as node trees, repaired as when it was loaded; [] if it cannot be read
-    any more (it changed since: a problem then points at its document's first line)."""
+def _read(path: Path) -> str:
+    # without its byte-order mark: libyaml's mark indexes skip it, and slices of the text use them
+    return path.read_text(encoding="utf-8").removeprefix("\ufeff")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _compose_again(file: str, digest: str, composer: type[yaml.SafeLoader]) -> list[yaml.Node | None]:
+    """A file's documents as node trees, repaired as when it was loaded, by the parser that read
+    it then; [] if the file is gone or changed since (a problem then names its document's first line)."""
     try:
-        text = Path(file).read_text(encoding="utf-8")
-        nodes = list(yaml.compose_all(text, Loader=_Composer))
+        text = _read(Path(file))
+        if _digest(text) != digest:
+            return []
+        nodes = list(yaml.compose_all(text, Loader=composer))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     for node in nodes:
@@ -304,6 +331,13 @@ class _DuplicateKey(ValueError):
 
 class _Composer(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """Builds node trees only (libyaml's parser when PyYAML was built with it: 3-4x faster)."""
+
+
+class _PyComposer(yaml.SafeLoader):
+    """PyYAML's own parser: for the files libyaml refuses (see the module's docstring)."""
+
+
+_COMPOSERS = tuple(dict.fromkeys((_Composer, _PyComposer)))  # libyaml first, when there is one
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -147,6 +147,17 @@ def test_comma_split_description_is_rejoined_with_a_warning(tmp_path: Path) -> N
     assert result.exit_code == 0
 
 
+def test_comma_split_description_after_a_byte_order_mark_is_rejoined_on_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.yaml"
+    path.write_text("\ufeff" + DESIGN_EXAMPLE, encoding="utf-8")
+    loaded = load_directory(tmp_path)
+    catalog, problems = build(loaded)
+    assert problems == []
+    actions = {a.action: a for a in catalog.connectors["local_ticket_system"].actions}
+    assert actions["create_ticket"].input["title"].description == "Ticket title, at most 100 chars"
+    assert {(w.file, w.line) for w in loaded.warnings} == {(str(path), 11), (str(path), 25)}
+
+
 def test_comma_split_description_shows_whole_in_the_tool_schema(tmp_path: Path) -> None:
     write(tmp_path, "catalog.yaml", DESIGN_EXAMPLE)
     tools = {t.name: t for t in catalog_of(tmp_path).all_tools()}
@@ -532,6 +543,37 @@ def test_invalid_yaml_in_a_later_document_keeps_nothing_of_its_file(tmp_path: Pa
     assert len(in_broken) == 1 and "not valid YAML" in in_broken[0].message, problems
     assert in_broken[0].line == len(textwrap.dedent(text).splitlines()) + 1
     assert_reported(tmp_path, other, 4, "unknown connector", "tickets")
+
+
+def test_a_file_only_pyyaml_reads_loads_as_before_libyaml_was_used(tmp_path: Path) -> None:
+    """libyaml refuses a ':' right before '}' in a flow mapping; PyYAML reads `extra:` as a key
+    with no value. Such a file is read again by PyYAML: its real problem is named, and its other
+    documents load."""
+    text = TICKETS.replace("title: { type: string, required: true }",
+                           "title: { type: string, required: true, extra:}   #!") + \
+        "---\nagent_app:\n  name: bot\n  connector_bindings:\n    - connector: nowhere   #!\n" \
+        "      allowed_actions: [x]\n"
+    path = write(tmp_path, "tickets.yaml", text)
+    problems = problems_of(tmp_path)
+    assert not any("not valid YAML" in p.message for p in problems), problems
+    assert_reported(tmp_path, path, marked_lines(text)[0], "extra", "unknown key")
+    assert_reported(tmp_path, path, marked_lines(text)[1], "unknown connector", "nowhere")
+
+
+def test_a_file_no_parser_reads_gets_pyyamls_message(tmp_path: Path) -> None:
+    path = write(tmp_path, "broken.yaml", "connector:\n  name: *nowhere\n")
+    assert_reported(tmp_path, path, 2, "not valid YAML", "nowhere")
+
+
+def test_a_file_changed_between_loading_and_building_names_the_documents_first_line(tmp_path: Path) -> None:
+    text = TICKETS + "---\nagent_app:   #!\n  name: bot\n  connector_bindings:\n    - connector: ghost\n" \
+        "      allowed_actions: [x]\n"
+    path = write(tmp_path, "tickets.yaml", text)
+    loaded = load_directory(tmp_path)
+    path.write_text("connector: {}\n---\n" + textwrap.dedent(text), encoding="utf-8")
+    _, problems = build(loaded)
+    ghost = [p for p in problems if "ghost" in p.message]
+    assert [(p.file, p.line) for p in ghost] == [(str(path), marked_lines(text)[0])]
 
 
 @pytest.mark.parametrize("document, line", [
