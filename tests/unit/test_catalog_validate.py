@@ -12,12 +12,26 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+import connectors.loader as loader
 from connectors.catalog import ActionRef, Catalog, Refusal, build
 from connectors.loader import Problem, load_directory
 from producers.wire import ErrorCode
 from workers.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
+
+@pytest.fixture(autouse=True, params=["libyaml", "pyyaml"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with libyaml first (as installed from wheels) and with PyYAML's own parser
+    only (an install without libyaml): the same catalogs must mean the same thing."""
+    if request.param == "pyyaml":
+        monkeypatch.setattr(loader, "_Composer", loader._PyComposer)
+        monkeypatch.setattr(loader, "_COMPOSERS", (loader._PyComposer,))
+    elif loader._Composer is loader._PyComposer:
+        pytest.fail("PyYAML has no libyaml here: catalogs load 3-4x slower; install PyYAML from its wheel "
+                    "(pip install --force-reinstall --only-binary :all: pyyaml)")
+    return str(request.param)
+
 
 # design.md section 4, verbatim (flow-mapping commas in the descriptions included)
 DESIGN_EXAMPLE = """\
