@@ -142,10 +142,11 @@ class PoolRuntime:
                        safe: bool, deadline: float | None, common: dict[str, Any], reply_to: str,
                        answer: Callable[..., Receipt]) -> None:
         intent_id, agent_id = common["intent_id"], common["agent_id"]
+        params_hash = payload_hash(params)
         # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
         # and the first attempt's breaker permit while the breaker is closed
         begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
-                                  payload_hash(params), intent_id, attempt, self.options.max_deliveries,
+                                  params_hash, intent_id, attempt, self.options.max_deliveries,
                                   breaker_key=self.breaker.key if self.breaker is not None else None,
                                   batcher=self.batcher)
         if begin.state == "abandoned":  # cannot happen while we wait for it: see Ledger.abandon
@@ -158,7 +159,7 @@ class PoolRuntime:
             answer(ErrorCode.INTERNAL, f"the intent was delivered {begin.deliveries - 1} times and never finished",
                    "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
             return
-        claim = self._settle_claim(begin, key, payload_hash(params), intent_id, attempt, deadline, safe)
+        claim = self._settle_claim(begin, key, params_hash, intent_id, attempt, deadline, safe)
         if claim.state == "completed":
             self._send(self._deduplicated(claim.receipt_json, common), reply_to, "deduplicated")
             return
