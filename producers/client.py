@@ -162,11 +162,11 @@ class ReachClient:
         self.reply_to = reply_to
         self._timeout = connect_timeout
         self._buffer: deque[Receipt] = deque()
-        # intent ids whose receipt was already taken in, newest last: a second receipt for one
-        # of them is dropped (see _on_message)
+        # fingerprints of the receipts already taken in, newest last: a repeat of one of them is
+        # dropped (see _on_message)
         self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._drop_duplicates = drop_duplicates
-        self.duplicate_receipts = 0  # second receipts dropped (see drop_duplicates)
+        self.duplicate_receipts = 0  # repeated receipts dropped (see drop_duplicates)
         self._returned: list[str] = []
         self._closed = False
         # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
