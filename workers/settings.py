@@ -19,6 +19,16 @@ class SettingsError(ValueError):
     """An environment variable has a value the fleet cannot use."""
 
 
+def _rate(name: str, raw: str) -> str:
+    from workers.ratelimit import parse_rate
+
+    try:
+        parse_rate(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r}: {exc}") from None
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     broker_url: str = DEFAULT_BROKER_URL
@@ -33,6 +43,15 @@ class Settings:
     require_user_id: bool = False
     idempotency_ttl_seconds: int = 24 * 3600
     max_deliveries: int = 5
+    # hostile-input bounds (docs/contract.md "Limits")
+    max_depth: int = 32                       # nesting of params (and of a system's answer in data)
+    max_details: int = 50                     # error details per receipt, then "and K more"
+    max_receipt_bytes: int = 1024 * 1024      # a receipt larger than this is cut down before it is sent
+    dlq_max_length: int = 10_000              # reach.dlq: messages kept (newest refused past it)
+    dlq_max_bytes: int = 256 * 1024 * 1024    # reach.dlq: bytes kept
+    dlq_ttl_seconds: int = 7 * 24 * 3600      # reach.dlq: age after which a dead letter is dropped
+    dlq_keep_unparsable: bool = False         # keep the bytes of a body that could not be parsed
+    agent_invalid_rate: str = "20/sec"        # invalid intents an agent may send before they cost it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -80,4 +99,12 @@ class Settings:
             require_user_id=flag("REACH_REQUIRE_USER_ID"),
             idempotency_ttl_seconds=seconds("REACH_IDEMPOTENCY_TTL", 24 * 3600),
             max_deliveries=integer("REACH_MAX_DELIVERIES", 5, 1) or 5,
+            max_depth=integer("REACH_MAX_DEPTH", 32, 2) or 32,
+            max_details=integer("REACH_MAX_DETAILS", 50, 1) or 50,
+            max_receipt_bytes=integer("REACH_MAX_RECEIPT_BYTES", 1024 * 1024, 4096) or 1024 * 1024,
+            dlq_max_length=integer("REACH_DLQ_MAX_LENGTH", 10_000, 1) or 10_000,
+            dlq_max_bytes=integer("REACH_DLQ_MAX_BYTES", 256 * 1024 * 1024, 1024) or 256 * 1024 * 1024,
+            dlq_ttl_seconds=seconds("REACH_DLQ_TTL", 7 * 24 * 3600),
+            dlq_keep_unparsable=flag("REACH_DLQ_KEEP_UNPARSABLE"),
+            agent_invalid_rate=_rate("REACH_AGENT_INVALID_RATE", env.get("REACH_AGENT_INVALID_RATE", "").strip() or "20/sec"),
         )
