@@ -30,6 +30,8 @@ from common import (Agent, Procs, Vhost, downstream_stats, ensure_services, queu
                     start_downstream, start_private_redis, tmpdir)
 from reachfleet import ReachFleet  # noqa: E402
 
+from workers import keys  # noqa: E402
+
 FAST_QUEUE = "reach.connector." + catalogs.FAST
 
 
@@ -62,7 +64,7 @@ def main() -> int:
         client = redis.Redis.from_url(redis_url)
 
         def stored() -> int:
-            return sum(1 for _ in client.scan_iter(f"reach:receipt:{prefix}-*", count=1000))
+            return sum(1 for _ in client.scan_iter(keys.receipt(catalogs.AGENT, f"{prefix}-*"), count=1000))
 
         print(f"before the blip: {stored()} receipts; reach.intents {queue_state(vhost.url, 'reach.intents')}, "
               f"{FAST_QUEUE} {queue_state(vhost.url, FAST_QUEUE)} (ready, consumers)", flush=True)
@@ -86,7 +88,7 @@ def main() -> int:
         longest_stall = max(longest_stall, time.time() - last_progress if last_count < n else 0)
         time.sleep(3)
         statuses: dict[str, int] = {}
-        for key in client.scan_iter(f"reach:receipt:{prefix}-*", count=1000):
+        for key in client.scan_iter(keys.receipt(catalogs.AGENT, f"{prefix}-*"), count=1000):
             doc = json.loads(client.get(key))
             status = doc["status"] + ("/" + doc["error"]["code"] if doc.get("error") else "")
             statuses[status] = statuses.get(status, 0) + 1

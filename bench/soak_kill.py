@@ -37,6 +37,7 @@ from producers.client import ReachClient  # noqa: E402
 from producers.wire import Receipt  # noqa: E402
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet  # noqa: E402
 from tests.integration.counting_system import CountingSystem  # noqa: E402
+from workers import keys  # noqa: E402
 
 STARTUP_CRASH = "Consumer does not have any callbacks"
 
@@ -87,7 +88,7 @@ class Killer(threading.Thread):
                 self.kills += 1
                 if self.wait_heartbeat:
                     client = redis.Redis.from_url(REDIS_URL)
-                    while any(client.scan_iter(match=f"reach:alive:*:{pid}:*")):
+                    while any(client.scan_iter(match=keys.alive(f"*:{pid}:*"))):
                         time.sleep(0.05)
                 self.start_pool()
         except BaseException as exc:  # reported by the main thread
@@ -117,7 +118,7 @@ def soak(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     agent = f"soak_{uuid.uuid4().hex[:6]}"
     system = CountingSystem().start()
     system.state.delay = args.delay
-    redis.Redis.from_url(REDIS_URL).delete(f"reach:breaker:{name}", f"reach:health:{name}")
+    redis.Redis.from_url(REDIS_URL).delete(keys.breaker(name), keys.health(name))
     fleet = Fleet(catalog(name, system.url, header, args.threads, agent), [name]).start()
     titles: dict[str, str] = {}
     receipts: list[Receipt] = []

@@ -2,18 +2,28 @@
 
 A validator is compiled once per action, on the action's first intent, so the router does no
 per-intent model building and a large catalog costs memory only for the actions in use. Problems come back as data (one ``FieldProblem`` per field), never
-as exceptions, so the receipt can name every mistake at once.
+as exceptions, so the receipt can name every mistake at once (the first ``max_problems`` of them;
+the rest are counted, for "and K more").
 """
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Callable
+from urllib.parse import quote
 
 from connectors.spec import ActionSpec, FieldSpec
+
+# Bounds on what a value may become on the wire, so an over-long one is the agent's mistake
+# (VALIDATION_FAILED, named by field) and never a failed request:
+MAX_PATH_SEGMENT_BYTES = 2048    # one path parameter, percent-encoded: URLs past ~2 KiB are refused by many proxies and CDNs
+MAX_HEADER_VALUE_BYTES = 8192    # one header value: nginx, Apache and Node refuse a header line past 8 KiB
+MAX_URL_BYTES = 8192             # path and query params together: common servers refuse a request line past 8 KiB
+DEFAULT_MAX_PROBLEMS = 50        # problems kept per validation (the rest only counted), as REACH_MAX_DETAILS's default
 
 _MISSING = object()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -31,6 +41,35 @@ class FieldProblem:
         if self.allowed is not None:
             detail["allowed"] = self.allowed
         return detail
+
+
+class Problems(list[FieldProblem]):
+    """The problems found, keeping the first ``limit`` and only counting the rest: params with
+    125,000 unknown keys must not cost 125,000 problem objects. ``total`` counts them all."""
+
+    def __init__(self, limit: int | None = DEFAULT_MAX_PROBLEMS) -> None:
+        super().__init__()
+        self.limit = limit
+        self.total = 0
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and len(self) >= self.limit
+
+    @property
+    def more(self) -> int:
+        """Problems counted but not kept (the "and K more")."""
+        return self.total - len(self)
+
+    def append(self, problem: FieldProblem) -> None:
+        self.total += 1
+        if not self.full:
+            super().append(problem)
+
+
+def problem_count(problems: list[FieldProblem]) -> int:
+    """All the problems found, including those a ``Problems`` only counted."""
+    return problems.total if isinstance(problems, Problems) else len(problems)
 
 
 Check = Callable[[Any, str, list[FieldProblem]], Any]
@@ -160,6 +199,9 @@ def _check_object(
     out: dict[str, Any] = {}
     for key in value:
         if key not in fields:
+            if isinstance(problems, Problems) and problems.full:
+                problems.total += 1  # counted only: no hint worked out for a problem nobody will see
+                continue
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; declared: {', '.join(fields) or 'none'}"
             problems.append(FieldProblem(f"{prefix}{key}", "unknown", f"is not a parameter of this action{hint}"))
@@ -182,25 +224,98 @@ class ParamValidator:
 
     def __init__(self, action: ActionSpec) -> None:
         self._action = action
-        self._compiled: tuple[dict[str, tuple[Check, FieldSpec]], set[str]] | None = None
+        self._compiled: tuple[dict[str, tuple[Check, FieldSpec]], set[str], dict[str, str]] | None = None
 
-    def _compile(self) -> tuple[dict[str, tuple[Check, FieldSpec]], set[str]]:
+    def _compile(self) -> tuple[dict[str, tuple[Check, FieldSpec]], set[str], dict[str, str]]:
         # two threads may both compile on a first use; either result is the same, and kept
         fields = {name: (compile_field(spec, in_header=spec.in_ == "header"), spec)
                   for name, spec in self._action.input.items()}
-        self._compiled = fields, set(re.findall(r"\{([^{}]*)\}", self._action.template))
+        path_params = set(re.findall(r"\{([^{}]*)\}", self._action.template))
+        # where the HTTP adapter puts each field, for those whose size the URL or a header bounds
+        default_place = "query" if self._action.method in ("GET", "DELETE") else "body"
+        places = {name: spec.in_ or ("path" if name in path_params else default_place)
+                  for name, spec in self._action.input.items()}
+        self._compiled = fields, path_params, {n: p for n, p in places.items() if p in ("path", "query", "header")}
         return self._compiled
 
-    def validate(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[FieldProblem]]:
-        """Return the params with defaults applied, and every problem found (empty when valid)."""
-        fields, path_params = self._compiled or self._compile()
-        problems: list[FieldProblem] = []
+    def validate(self, params: dict[str, Any], max_problems: int | None = DEFAULT_MAX_PROBLEMS
+                 ) -> tuple[dict[str, Any], Problems]:
+        """Check params against the action's input.
+
+        Args:
+            params: the agent's params.
+            max_problems: how many problems to keep; past it they are only counted. None keeps all.
+
+        Returns:
+            The params with defaults applied, and the problems (empty when valid); ``problems.total``
+            counts those not kept too.
+        """
+        fields, path_params, places = self._compiled or self._compile()
+        problems = Problems(max_problems)
         cleaned = _check_object(params, fields, "", problems)
         for name in path_params:
             # an empty path segment would change the path's shape
-            if cleaned.get(name) in ("", None) and not any(p.field == name for p in problems):
+            if cleaned.get(name) in ("", None) and not _has_own_problem(name, params, fields):
                 problems.append(FieldProblem(name, "min_length", "is a path parameter and must not be empty"))
+        _check_wire_sizes(cleaned, places, problems)
         return cleaned, problems
+
+
+def _has_own_problem(name: str, params: dict[str, Any], fields: dict[str, tuple[Check, FieldSpec]]) -> bool:
+    """Whether the field's own check found a problem (asked again: the kept problems may not show it)."""
+    if name not in fields:
+        return False
+    check, spec = fields[name]
+    if name not in params:
+        return spec.required
+    found: list[FieldProblem] = []
+    check(params[name], name, found)
+    return bool(found)
+
+
+def _wire_text(value: Any) -> str:
+    """A value as the HTTP adapter writes it into a URL or header."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+def _encoded_bytes(value: Any, limit: int) -> int:
+    """Bytes of ``value`` percent-encoded; past ``limit`` the exact figure does not matter (not worked out)."""
+    try:
+        text = _wire_text(value)
+    except (RecursionError, ValueError, TypeError):
+        return limit + 1  # cannot even be written out: over any bound
+    return len(text) if len(text) > limit else len(quote(text, safe=""))
+
+
+def _check_wire_sizes(cleaned: dict[str, Any], places: dict[str, str], problems: Problems) -> None:
+    """Bound what path, query and header params become on the wire (see the MAX_* constants)."""
+    flagged = {p.field for p in problems}
+    url_bytes: dict[str, int] = {}
+    for name, place in places.items():
+        value = cleaned.get(name)
+        if value is None or name in flagged:
+            continue
+        if place == "header":
+            size = len(_wire_text(value).encode("utf-8", "replace"))
+            if size > MAX_HEADER_VALUE_BYTES:
+                problems.append(FieldProblem(name, "max_length",
+                                             f"is a header value and must be at most {MAX_HEADER_VALUE_BYTES} bytes (got {size})"))
+            continue
+        size = _encoded_bytes(value, MAX_URL_BYTES)
+        if place == "path" and size > MAX_PATH_SEGMENT_BYTES:
+            problems.append(FieldProblem(name, "max_length", f"is a path parameter and must be at most "
+                                         f"{MAX_PATH_SEGMENT_BYTES} bytes once URL-encoded (got {size})"))
+            continue
+        url_bytes[name] = size + (len(name) + 2 if place == "query" else 0)
+    if sum(url_bytes.values()) > MAX_URL_BYTES:
+        biggest = max(url_bytes, key=url_bytes.__getitem__)
+        problems.append(FieldProblem(biggest, "max_length", f"makes the URL too long: path and query params together "
+                                     f"must stay within {MAX_URL_BYTES} bytes once URL-encoded "
+                                     f"(got {sum(url_bytes.values())})"))
 
 
 def default_problems(action: ActionSpec) -> list[tuple[str, str]]:
@@ -218,7 +333,8 @@ def default_problems(action: ActionSpec) -> list[tuple[str, str]]:
 
 def suggestion_for(problems: list[FieldProblem]) -> str:
     parts = [f"{p.field} {p.message}" for p in problems[:8]]
-    more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+    total = problem_count(problems)
+    more = f" (and {total - 8} more)" if total > 8 else ""
     return "Fix these params and send the intent again: " + "; ".join(parts) + more + "."
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from connectors.durations import Duration
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -300,8 +301,9 @@ class ConnectorSpec(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME_PATTERN.match(v) or "__" in v:
-            raise ValueError(f"connector name {v!r} must start with a letter and use letters, digits, _ or - (no '__')")
+        if not AGENT_ID_PATTERN.match(v) or "__" in v:
+            raise ValueError(f"connector name {v!r} must be {NAME_RULE} (pattern ^[a-z][a-z0-9_]{{0,62}}$, "
+                             "no '__')")
         if v in RESERVED_CONNECTOR_NAMES:
             raise ValueError(f"connector name {v!r} is reserved")
         return v
@@ -363,10 +365,10 @@ class AgentApp(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        # no dots: receipts route by "<agent>" and "<agent>.<suffix>", so agent "a" could
-        # read the receipts of an agent "a.b"
-        if not re.match(r"^[A-Za-z0-9_:-]{1,128}$", v):
-            raise ValueError(f"agent name {v!r} must be 1-128 characters of A-Z a-z 0-9 _ : - (no dots)")
+        # no dots: receipts route by "<agent>" and "<agent>.<suffix>", so agent "a" could read
+        # the receipts of an agent "a.b"; no ':': Redis keys start with "<agent>:"
+        if not AGENT_ID_PATTERN.match(v):
+            raise ValueError(f"agent name {v!r} must be {NAME_RULE} (pattern ^[a-z][a-z0-9_]{{0,62}}$)")
         if v in RESERVED_AGENT_NAMES:
             raise ValueError(f"agent name {v!r} is reserved")
         return v

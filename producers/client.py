@@ -33,7 +33,7 @@ from kombu.message import Message
 from pydantic import ValidationError
 
 from producers.tools import EXPORT_FORMATS, ToolSpec, export
-from producers.wire import AGENT_ID_PATTERN, Intent, Receipt
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE, Intent, Receipt
 
 __all__ = [
     "DEFAULT_BROKER_URL",
@@ -124,7 +124,7 @@ class ReachClient:
         """Connect, check the exchanges exist and bind this client's receipt queue.
 
         Args:
-            agent_id: The calling agent app (1-128 of ``A-Z a-z 0-9 . _ : -``).
+            agent_id: The calling agent app (``^[a-z][a-z0-9_]{0,62}$``).
             broker_url: AMQP URL; default ``$REACH_BROKER_URL``, else
                 ``amqp://guest:guest@localhost:5672//``.
             reply_to: Routing key for this client's receipts (default: ``agent_id``). Give
@@ -151,7 +151,7 @@ class ReachClient:
                 the broker refused the receipt queue or its binding.
         """
         if not isinstance(agent_id, str) or not AGENT_ID_PATTERN.match(agent_id):
-            raise ValueError("agent_id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+            raise ValueError(f"agent_id must be {NAME_RULE}")
         if reply_to is not None and (
             not 1 <= len(reply_to) <= 255 or any(c in reply_to for c in "*#")
         ):

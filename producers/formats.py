@@ -20,7 +20,13 @@ from typing import Any
 
 from producers.wire import INTENT_ID_PATTERN
 
-__all__ = ["FORMATS", "FormatError", "Normalized", "loads_strict", "normalize"]
+__all__ = ["DEFAULT_MAX_DEPTH", "FORMATS", "FormatError", "Normalized", "json_depth", "loads_strict", "normalize",
+           "value_depth"]
+
+# how deep params may nest; a document may nest a few levels more (the intent around its params,
+# an MCP request around its arguments)
+DEFAULT_MAX_DEPTH = 32
+ENVELOPE_DEPTH = 3
 
 FORMATS = ("native", "openai", "anthropic", "mcp", "langchain")
 
@@ -30,6 +36,8 @@ _EXPECTED = (
 )
 # a JSON escape for a UTF-16 surrogate; only then can a parsed string hold a lone surrogate
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class FormatError(ValueError):
@@ -49,15 +57,46 @@ class Normalized:
     format: str
 
 
-def loads_strict(data: bytes | str) -> Any:
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON text nest, found without parsing (no recursion):
+    brackets inside strings do not count. Linear in the text; cheap when it holds few brackets."""
+    if text.count("[") + text.count("{") <= 1:
+        return text.count("[") + text.count("{")
+    depth = deepest = 0
+    for bracket in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def value_depth(value: Any) -> int:
+    """How deep a parsed JSON value nests (``{}`` and ``[]`` count 1), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def loads_strict(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH + ENVELOPE_DEPTH) -> Any:
     """Parse JSON text, refusing what the standard json module lets through.
 
     Rejects NaN, Infinity and -Infinity (also as overflowing literals such as ``1e999``),
     duplicate keys in an object, unpaired UTF-16 surrogates, invalid UTF-8 and nesting deeper
-    than the interpreter can follow.
+    than ``max_depth`` (checked on the text before the recursive parser runs).
 
     Args:
         data: The JSON text; bytes must be UTF-8.
+        max_depth: How deep arrays and objects may nest.
 
     Returns:
         The parsed value.
@@ -77,6 +116,9 @@ def loads_strict(data: bytes | str) -> Any:
         text = data
     else:
         raise TypeError(f"loads_strict() takes bytes or str, not {type(data).__name__}")
+    # quick bound first: a text with few brackets cannot nest deeply
+    if text.count("[") + text.count("{") > max_depth and (depth := json_depth(text)) > max_depth:
+        raise FormatError(f"the JSON nests {depth} levels deep; at most {max_depth} are accepted: flatten it")
     try:
         value = json.loads(
             text,

@@ -28,10 +28,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-INTENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+INTENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
+# agent and connector names: no ':' or '.', so the Redis keys and routing keys built from them
+# cannot collide (agent "a" with intent "b:c" is not agent "a:b" with intent "c")
+AGENT_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}\Z")  # \Z: "$" lets a final "\n" through
+NAME_RULE = "1-63 characters: a lowercase letter, then lowercase letters, digits or _"
 # sent downstream as a header: visible ASCII only
-IDEMPOTENCY_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}\Z")
+
+# AMQP short strings (routing keys, reply_to, message ids) are counted in bytes, not characters
+AMQP_SHORT_STRING_BYTES = 255
 
 Status = Literal["succeeded", "rejected", "failed", "unknown"]
 
@@ -184,7 +190,7 @@ class Intent(BaseModel):
     @classmethod
     def _agent_id(cls, v: str | None) -> str | None:
         if v is not None and not AGENT_ID_PATTERN.match(v):
-            raise ValueError("must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+            raise ValueError(f"must be {NAME_RULE}")
         return v
 
     @field_validator("deadline", mode="before")
@@ -208,4 +214,6 @@ class Intent(BaseModel):
     def _reply_to(cls, v: str | None) -> str | None:
         if v is not None and any(c in v for c in "*#"):
             raise ValueError("must not contain topic wildcards * or #")
+        if v is not None and len(v.encode("utf-8", "surrogatepass")) > AMQP_SHORT_STRING_BYTES:
+            raise ValueError(f"must be at most {AMQP_SHORT_STRING_BYTES} bytes in UTF-8 (an AMQP routing key)")
         return v

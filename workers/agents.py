@@ -16,6 +16,13 @@ Nothing on ``amq.default`` (the default exchange reaches every queue by name), `
 permission, so the client checks that the fleet's exchanges exist without configure rights.
 Exclusive queues are locked to the connection that declared them, so the shared ``amq.gen-*``
 pattern does not let one agent read another's receipts.
+
+That configure right cannot say "exclusive only": RabbitMQ has no permission for durable queues,
+so an agent may also declare durable, non-exclusive ``amq.gen-*`` queues and bind them, and they
+outlive its connection. The broker bounds them instead (:mod:`workers.broker_policy`): every agent
+user gets per-user limits (max-connections, max-channels), and the vhost gets the operator policy
+``reach-agent-queues`` (an unused ``amq.gen-*`` queue expires with its bindings; its length is
+capped) and a queue limit, because RabbitMQ has no per-user queue limit.
 """
 from __future__ import annotations
 
@@ -28,12 +35,14 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 import click
 
 from producers.wire import AGENT_ID_PATTERN
+from workers.broker_policy import (AGENT_QUEUE_POLICY, DEFAULT_VHOST_MAX_QUEUES, AgentLimits, AgentQueuePolicy,
+                                   check_max_queues, policy_command, user_limits_command, vhost_limits_command)
 from workers.settings import Settings, SettingsError
 from workers.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
 
@@ -87,12 +96,14 @@ def agent_permissions(agent: str) -> AgentPermissions:
     )
 
 
-def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = True) -> list[list[str]]:
-    """The rabbitmqctl commands that create ``agent`` with :func:`agent_permissions`.
+def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = True,
+                         limits: AgentLimits = AgentLimits()) -> list[list[str]]:
+    """The rabbitmqctl commands that create ``agent`` with ``limits`` and :func:`agent_permissions`.
 
     With ``password_stdin`` add_user reads the password from stdin (it strips the line end);
     otherwise the command carries :data:`PASSWORD_PLACEHOLDER` where the password goes. ``--``
-    keeps a name that starts with ``-`` from being read as an option.
+    keeps a name that starts with ``-`` from being read as an option. The limits come before the
+    permissions, so a user is never usable without them.
     """
     perms = agent_permissions(agent)
     add_user = ["rabbitmqctl", "add_user", "--", agent]
@@ -100,6 +111,7 @@ def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = Tr
         add_user.append(PASSWORD_PLACEHOLDER)
     return [
         add_user,
+        user_limits_command(agent, limits),
         ["rabbitmqctl", "set_permissions", f"--vhost={vhost}", "--", agent, perms.configure, perms.write, perms.read],
         ["rabbitmqctl", "set_topic_permissions", f"--vhost={vhost}", "--", agent, perms.topic_exchange,
          perms.topic_write, perms.topic_read],
@@ -107,14 +119,18 @@ def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = Tr
 
 
 def create_agent_user(agent: str, password: str, vhost: str = "/",
-                      rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> None:
-    """Create the agent's user (or change its password if it exists) and set its permissions.
+                      rabbitmqctl: str | Sequence[str] = "rabbitmqctl", limits: AgentLimits = AgentLimits()) -> None:
+    """Create the agent's user (or change its password if it exists), limit it and set its permissions.
+
+    The vhost gets the default agent-queue policy and queue limit of :mod:`workers.broker_policy`
+    unless it has them already (``reach setup`` or the operator may have chosen other values).
 
     Args:
         agent: The agent id, which becomes the broker login.
         password: Sent to rabbitmqctl on stdin, never on a command line.
         vhost: The fleet's vhost.
         rabbitmqctl: The command to run, e.g. ``"docker exec -i rabbitmq rabbitmqctl"``.
+        limits: The user's connection and channel limits (they hold in every vhost).
 
     Raises:
         ValueError: Bad agent name, or a password rabbitmqctl would store differently.
@@ -124,7 +140,7 @@ def create_agent_user(agent: str, password: str, vhost: str = "/",
     if not password or password != password.strip() or any(c in password for c in "\r\n"):
         raise ValueError("the password must be non-empty, without line breaks or leading/trailing "
                          "whitespace (rabbitmqctl strips them when reading stdin)")
-    add_user, *grants = rabbitmqctl_commands(agent, vhost)
+    add_user, set_limits, *grants = rabbitmqctl_commands(agent, vhost, limits=limits)
     prefix = _prefix(rabbitmqctl)
     result = _run(prefix, add_user[1:], stdin=password + "\n", check=False)
     if result.returncode != 0:
@@ -132,8 +148,79 @@ def create_agent_user(agent: str, password: str, vhost: str = "/",
         if "already exists" not in result.stderr + result.stdout:
             raise _failure(add_user[1:], result)
         _run(prefix, ["change_password", "--", agent], stdin=password + "\n")
+    _run(prefix, set_limits[1:])
+    apply_broker_policy(vhost, rabbitmqctl=prefix)
     for command in grants:
         _run(prefix, command[1:])
+
+
+@dataclass(frozen=True)
+class BrokerBounds:
+    """The agent-queue policy and vhost queue limit in force after :func:`apply_broker_policy`."""
+
+    policy: dict[str, Any]
+    max_queues: int
+    changed: tuple[str, ...]  # what this call set: "policy", "max-queues"
+
+
+def apply_broker_policy(vhost: str, policy: AgentQueuePolicy | None = None, max_queues: int | None = None,
+                        rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> BrokerBounds:
+    """Give ``vhost`` the operator policy for agents' ``amq.gen-*`` queues and a queue limit.
+
+    Args:
+        vhost: The fleet's vhost.
+        policy: Set this policy (replacing the vhost's); None keeps the one in force and sets
+            the default only where there is none.
+        max_queues: Set this vhost queue limit (-1: none), keeping the vhost's other limits;
+            None keeps the one in force and sets :data:`DEFAULT_VHOST_MAX_QUEUES` only where
+            there is none.
+        rabbitmqctl: The command to run.
+
+    Raises:
+        ValueError: A bad ``max_queues``.
+        AgentUserError: rabbitmqctl is missing, cannot reach the node, or failed.
+    """
+    if max_queues is not None:
+        check_max_queues(max_queues)
+    prefix = _prefix(rabbitmqctl)
+    changed: list[str] = []
+    current = None if policy is not None else _operator_policy(prefix, vhost)
+    if current is None:
+        policy = policy or AgentQueuePolicy()
+        _run(prefix, policy_command(vhost, policy)[1:])
+        current = policy.definition()
+        changed.append("policy")
+    limits = _vhost_limits(prefix, vhost)
+    if max_queues is not None or "max-queues" not in limits:
+        limits["max-queues"] = DEFAULT_VHOST_MAX_QUEUES if max_queues is None else max_queues
+        _run(prefix, vhost_limits_command(vhost, limits)[1:])
+        changed.append("max-queues")
+    return BrokerBounds(current, int(limits["max-queues"]), tuple(changed))
+
+
+def _operator_policy(prefix: list[str], vhost: str) -> dict[str, Any] | None:
+    listed = _run(prefix, ["list_operator_policies", f"--vhost={vhost}", "--silent", "--formatter", "json"])
+    try:
+        for entry in json.loads(listed.stdout or "[]"):
+            if entry.get("name") == AGENT_QUEUE_POLICY:
+                definition = entry.get("definition")
+                # rabbitmqctl 3.10 prints the definition as a JSON string inside the JSON
+                return dict(json.loads(definition) if isinstance(definition, str) else definition)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise AgentUserError(
+            f"unexpected output of rabbitmqctl list_operator_policies: {listed.stdout[:500]!r}") from exc
+    return None
+
+
+def _vhost_limits(prefix: list[str], vhost: str) -> dict[str, Any]:
+    listed = _run(prefix, ["list_vhost_limits", f"--vhost={vhost}", "--silent"])
+    try:
+        limits = json.loads(listed.stdout.strip() or "{}")
+        if not isinstance(limits, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise AgentUserError(f"unexpected output of rabbitmqctl list_vhost_limits: {listed.stdout[:500]!r}") from exc
+    return limits
 
 
 def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> None:
@@ -234,16 +321,28 @@ def agent_user() -> None:
 @click.option("--vhost", help="Default: the vhost of $REACH_BROKER_URL.")
 @click.option("--print", "print_only", is_flag=True, help="Only print the rabbitmqctl commands, with a "
               "password placeholder, to run on the broker host.")
-def create_cmd(name: str, password_env: str | None, vhost: str | None, print_only: bool) -> None:
+@click.option("--max-connections", type=click.IntRange(min=1), default=AgentLimits.max_connections,
+              show_default=True, help="Connections the user may hold at once (in all vhosts).")
+@click.option("--max-channels", type=click.IntRange(min=1), default=AgentLimits.max_channels,
+              show_default=True, help="Channels the user may hold at once, over all its connections.")
+def create_cmd(name: str, password_env: str | None, vhost: str | None, print_only: bool, max_connections: int,
+               max_channels: int) -> None:
     """Create agent NAME's user: write on reach.intents, read its own receipts, nothing else.
 
-    An existing user gets the new password and the permissions reset.
+    The user gets connection and channel limits. RabbitMQ has no per-user queue limit: the vhost
+    gets the agent-queue policy and a queue limit (defaults, unless it has them; see `reach setup`).
+    An existing user gets the new password, and its limits and permissions reset.
     """
     name = _checked_name(name)
     target = _vhost(vhost)
+    limits = AgentLimits(max_connections, max_channels)
     if print_only:
-        for command in rabbitmqctl_commands(name, target, password_stdin=False):
+        for command in rabbitmqctl_commands(name, target, password_stdin=False, limits=limits):
             click.echo(shlex.join(command))
+        click.echo("# once per vhost, unless `reach setup` has done it (set_vhost_limits replaces the vhost's "
+                   "other limits):")
+        click.echo(shlex.join(policy_command(target, AgentQueuePolicy())))
+        click.echo(shlex.join(vhost_limits_command(target, {"max-queues": DEFAULT_VHOST_MAX_QUEUES})))
         click.echo(f"(or leave out {PASSWORD_PLACEHOLDER} and pipe the password into add_user, "
                    "which keeps it off the command line)", err=True)
         return
@@ -254,7 +353,7 @@ def create_cmd(name: str, password_env: str | None, vhost: str | None, print_onl
     else:
         password = secrets.token_urlsafe(32)
     try:
-        create_agent_user(name, password, target)
+        create_agent_user(name, password, target, limits=limits)
     except (ValueError, AgentUserError) as exc:
         _fail(f"cannot create agent user {name!r}: {exc}")
     if password_env is not None:

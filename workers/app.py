@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from workers.inbound import make_frame_handler
 from workers.settings import Settings
 
 EXECUTE_TASK = "reach.execute"
@@ -43,7 +44,10 @@ def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
         broker_pool_limit=16,
         # py-amqp waits for the broker's ack on every publish: a dispatch or receipt that
         # returns has been written by RabbitMQ
-        broker_transport_options={"confirm_publish": True},
+        # every message is read by workers.inbound: bounded properties, a capped body. A job can
+        # be up to ~3x its intent (JSON escapes), so the cap leaves room for that.
+        broker_transport_options={"confirm_publish": True,
+                                  "frame_handler": make_frame_handler(settings.max_intent_bytes * 4 + 65536)},
     )
     app.conf.update(extra)
     return app

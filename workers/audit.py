@@ -1,5 +1,5 @@
 """The audit trail: one structured JSON line per stage of an intent, and the recent stages of
-each intent in Redis for ``reach trace``.
+each intent in Redis for ``reach trace``, under the intent's agent (``keys.trace``).
 
 Stages: received, rejected | dispatched (router); attempt (one per downstream call), receipt
 (pool, or router for rejections). Params never appear: only their names and a digest taken
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from workers import keys
+
 if TYPE_CHECKING:
     from workers.batcher import Batcher
 
-TRACE_KEY = "reach:trace:"
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
 
@@ -55,20 +56,25 @@ class Audit:
     def event(self, stage: str, intent_id: str, *, level: str = "full", **fields: Any) -> None:
         self.events(intent_id, [(stage, fields)], level=level)
 
-    def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full") -> None:
-        """Several stages at once: one line each; their Redis writes in one round trip (or batch)."""
+    def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full",
+               agent: str | None = None) -> None:
+        """Several stages at once: one line each; their Redis writes in one round trip (or batch).
+
+        The trace is kept under ``agent``, by default the ``agent`` field of the stages."""
+        if agent is None:
+            agent = next((fields["agent"] for _, fields in stages if fields.get("agent")), None)
         lines = self.render(intent_id, stages, level=level)
         if not lines:
             return
         if self._batcher is not None:
             # best effort, as below: the lines are the record of truth
-            self._batcher.submit(lambda pipe: self.push_into(pipe, intent_id, lines), lines)
+            self._batcher.submit(lambda pipe: self.push_into(pipe, agent, intent_id, lines), lines)
             return
         write_stdout(lines)
         if self._client is None:
             return
         pipe = self._client.pipeline(transaction=False)
-        self.push_into(pipe, intent_id, lines)
+        self.push_into(pipe, agent, intent_id, lines)
         try:
             pipe.execute()
         except redis.RedisError:
@@ -93,12 +99,29 @@ class Audit:
             write_stdout(lines)
 
     @staticmethod
-    def push_into(pipe: Any, intent_id: str, lines: list[str]) -> None:
-        pipe.rpush(TRACE_KEY + intent_id, *lines)
-        pipe.ltrim(TRACE_KEY + intent_id, -TRACE_MAX_EVENTS, -1)
-        pipe.expire(TRACE_KEY + intent_id, TRACE_TTL_SECONDS)
+    def push_into(pipe: Any, agent: str | None, intent_id: str, lines: list[str]) -> None:
+        key = keys.trace(agent, intent_id)
+        pipe.rpush(key, *lines)
+        pipe.ltrim(key, -TRACE_MAX_EVENTS, -1)
+        pipe.expire(key, TRACE_TTL_SECONDS)
 
 
-def read_trace(client: redis.Redis, intent_id: str) -> list[dict[str, Any]]:
-    """The recorded stages in time order (router and pool write concurrently)."""
-    return sorted((json.loads(raw) for raw in client.lrange(TRACE_KEY + intent_id, 0, -1)), key=lambda e: e["ts"])
+def read_trace(client: redis.Redis, agent: str | None, intent_id: str) -> list[dict[str, Any]]:
+    """The stages recorded for this agent's intent, in time order (router and pool write concurrently)."""
+    raw_lines = client.lrange(keys.trace(agent, intent_id), 0, -1)
+    return sorted((json.loads(raw) for raw in raw_lines), key=lambda e: e["ts"])
+
+
+def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10,
+                 max_scanned: int = 1_000_000) -> list[str]:
+    """The agents that have a trace for this intent id: a SCAN over ``reach:trace:*:<id>`` that
+    stops after ``limit`` matches or ``max_scanned`` keys looked at, whichever comes first."""
+    found: list[str] = []
+    cursor, scanned = 0, 0
+    pattern = keys.trace_pattern(intent_id)
+    while True:
+        cursor, batch = client.scan(cursor=cursor, match=pattern, count=1000)
+        scanned += 1000
+        found.extend(agent for agent in (keys.agent_of_trace(key, intent_id) for key in batch) if agent)
+        if cursor == 0 or len(found) >= limit or scanned >= max_scanned:
+            return sorted(set(found))[:limit]

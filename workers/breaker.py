@@ -18,6 +18,7 @@ import pybreaker
 import redis
 
 from connectors.spec import BreakerSpec
+from workers import keys
 
 OPEN, CLOSED, HALF_OPEN = pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN
 
@@ -94,14 +95,6 @@ def permit_from(result: Any) -> Permit:
     return Permit(bool(allowed), _text(state), int(retry_after), bool(trial))
 
 
-def breaker_key(connector: str) -> str:
-    return f"reach:breaker:{connector}"
-
-
-def health_key(connector: str) -> str:
-    return f"reach:health:{connector}"
-
-
 @dataclass(frozen=True)
 class Permit:
     allowed: bool
@@ -116,7 +109,7 @@ class SharedBreaker:
     def __init__(self, client: redis.Redis, connector: str, spec: BreakerSpec, trials: int = 1,
                  trial_lease_seconds: float = 30.0) -> None:
         self.connector = connector
-        self.key = breaker_key(connector)
+        self.key = keys.breaker(connector)
         self._spec = spec
         self._trials = trials
         self._lease_ms = int(trial_lease_seconds * 1000)
@@ -150,11 +143,11 @@ class SharedBreaker:
 
     def peek_into(self, pipe: redis.client.Pipeline) -> None:
         """Queue the peek on a pipeline (its result: [state, retry_after_ms, health])."""
-        pipe.eval(_PEEK, 2, self.key, health_key(self.connector), self.reset_ms)
+        pipe.eval(_PEEK, 2, self.key, keys.health(self.connector), self.reset_ms)
 
     def peek(self) -> tuple[str, int, str]:
         """(breaker state, ms until it may half-open, health: up | down | unknown)."""
-        state, left, health = self._peek(keys=[self.key, health_key(self.connector)], args=[self.reset_ms])
+        state, left, health = self._peek(keys=[self.key, keys.health(self.connector)], args=[self.reset_ms])
         return _text(state), int(left), _text(health)
 
 
@@ -164,7 +157,7 @@ class RedisBreakerStorage(pybreaker.CircuitBreakerStorage):
     def __init__(self, client: redis.Redis, connector: str) -> None:
         super().__init__(connector)
         self._client = client
-        self._key = breaker_key(connector)
+        self._key = keys.breaker(connector)
 
     @property
     def state(self) -> str:

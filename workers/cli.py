@@ -99,17 +99,84 @@ def _print_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
 
 
 @main.command()
-def setup() -> None:
-    """Declare the exchanges and queues of the topology (idempotent)."""
+@click.option("--agent-queue-expires-ms", type=click.IntRange(min=1), default=60_000, show_default=True,
+              help="An agent's amq.gen-* queue that nobody uses this long is deleted, with its bindings.")
+@click.option("--agent-queue-max-length", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Messages an agent's amq.gen-* queue keeps (the oldest are dropped).")
+@click.option("--max-queues", type=click.IntRange(min=-1), default=10_000, show_default=True,
+              help="Queues in the vhost, the fleet's and agents' together (-1: no limit; other vhost limits are kept).")
+@click.option("--rabbitmqctl", "rabbitmqctl", metavar="CMD", help="How to run rabbitmqctl against this broker, e.g. "
+              "'docker exec -i rabbitmq rabbitmqctl' (default: rabbitmqctl, only when the broker is on this host).")
+@click.option("--print", "print_only", is_flag=True, help="Only print the broker policy commands (rabbitmqctl and "
+              "management API); declare nothing.")
+@click.option("--skip-broker-policy", is_flag=True, help="Declare the topology only (the policy is applied elsewhere).")
+def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: int, rabbitmqctl: str | None,
+          print_only: bool, skip_broker_policy: bool) -> None:
+    """Declare the topology, and bound what agents may leave on the broker (idempotent).
+
+    The bounds: the operator policy reach-agent-queues on ^amq\\.gen- queues (expiry, length)
+    and the vhost's queue limit, set with rabbitmqctl. Where it cannot be run (a remote broker),
+    setup prints the commands to run instead and exits 1.
+    """
+    import shlex
+    import shutil
+    from urllib.parse import urlsplit
+
     from kombu import Connection
 
+    from workers.agents import AgentUserError, apply_broker_policy, vhost_of
+    from workers.broker_policy import (AGENT_QUEUE_POLICY, AgentQueuePolicy, management_api_requests, policy_command,
+                                       vhost_limits_command)
+    from workers.runner import dead_letter_bounds
     from workers.topology import declare_all
 
     settings = _settings()
+    if max_queues == 0:
+        raise click.BadParameter("0 would refuse every queue, the fleet's too; -1 means no limit",
+                                 param_hint="--max-queues")
+    policy = AgentQueuePolicy(agent_queue_expires_ms, agent_queue_max_length)
+    vhost = vhost_of(settings.broker_url)
+    host = urlsplit(settings.broker_url).hostname or "localhost"
+
+    def instructions() -> None:
+        click.echo(f"on the broker host, run (set_vhost_limits replaces the vhost's other limits; "
+                   f"see `rabbitmqctl list_vhost_limits --vhost={vhost}`):", err=True)
+        for command in (policy_command(vhost, policy), vhost_limits_command(vhost, {"max-queues": max_queues})):
+            click.echo("  " + shlex.join(command), err=True)
+        click.echo("or over the management API (a user with the administrator tag):", err=True)
+        for request in management_api_requests(vhost, policy, max_queues, f"http://{host}:15672"):
+            click.echo("  " + request, err=True)
+
+    if print_only:
+        for command in (policy_command(vhost, policy), vhost_limits_command(vhost, {"max-queues": max_queues})):
+            click.echo(shlex.join(command))
+        for request in management_api_requests(vhost, policy, max_queues, f"http://{host}:15672"):
+            click.echo("# or: " + request)
+        return
     catalog = _load_catalog(settings.catalog_dir)
     with Connection(settings.broker_url, connect_timeout=10) as conn:
-        names = declare_all(conn, catalog.connectors)
+        names = declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
     click.echo("declared: reach.intents (exchange), reach.receipts (exchange), " + ", ".join(names))
+    if skip_broker_policy:
+        click.echo(f"broker policy skipped: agents' amq.gen-* queues are bounded only if {AGENT_QUEUE_POLICY} "
+                   f"is applied elsewhere (`reach setup --print` shows how)", err=True)
+        return
+    if rabbitmqctl is None:
+        if host not in ("localhost", "127.0.0.1", "::1") or shutil.which("rabbitmqctl") is None:
+            # a local rabbitmqctl would change some other broker
+            click.echo(f"NOT applied: the agent-queue policy and queue limit of vhost {vhost!r} (no rabbitmqctl "
+                       f"for the broker at {host}; pass --rabbitmqctl CMD, or --skip-broker-policy)", err=True)
+            instructions()
+            sys.exit(EXIT_PROBLEMS)
+        rabbitmqctl = "rabbitmqctl"
+    try:
+        bounds = apply_broker_policy(vhost, policy, max_queues, rabbitmqctl)
+    except AgentUserError as exc:
+        click.echo(f"NOT applied: the agent-queue policy and queue limit of vhost {vhost!r}: {exc}", err=True)
+        instructions()
+        sys.exit(EXIT_PROBLEMS)
+    click.echo(f"operator policy {AGENT_QUEUE_POLICY} on ^amq\\.gen- queues in vhost {vhost!r}: "
+               f"{json.dumps(bounds.policy, sort_keys=True)}; vhost max-queues {bounds.max_queues}")
 
 
 @main.command()
@@ -213,14 +280,28 @@ def status(as_json: bool) -> None:
 
 @main.command()
 @click.argument("intent_id")
-def trace(intent_id: str) -> None:
-    """The stages of one intent with timings (kept in Redis for a day)."""
-    from workers.audit import read_trace
+@click.option("--agent", "agent", default=None, help="The agent that sent the intent (found by a bounded scan if omitted).")
+def trace(intent_id: str, agent: str | None) -> None:
+    """The stages of one intent with timings (kept in Redis for a day, per agent)."""
+    from workers.audit import read_trace, trace_agents
 
     settings = _settings()
-    events = read_trace(_redis_client(settings), intent_id)
+    client = _redis_client(settings)
+    if agent is None:
+        agents = trace_agents(client, intent_id)
+        if not agents:
+            click.echo(f"no stages recorded for {intent_id} (unknown id, expired, or audit_level none)", err=True)
+            sys.exit(EXIT_PROBLEMS)
+        if len(agents) > 1:
+            click.echo(f"{len(agents)} agents sent an intent {intent_id}: {', '.join(agents)}; "
+                       f"choose one with --agent", err=True)
+            sys.exit(EXIT_PROBLEMS)
+        agent = agents[0]
+        click.echo(f"agent {agent}", err=True)
+    events = read_trace(client, agent, intent_id)
     if not events:
-        click.echo(f"no stages recorded for {intent_id} (unknown id, expired, or audit_level none)", err=True)
+        click.echo(f"no stages recorded for {intent_id} of agent {agent} (unknown id, expired, or audit_level none)",
+                   err=True)
         sys.exit(EXIT_PROBLEMS)
     start = events[0]["ts"]
     skip = {"ts", "event", "stage", "intent_id"}

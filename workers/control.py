@@ -16,31 +16,21 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
+from workers import keys
+
 log = logging.getLogger("reach.control")
 CHECK_EVERY = 1.0
 
 
-def paused_key(connector: str) -> str:
-    return f"reach:paused:{connector}"
-
-
-def workers_key(connector: str) -> str:
-    return f"reach:workers:{connector}"
-
-
-def last_error_key(connector: str) -> str:
-    return f"reach:last-error:{connector}"
-
-
 def set_paused(client: redis.Redis, connector: str, paused: bool) -> None:
     if paused:
-        client.set(paused_key(connector), str(time.time()))
+        client.set(keys.paused(connector), str(time.time()))
     else:
-        client.delete(paused_key(connector))
+        client.delete(keys.paused(connector))
 
 
 def is_paused(client: redis.Redis, connector: str) -> bool:
-    return bool(client.exists(paused_key(connector)))
+    return bool(client.exists(keys.paused(connector)))
 
 
 class PoolStatus:
@@ -66,13 +56,13 @@ class PoolStatus:
     def publish(self) -> None:
         doc = json.dumps({"in_flight": self.in_flight, "consuming": self.consuming, "seen": time.time()})
         pipe = self._client.pipeline(transaction=False)
-        pipe.hset(workers_key(self._connector), self._worker_id, doc)
-        pipe.expire(workers_key(self._connector), 30)
+        pipe.hset(keys.workers(self._connector), self._worker_id, doc)
+        pipe.expire(keys.workers(self._connector), 30)
         pipe.execute()
 
     def record_error(self, code: str, message: str) -> None:
         try:
-            self._client.set(last_error_key(self._connector),
+            self._client.set(keys.last_error(self._connector),
                              json.dumps({"at": time.time(), "code": code, "message": message[:300]}), ex=7 * 24 * 3600)
         except redis.RedisError:
             pass
@@ -81,7 +71,7 @@ class PoolStatus:
 def live_workers(client: redis.Redis, connector: str, stale_after: float = 5.0) -> list[dict[str, Any]]:
     now = time.time()
     found = []
-    for worker_id, raw in client.hgetall(workers_key(connector)).items():
+    for worker_id, raw in client.hgetall(keys.workers(connector)).items():
         doc = json.loads(raw)
         if now - doc.get("seen", 0) < stale_after:
             found.append({"worker": worker_id.decode(), **doc})

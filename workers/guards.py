@@ -7,7 +7,7 @@ from typing import Protocol
 import redis
 
 from connectors.spec import ConnectorSpec
-from workers.breaker import OPEN, SharedBreaker, health_key
+from workers.breaker import OPEN, SharedBreaker
 from workers.ratelimit import Rate, RateLimiter, RedisRateLimiter, Verdict
 
 Unavailable = tuple[str, int] | None  # (reason, retry_after_ms)
@@ -65,4 +65,4 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-__all__ = ["Guards", "RedisGuards", "SeparateGuards", "health_key"]
+__all__ = ["Guards", "RedisGuards", "SeparateGuards"]

@@ -16,7 +16,7 @@ import redis
 
 from connectors.auth import build_auth
 from connectors.spec import ConnectorSpec, split_path
-from workers.breaker import health_key
+from workers import keys
 
 log = logging.getLogger("reach.beat")
 DEFAULT_INTERVAL = 10.0
@@ -50,10 +50,10 @@ class HealthBoard:
         self._client = client
 
     def mark(self, connector: str, healthy: bool, interval: float) -> None:
-        self._client.set(health_key(connector), "up" if healthy else "down", px=int(interval * 3000))
+        self._client.set(keys.health(connector), "up" if healthy else "down", px=int(interval * 3000))
 
     def status(self, connector: str) -> str:
-        raw = self._client.get(health_key(connector))
+        raw = self._client.get(keys.health(connector))
         return "unknown" if raw is None else raw.decode()
 
 

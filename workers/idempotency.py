@@ -23,9 +23,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from string import Template
 from typing import TYPE_CHECKING, Any, Literal
 
 import redis
+
+from workers import keys
 
 if TYPE_CHECKING:
     from workers.batcher import Batcher
@@ -37,10 +40,10 @@ ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned"
 # The claim itself, shared by both scripts below: `rec_key` is the record, `n` the delivery count;
 # ARGV: payload hash, owner, intent id, in-progress ttl ms; `attempt` is set by the wrapper.
 # Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending}
-_CLAIM_BODY = """
+_CLAIM_BODY = Template("""
 local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
 if not rec[1] then
-  if redis.call('EXISTS', 'reach:abandoned:' .. attempt) == 1 then return {'abandoned', '', '', n, 0} end
+  if redis.call('EXISTS', '$abandoned' .. attempt) == 1 then return {'abandoned', '', '', n, 0} end
   redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3],
              'attempt', attempt)
   redis.call('PEXPIRE', rec_key, ARGV[4])
@@ -48,9 +51,9 @@ if not rec[1] then
 end
 if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
 if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0} end
-if redis.call('EXISTS', 'reach:alive:' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
+if redis.call('EXISTS', '$alive' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
 return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
-"""
+""").substitute(abandoned=keys.ABANDONED_PREFIX, alive=keys.ALIVE_PREFIX)
 
 # KEYS[1] record
 _CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
@@ -81,15 +84,15 @@ return out
 
 # take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner,
 # new owner, intent, attempt
-_TAKE_OVER = """
+_TAKE_OVER = Template("""
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if redis.call('EXISTS', 'reach:abandoned:' .. ARGV[4]) == 1 then return 0 end
+if redis.call('EXISTS', '$abandoned' .. ARGV[4]) == 1 then return 0 end
 if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3], 'attempt', ARGV[4])
   return 1
 end
 return 0
-"""
+""").substitute(abandoned=keys.ABANDONED_PREFIX)
 
 
 # an attempt that could not keep its outcome (Redis or the broker failed after the call) gives
@@ -97,15 +100,15 @@ return 0
 # attempt that no longer runs (its owner then names no live worker, for workers of any version).
 # The attempt is also marked given up for an hour: one of its own commands that Redis runs late
 # (its caller stopped waiting for it) can then never claim the record. KEYS[1] record; ARGV: owner, attempt
-_ABANDON = """
-redis.call('SET', 'reach:abandoned:' .. ARGV[2], '1', 'EX', 3600)
+_ABANDON = Template("""
+redis.call('SET', '$abandoned' .. ARGV[2], '1', 'EX', 3600)
 local rec = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
 if rec[1] == 'in_progress' and rec[2] == ARGV[1] and rec[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'owner', 'abandoned:' .. ARGV[1])
   return 1
 end
 return 0
-"""
+""").substitute(abandoned=keys.ABANDONED_PREFIX)
 ABANDON_RETRY_SECONDS = 600.0
 
 
@@ -134,7 +137,7 @@ class Begin:
 
 
 class Heartbeat:
-    """Proves this worker process is alive: ``reach:alive:<id>`` exists while it runs.
+    """Proves this worker process is alive: ``keys.alive(<id>)`` exists while it runs.
 
     A record held by an id whose heartbeat expired belongs to a dead worker (kill -9 included).
     """
@@ -152,7 +155,7 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
-        self._client.set(f"reach:alive:{self.worker_id}", "1", px=self._ttl_ms)
+        self._client.set(keys.alive(self.worker_id), "1", px=self._ttl_ms)
 
     def _run(self) -> None:
         while not self._stop.wait(self._ttl_ms / 3000):
@@ -164,7 +167,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         try:
-            self._client.delete(f"reach:alive:{self.worker_id}")
+            self._client.delete(keys.alive(self.worker_id))
         except redis.RedisError:
             pass
 
@@ -181,10 +184,6 @@ class Ledger:
         self._to_abandon: list[tuple[str, str, float]] = []  # (record, attempt, give up at) while Redis is away
         self._retry_lock = threading.Lock()
         self._retrier: threading.Thread | None = None
-
-    @staticmethod
-    def key(agent: str, connector: str, action: str, idempotency_key: str) -> str:
-        return f"reach:idem:{agent}:{connector}:{action}:{idempotency_key}"
 
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
         state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producers.formats import FormatError, loads_strict, normalize
-from producers.wire import AGENT_ID_PATTERN, INTENT_ID_PATTERN, ErrorCode, Intent
+from producers.formats import DEFAULT_MAX_DEPTH, ENVELOPE_DEPTH, FormatError, loads_strict, normalize, value_depth
+from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -29,6 +29,12 @@ class RawMessage:
     message_id: str | None = None
     content_type: str | None = None
     received_at: float = 0.0
+    unreadable: str | None = None                 # why the AMQP properties could not be read
+    oversize: tuple[int, str] | None = None       # a body too large to keep: (bytes, SHA-256 hex)
+
+    @property
+    def size(self) -> int:
+        return self.oversize[0] if self.oversize else len(self.body)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,12 @@ def reply_allowed(agent_id: str, reply_to: str) -> bool:
     RabbitMQ topic permissions can then confine each agent to reading its own receipts.
     """
     return reply_to == agent_id or reply_to.startswith(agent_id + ".")
+
+
+def usable_reply_to(agent_id: str, reply_to: str) -> bool:
+    """The agent's own, and a routing key the broker takes (at most 255 bytes, no wildcards)."""
+    return (reply_allowed(agent_id, reply_to) and not any(c in reply_to for c in "*#")
+            and len(reply_to.encode("utf-8", "surrogatepass")) <= AMQP_SHORT_STRING_BYTES)
 
 
 def new_trace_id() -> str:
@@ -90,11 +102,13 @@ def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
     return intent_id, agent if agent and AGENT_ID_PATTERN.match(agent) else None
 
 
-def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False) -> ParsedIntent | ParseFailure:
+def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
+          max_depth: int = DEFAULT_MAX_DEPTH) -> ParsedIntent | ParseFailure:
     """Decode, detect the format, fix identity and ids, and type-check the intent.
 
     ``require_user_id`` (REACH_REQUIRE_USER_ID): only the broker-validated AMQP user_id counts
-    as identity; an intent without one is refused.
+    as identity; an intent without one is refused. Size and nesting are checked before anything
+    recursive reads the body; params may nest ``max_depth`` levels.
     """
     user_id = raw.user_id or None
     header_agent = _header_text(raw.headers, "agent_id")
@@ -110,17 +124,25 @@ def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False) -> Par
     def fail(reason: str, *, intent_id: str = fallback_id, agent: str | None = known_agent, reply_to: str | None = None,
              details: list[dict[str, Any]] | None = None, code: ErrorCode = ErrorCode.INVALID_INTENT,
              dead_letter: bool = True) -> ParseFailure:
-        route = reply_to if agent is not None and reply_to is not None and reply_allowed(agent, reply_to) else agent
+        route = reply_to if agent is not None and reply_to is not None and usable_reply_to(agent, reply_to) else agent
         return ParseFailure(reason, intent_id, agent, route, details or [], code, dead_letter)
 
-    if len(raw.body) > max_bytes:
-        return fail(f"the intent is {len(raw.body)} bytes; the limit is {max_bytes} bytes")
+    if user_id is not None and not AGENT_ID_PATTERN.match(user_id):
+        return fail(f"the broker login {user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
+                    agent=None, code=ErrorCode.PERMISSION_DENIED)
+    if raw.unreadable is not None:
+        # the headers are gone (the agent_id header too): only the broker's user_id can be told
+        return fail(f"unreadable AMQP properties: {raw.unreadable}", agent=user_id)
+    if raw.size > max_bytes:
+        return fail(f"the intent is {raw.size} bytes; the limit is {max_bytes} bytes")
     try:
-        document = loads_strict(raw.body)
+        document = loads_strict(raw.body, max_depth + ENVELOPE_DEPTH)
         normalized = normalize(document)
     except FormatError as exc:
         return fail(str(exc))
     doc = dict(normalized.intent)
+    if (depth := value_depth(doc.get("params"))) > max_depth:
+        return fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them")
 
     # best-effort identity from the body, for the receipt of an intent that fails below
     body_agent = doc.get("agent_id") if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"]) else None

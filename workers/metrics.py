@@ -25,6 +25,12 @@ INTENTS_DISPATCHED = Counter("reach_intents_dispatched", "Intents dispatched to 
 ACTIONS_EXECUTED = Counter("reach_actions_executed", "Intents finished by a pool, by outcome",
                            ["connector", "action", "outcome"])
 RETRIES = Counter("reach_retries", "Downstream calls repeated after a transient failure", ["connector"])
+DEAD_LETTERS = Counter("reach_dead_letters", "Messages put in reach.dlq, by how much of the body was kept",
+                       ["kept"])
+DEAD_LETTERS_DROPPED = Counter("reach_dead_letters_dropped", "Dead letters not kept, by reason (dlq_full, "
+                               "sender_over_limit, publish_failed)", ["reason"])
+MESSAGES_DROPPED = Counter("reach_messages_dropped", "Messages acked without a receipt because none could be "
+                           "sent (the reason is logged)", ["reason"])
 RECEIPTS_PUBLISHED = Counter("reach_receipts_published", "Receipts published, by status", ["status"])
 DOWNSTREAM_SECONDS = Histogram("reach_downstream_call_seconds", "Time spent calling the downstream system per intent",
                                ["connector"], buckets=_LATENCY_BUCKETS)
@@ -46,7 +52,7 @@ class FleetCollector(Collector):
         self._connectors = list(connectors)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from workers.breaker import breaker_key, health_key
+        from workers import keys
         from workers.topology import connector_queue
 
         breaker = GaugeMetricFamily("reach_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["connector"])
@@ -56,8 +62,8 @@ class FleetCollector(Collector):
         try:
             pipe = self._redis.pipeline(transaction=False)
             for name in self._connectors:
-                pipe.hget(breaker_key(name), "state")
-                pipe.get(health_key(name))
+                pipe.hget(keys.breaker(name), "state")
+                pipe.get(keys.health(name))
             values = pipe.execute()
             for i, name in enumerate(self._connectors):
                 state, mark = values[2 * i], values[2 * i + 1]

@@ -10,13 +10,12 @@ import redis
 from kombu import Connection, Producer
 
 from connectors.catalog import Catalog
+from workers import keys
 from workers.app import JobMessages
 from workers.breaker import RedisBreakerStorage
-from workers.control import is_paused, last_error_key, live_workers
+from workers.control import is_paused, live_workers
 from workers.health import HealthBoard
 from workers.idempotency import _text
-from workers.pool import deliveries_key
-from workers.receipts import sent_key
 from workers.redact import REDACTED_HEADER, contains_redacted
 from workers.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
@@ -59,7 +58,7 @@ def fleet_status(catalog: Catalog, broker_url: str, client: redis.Redis) -> list
                 depth = consumers = None  # never declared: no pool has started yet
                 channel = conn.channel()
             workers = live_workers(client, name)
-            raw_error = client.get(last_error_key(name))
+            raw_error = client.get(keys.last_error(name))
             last_error = ""
             if raw_error:
                 err = json.loads(raw_error)
@@ -107,7 +106,10 @@ def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:
     with Connection(broker_url, connect_timeout=5) as conn:
         channel = conn.channel()
         channel.auto_decode = False
-        DLQ(channel).declare()
+        try:
+            channel.queue_declare(DLQ.name, passive=True)
+        except Exception:
+            return found  # never declared: no dead letters yet
         while len(found) < limit:
             message = channel.basic_get(DLQ.name, no_ack=False)
             if message is None:
@@ -152,7 +154,6 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
     with Connection(broker_url, connect_timeout=5, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.auto_decode = False
-        DLQ(channel).declare()
         # only the letters there now: one the fleet dead-letters again while this runs (a replayed
         # intent the router still cannot read) comes after them and is not replayed a second time
         waiting = int(channel.queue_declare(DLQ.name, passive=True).message_count)
@@ -177,8 +178,8 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
                 kept.append((letter.message_id, NOT_REPLAYED_REDACTED))
                 continue  # unacked: returned, and its markers stay as they are
             if letter.message_id:
-                client.delete(sent_key(letter.agent or None, letter.message_id),
-                              deliveries_key(letter.agent, letter.message_id))
+                client.delete(keys.sent(letter.agent or None, letter.message_id),
+                              keys.deliveries(letter.agent or None, letter.message_id))
             if letter.connector:
                 _publish_job(producer, jobs, job, letter.connector, letter.message_id)
             else:

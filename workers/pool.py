@@ -32,7 +32,7 @@ from connectors.adapters.base import Adapter, CallContext, Outcome
 from connectors.catalog import ActionRef, Catalog
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode, Execution, Receipt
-from workers import metrics
+from workers import keys, metrics
 from workers.app import EXECUTE_TASK
 from workers.audit import Audit
 from workers.breaker import Permit, SharedBreaker, permit_from
@@ -40,7 +40,7 @@ from workers.consuming import threaded_consumer
 from workers.control import PoolStatus
 from workers.idempotency import Begin, Claim, Ledger, payload_hash
 from workers.publisher import Publisher
-from workers.receipts import ReceiptSink, build_receipt, iso, sent_key
+from workers.receipts import ReceiptSink, build_receipt, iso
 from workers.retry import run_with_retries
 from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
 from workers.tracing import child_traceparent, span
@@ -48,10 +48,6 @@ from workers.batcher import Batcher
 
 log = logging.getLogger("reach.pool")
 REQUEUE_PAUSE_SECONDS = 1.0
-
-
-def deliveries_key(agent_id: str, intent_id: str) -> str:
-    return f"reach:deliveries:{agent_id}:{intent_id}"
 
 
 @dataclass(frozen=True)
@@ -97,7 +93,7 @@ class PoolRuntime:
         agent_id = str(job.get("agent_id") or "")
         reply_to = job.get("reply_to") or agent_id
         if redelivered:
-            decided = self.sink.stored(intent_id)
+            decided = self.sink.stored(agent_id, intent_id)
             if decided is not None and decided.agent_id == agent_id:
                 self._send(decided, reply_to, "redelivered")  # (silently skipped if it was sent)
                 return
@@ -127,7 +123,7 @@ class PoolRuntime:
 
         params = dict(job.get("params") or {})
         attempt = uuid.uuid4().hex[:12]  # this delivery's own claim: see Ledger.abandon
-        key = Ledger.key(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
+        key = keys.idempotency(agent_id, self.connector.name, ref.action.action, str(job.get("idempotency_key") or intent_id))
         safe = ref.action.is_idempotent or bool(self.connector.idempotency_header)
         try:
             self._claim_and_run(job, ref, params, attempt, key, safe, deadline, common, reply_to, answer)
@@ -145,7 +141,7 @@ class PoolRuntime:
         params_hash = payload_hash(params)
         # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
         # and the first attempt's breaker permit while the breaker is closed
-        begin = self.ledger.begin(sent_key(agent_id, intent_id), deliveries_key(agent_id, intent_id), key,
+        begin = self.ledger.begin(keys.sent(agent_id, intent_id), keys.deliveries(agent_id, intent_id), key,
                                   params_hash, intent_id, attempt, self.options.max_deliveries,
                                   breaker_key=self.breaker.key if self.breaker is not None else None,
                                   batcher=self.batcher)
@@ -242,7 +238,7 @@ class PoolRuntime:
                                 suggestion=_check_first(self.connector, ref) if outcome.code is ErrorCode.OUTCOME_UNKNOWN
                                 else outcome.suggestion, details=outcome.details, retry_after_ms=outcome.retry_after_ms,
                                 attempts=result.attempts, downstream_ms=result.downstream_ms)
-        body = receipt.to_json()
+        receipt, body = self.sink.encode(receipt)
         lines = self.audit.render(common["intent_id"], attempts, level=level)
 
         def decided(pipe: Any) -> None:
@@ -253,7 +249,7 @@ class PoolRuntime:
             else:
                 self.ledger.complete_into(pipe, key, body.decode())
             if lines:
-                self.audit.push_into(pipe, common["intent_id"], lines)
+                self.audit.push_into(pipe, common["agent_id"], common["intent_id"], lines)
             self.sink.store_into(pipe, receipt, body)
 
         # one round trip for everything decided (breaker, ledger, attempt audit lines, the receipt),
@@ -359,10 +355,10 @@ class PoolRuntime:
         def mark(pipe: Any) -> None:
             # the delivery count guards against a job that kills its pool before it is answered;
             # once the receipt is out, a redelivery stops at the sent mark (checked first)
-            pipe.delete(deliveries_key(receipt.agent_id or "", receipt.intent_id))
+            pipe.delete(keys.deliveries(receipt.agent_id, receipt.intent_id))
             self.sink.mark_sent_into(pipe, receipt)
             if lines:
-                self.audit.push_into(pipe, receipt.intent_id, lines)
+                self.audit.push_into(pipe, receipt.agent_id, receipt.intent_id, lines)
 
         return lines, mark
 

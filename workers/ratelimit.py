@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import redis
 
+from workers import keys
+
 _PERIOD_MS = {"sec": 1000, "min": 60_000, "hour": 3_600_000}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(sec|min|hour)\s*$")
 
@@ -75,7 +77,7 @@ class RedisRateLimiter:
     @staticmethod
     def _key_and_args(agent: str, connector: str, rate: Rate) -> tuple[str, int, int]:
         # interval in whole ms (at least 1): 1000/sec is as fine as the clock goes
-        return f"reach:rl:{agent}:{connector}", max(1, round(rate.interval_ms)), rate.count
+        return keys.rate_limit(agent, connector), max(1, round(rate.interval_ms)), rate.count
 
     def hit(self, agent: str, connector: str, rate: Rate) -> Verdict:
         key, interval, count = self._key_and_args(agent, connector, rate)

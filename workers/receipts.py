@@ -1,25 +1,20 @@
-"""Receipts: built from an outcome, published (confirmed, persistent), stored in Redis by intent id."""
+"""Receipts: built from an outcome, published (confirmed, persistent), stored in Redis by agent and intent id."""
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
 
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
+from workers import keys
 from workers.publisher import Publisher
 from workers.topology import RECEIPTS_EXCHANGE
 
 log = logging.getLogger("reach.receipts")
-RECEIPT_KEY = "reach:receipt:"
-SENT_KEY = "reach:receipt-sent:"
-
-
-def sent_key(agent_id: str | None, intent_id: str) -> str:
-    """Per agent: one agent's intent ids can never silence another agent's receipts."""
-    return f"{SENT_KEY}{agent_id or '-'}:{intent_id}"
 
 
 def iso(epoch: float) -> str:
@@ -82,29 +77,35 @@ class ReceiptSink:
     receipt again (a duplicate only if the process died between confirm and mark).
     """
 
-    def __init__(self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int) -> None:
+    def __init__(self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int,
+                 limits: ReceiptLimits | None = None) -> None:
         self._publisher = publisher
         self._redis = redis_client
         self._ttl = ttl_seconds
+        self.limits = limits or ReceiptLimits()
+
+    def encode(self, receipt: Receipt) -> tuple[Receipt, bytes]:
+        """The receipt as it will be sent (within the limits) and its JSON."""
+        return fit(receipt, self.limits)
 
     def send(self, receipt: Receipt, routing_key: str | None, mark: bool = True) -> bool:
         """Store, publish with a confirm, mark sent. False when this intent already had its receipt.
 
         Raises if the broker refuses, so the caller does not ack and the intent is redelivered.
         """
-        body = receipt.to_json()
+        receipt, body = self.encode(receipt)
         try:
-            if self._redis.exists(sent_key(receipt.agent_id, receipt.intent_id)):
+            if self._redis.exists(keys.sent(receipt.agent_id, receipt.intent_id)):
                 log.info("receipt for %s was already sent; not sending another", receipt.intent_id)
                 return False
-            self._redis.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
+            self._redis.set(keys.receipt(receipt.agent_id, receipt.intent_id), body, ex=self._ttl)
         except redis.RedisError as exc:
             # the receipt still reaches the agent; lookup by id and redelivery dedupe are lost
             log.error("could not store receipt %s in Redis: %s", receipt.intent_id, exc)
         self.publish(receipt, body, routing_key)
         if mark:  # (a caller with more writes to make marks it in its own round trip)
             try:
-                self._redis.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
+                self._redis.set(keys.sent(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
             except redis.RedisError as exc:
                 log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         return True
@@ -112,7 +113,7 @@ class ReceiptSink:
     # the pool's pipelined path: store with other writes, publish, then mark with other writes
 
     def store_into(self, pipe: Any, receipt: Receipt, body: bytes) -> None:
-        pipe.set(RECEIPT_KEY + receipt.intent_id, body, ex=self._ttl)
+        pipe.set(keys.receipt(receipt.agent_id, receipt.intent_id), body, ex=self._ttl)
 
     def publish(self, receipt: Receipt, body: bytes, routing_key: str | None, then: Any = None) -> None:
         """``then``: Redis commands written once the broker confirmed the receipt, before this
@@ -129,11 +130,50 @@ class ReceiptSink:
                                 headers={"status": receipt.status}, then=then)
 
     def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
-        pipe.set(sent_key(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
+        pipe.set(keys.sent(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
 
     def already_sent(self, agent_id: str | None, intent_id: str) -> bool:
-        return bool(self._redis.exists(sent_key(agent_id, intent_id)))
+        return bool(self._redis.exists(keys.sent(agent_id, intent_id)))
 
-    def stored(self, intent_id: str) -> Receipt | None:
-        raw = self._redis.get(RECEIPT_KEY + intent_id)
+    def stored(self, agent_id: str | None, intent_id: str) -> Receipt | None:
+        """The receipt decided for this agent's intent, if it is still kept."""
+        raw = self._redis.get(keys.receipt(agent_id, intent_id))
         return None if raw is None else Receipt.model_validate_json(raw)
+
+
+@dataclass(frozen=True)
+class ReceiptLimits:
+    """What one receipt may cost: its error details and its size (REACH_MAX_DETAILS,
+    REACH_MAX_RECEIPT_BYTES)."""
+
+    max_details: int = 50
+    max_bytes: int = 1024 * 1024
+
+
+TEXT_LIMIT = 2000  # characters of a message or suggestion kept when a receipt must shrink
+
+
+def fit(receipt: Receipt, limits: ReceiptLimits) -> tuple[Receipt, bytes]:
+    """Cut a receipt down to the limits: at most ``max_details`` details (the last one says how
+    many more there were), then, if it is still too large, shorter texts, no details, and ``data``
+    replaced by a note saying what was left out. Returns the receipt and its JSON."""
+    error = receipt.error
+    if error is not None and len(error.details) > limits.max_details:
+        kept = error.details[:limits.max_details - 1]
+        more = len(error.details) - len(kept)
+        kept.append({"field": "(more)", "code": "more_details", "message": f"and {more} more"})
+        receipt = receipt.model_copy(update={"error": error.model_copy(update={"details": kept})})
+    body = receipt.to_json()
+    if len(body) <= limits.max_bytes:
+        return receipt, body
+    update: dict[str, Any] = {}
+    if receipt.data is not None:
+        update["data"] = {"_reach_omitted": f"the answer was {len(body)} bytes as a receipt; "
+                                            f"receipts are limited to {limits.max_bytes} bytes"}
+    if error is not None:
+        update["error"] = error.model_copy(update={
+            "message": error.message[:TEXT_LIMIT], "suggestion": error.suggestion[:TEXT_LIMIT],
+            "details": [{"field": "(all)", "code": "omitted",
+                         "message": f"{len(error.details)} details left out: the receipt was {len(body)} bytes"}]})
+    receipt = receipt.model_copy(update=update)
+    return receipt, receipt.to_json()

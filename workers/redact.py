@@ -6,7 +6,7 @@ from typing import Any
 
 from connectors.catalog import Catalog, split_action_name
 from connectors.spec import FieldSpec
-from producers.formats import FormatError, loads_strict, normalize
+from producers.formats import DEFAULT_MAX_DEPTH, ENVELOPE_DEPTH, FormatError, loads_strict, normalize
 
 REDACTED = "[redacted]"
 # on a dead letter whose params had sensitive values replaced: it must not be replayed as it is
@@ -44,13 +44,14 @@ def contains_redacted(value: Any) -> bool:
     return value == REDACTED
 
 
-def redact_body(body: bytes, catalog: Catalog) -> bytes:
+def redact_body(body: bytes, catalog: Catalog, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes | None:
     """The message as it will be dead-lettered: sensitive params of every action the intent
-    could mean are replaced. A body that cannot be read is kept as it is (nothing to find)."""
+    could mean are replaced. None when the body cannot be parsed: then nobody can tell which of
+    its values are sensitive, so the caller keeps none of it."""
     try:
-        normalized = normalize(loads_strict(body))
+        normalized = normalize(loads_strict(body, max_depth + ENVELOPE_DEPTH))
     except FormatError:
-        return body
+        return None
     doc = dict(normalized.intent)
     action, params = doc.get("action"), doc.get("params")
     if not isinstance(action, str) or not isinstance(params, dict):

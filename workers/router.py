@@ -11,12 +11,18 @@ this worker run a task by name.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+import amqp.exceptions
+import kombu.exceptions
+import redis
 from celery import Celery
 from celery.worker.consumer import Consumer
 from kombu.message import Message
@@ -28,11 +34,12 @@ from producers.wire import ErrorCode, Receipt
 from workers import metrics
 from workers.app import JobMessages
 from workers.breaker import AlwaysAvailable
-from workers.consuming import threaded_consumer
+from workers.consuming import sender_key, threaded_consumer
+from workers.inbound import OVERSIZE, UNREADABLE
 from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
 from workers.publisher import Publisher
 from workers.guards import Guards, SeparateGuards
-from workers.ratelimit import NoRateLimit, RateLimiter, parse_rate
+from workers.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.receipts import ReceiptSink, build_receipt
 from workers.audit import Audit, params_digest
 from workers.redact import redact_body, redact_params
@@ -41,6 +48,13 @@ from workers.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
 LIST_TOOLS = "reach.list_tools"
+# rejections that mean the sender got something wrong; they count against its invalid allowance
+COUNTED_AS_INVALID = frozenset({ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED,
+                                ErrorCode.VALIDATION_FAILED})
+INVALID_ALLOWANCE = "(invalid)"  # the rate limiter's "connector" for it: no connector can be named so
+# failures after which the same message may well be handled on its next delivery
+TRANSIENT_ERRORS = (OSError, redis.ConnectionError, redis.TimeoutError, amqp.exceptions.RecoverableConnectionError,
+                    kombu.exceptions.OperationalError)
 
 
 @dataclass(frozen=True)
@@ -68,17 +82,48 @@ Decision = Dispatch | Answer
 class Router:
     def __init__(self, catalog: Catalog, *, max_intent_bytes: int, guards: Guards | None = None,
                  limiter: RateLimiter | None = None, availability: Any = None, require_user_id: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 max_depth: int = 32, invalid_rate: Rate | None = None, clock: Callable[[], float] = time.time) -> None:
+        """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``)."""
         self.catalog = catalog
         # the running router passes RedisGuards (one round trip); tests may pass the parts
         self.guards = guards or SeparateGuards(limiter or NoRateLimit(), availability or AlwaysAvailable())
+        self.limiter = limiter or NoRateLimit()
+        self.invalid_rate = invalid_rate
         self.max_intent_bytes = max_intent_bytes
+        self.max_depth = max_depth
         self.require_user_id = require_user_id
         self.clock = clock
 
     def decide(self, raw: RawMessage) -> Decision:
+        decision = self._decide(raw)
+        if (isinstance(decision, Answer) and decision.receipt.error is not None and self.invalid_rate is not None
+                and decision.receipt.error.code in COUNTED_AS_INVALID and decision.receipt.agent_id):
+            return self._count_invalid(decision, decision.receipt.agent_id, self.invalid_rate)
+        return decision
+
+    def _count_invalid(self, answer: Answer, agent_id: str, rate: Rate) -> Answer:
+        """Invalid intents cost their sender too: past its allowance the answer is RATE_LIMITED
+        (still saying what was wrong) and nothing is dead-lettered."""
+        verdict = self.limiter.hit(agent_id, INVALID_ALLOWANCE, rate)
+        if verdict.allowed:
+            return answer
+        error = answer.receipt.error
+        assert error is not None
+        if answer.dead_letter_reason is not None:
+            metrics.DEAD_LETTERS_DROPPED.labels(reason="sender_over_limit").inc()
+        metrics.INTENTS_REJECTED.labels(code=ErrorCode.RATE_LIMITED.value).inc()
+        limited = error.model_copy(update={
+            "code": ErrorCode.RATE_LIMITED, "retryable": True, "retry_after_ms": verdict.retry_after_ms, "details": [],
+            "message": f"{agent_id} sent more invalid intents than {rate.count} per {_human_ms(int(rate.period_ms))}; "
+                       f"this one was {error.code.value}: {error.message}"[:4000],
+            "suggestion": f"Fix what is wrong ({error.suggestion[:500]}) and wait {_human_ms(verdict.retry_after_ms)} "
+                          "before sending more."})
+        receipt = answer.receipt.model_copy(update={"error": limited, "status": "rejected"})
+        return Answer(receipt, answer.routing_key, dead_letter_reason=None, audit=answer.audit)
+
+    def _decide(self, raw: RawMessage) -> Decision:
         received_at = raw.received_at or self.clock()
-        parsed = parse(raw, self.max_intent_bytes, self.require_user_id)
+        parsed = parse(raw, self.max_intent_bytes, self.require_user_id, self.max_depth)
         if isinstance(parsed, ParseFailure):
             return self._invalid(parsed, received_at)
         metrics.INTENTS_RECEIVED.labels(format=parsed.format).inc()
@@ -188,25 +233,37 @@ class Router:
 
 
 class RouterRuntime:
-    """Carries decisions out with confirmed publishes; the message is acked only afterwards."""
+    """Carries decisions out with confirmed publishes; the message is acked only afterwards.
 
-    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher, audit: Audit) -> None:
+    A message is requeued only when the broker or Redis failed (its next delivery may go
+    through), and at most ``max_deliveries`` times; anything else that stops a decision from
+    being carried out is a property of the message, so it is dead-lettered once (or, if even
+    that fails, dropped with a log line and a metric) and acked: nothing loops.
+    """
+
+    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher, audit: Audit, *,
+                 keep_unparsable: bool = False, max_deliveries: int = 5) -> None:
         self.router = router
         self.jobs = JobMessages(app)
         self.sink = sink
         self.publisher = publisher
         self.audit = audit
+        self.keep_unparsable = keep_unparsable
+        self.retries = RetryCounts(max_deliveries)
 
     def process(self, message: Message) -> Callable[[], None]:
         """Route one message; return what must then happen to it on the consumer's own thread
-        (ack, or requeue when the decision could not be carried out)."""
+        (ack, or requeue when the decision could not be carried out for a passing reason)."""
+        properties = message.properties
         raw = RawMessage(
             body=_raw_body(message),
             headers=dict(message.headers or {}),
-            user_id=message.properties.get("user_id"),
-            message_id=message.properties.get("message_id"),
-            content_type=message.content_type,
+            user_id=_text(properties.get("user_id")),
+            message_id=_text(properties.get("message_id")),
+            content_type=_text(message.content_type),
             received_at=time.time(),
+            unreadable=properties.get(UNREADABLE),
+            oversize=properties.get(OVERSIZE),
         )
         try:
             decision = self.router.decide(raw)
@@ -215,14 +272,30 @@ class RouterRuntime:
             decision = self._internal(raw)
         try:
             self._carry_out(decision, raw)
-        except Exception:
-            # broker or Redis trouble: leave the message unacked so it is redelivered, not lost
-            log.exception("could not complete a routing decision; the intent will be redelivered")
-            return message.requeue
+        except TRANSIENT_ERRORS as exc:
+            if self.retries.again(raw):
+                log.warning("could not complete a routing decision (%s); the intent will be redelivered", exc)
+                return message.requeue
+            self._give_up(decision, raw, exc)
+        except Exception as exc:
+            self._give_up(decision, raw, exc)
+        self.retries.forget(raw)
         return message.ack
 
+    def _give_up(self, decision: Decision, raw: RawMessage, exc: BaseException) -> None:
+        """The decision cannot be carried out for this message: keep it once, then let it go."""
+        intent_id = decision.intent_id if isinstance(decision, Dispatch) else decision.receipt.intent_id
+        log.error("giving up on intent %s: %s: %s", intent_id, type(exc).__name__, str(exc)[:300])
+        metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
+        answer = decision if isinstance(decision, Answer) else self._internal(raw)
+        try:
+            self._dead_letter(raw, answer, f"could not be answered: {type(exc).__name__}: {exc}")
+        except Exception as again:
+            log.error("could not dead-letter intent %s either (%s); dropped", intent_id, again)
+            metrics.DEAD_LETTERS_DROPPED.labels(reason="publish_failed").inc()
+
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
-        received = {"ts": round(raw.received_at, 6), "bytes": len(raw.body)}
+        received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
             job = decision.job
             with span("reach.route", job["traceparent"], start_time=raw.received_at,
@@ -244,10 +317,8 @@ class RouterRuntime:
                 ("received", {**received, **common, "format": job["format"]}),
                 ("dispatched", {**common, "param_keys": sorted(redacted), "params_digest": params_digest(redacted),
                                 "route_ms": round((time.time() - raw.received_at) * 1000, 3)}),
-            ], level=binding.audit_level if binding else "full")
+            ], level=binding.audit_level if binding else "full", agent=job["agent_id"])
             return
-        if decision.dead_letter_reason is not None:
-            self._dead_letter(raw, decision)
         receipt = decision.receipt
         self.sink.send(receipt, decision.routing_key)
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
@@ -262,18 +333,43 @@ class RouterRuntime:
                                                    **(decision.audit or {})}),
             ("receipt", {**common, "status": receipt.status, "code": error.code.value if error else None,
                          "latency_ms": receipt.execution.latency_ms}),
-        ], level=binding.audit_level if binding else "full")
+        ], level=binding.audit_level if binding else "full", agent=receipt.agent_id)
+        # after the receipt: a receipt that cannot be sent must not leave a letter per attempt
+        if decision.dead_letter_reason is not None:
+            self._dead_letter(raw, decision, decision.dead_letter_reason)
 
-    def _dead_letter(self, raw: RawMessage, decision: Answer) -> None:
+    def _dead_letter(self, raw: RawMessage, decision: Answer, reason: str) -> None:
+        """Keep the message in reach.dlq for operators, without anything sensitive: an oversize
+        body is never read, and one that cannot be parsed is kept only if the operator opted in."""
+        body, kept = self._letter_body(raw)
         headers = {
-            "x-reach-reason": (decision.dead_letter_reason or "")[:1000],
+            "x-reach-reason": reason[:1000],
             "x-reach-intent-id": decision.receipt.intent_id,
             "x-reach-agent-id": decision.receipt.agent_id or "",
             "x-reach-received-at": datetime.fromtimestamp(raw.received_at, timezone.utc).isoformat(),
+            "x-reach-body-bytes": raw.size,
+            "x-reach-body-sha256": raw.oversize[1] if raw.oversize else hashlib.sha256(raw.body).hexdigest(),
+            "x-reach-body-kept": kept,
         }
-        body = redact_body(raw.body, self.router.catalog)
-        self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
-                               message_id=decision.receipt.intent_id)
+        try:
+            self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
+                                   message_id=decision.receipt.intent_id)
+        except amqp.exceptions.MessageNacked:
+            # reach.dlq is full (its bounds refuse new letters): counted, not retried
+            log.warning("reach.dlq is full; dead letter of intent %s dropped (%s)", decision.receipt.intent_id,
+                        reason[:200])
+            metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
+            return
+        metrics.DEAD_LETTERS.labels(kept=kept).inc()
+
+    def _letter_body(self, raw: RawMessage) -> tuple[bytes, str]:
+        """(what is kept of the body, "redacted" | "full" | "none")."""
+        if raw.oversize is not None or len(raw.body) > self.router.max_intent_bytes:
+            return b"", "none"
+        redacted = redact_body(raw.body, self.router.catalog, self.router.max_depth)
+        if redacted is None:
+            return (raw.body, "full") if self.keep_unparsable else (b"", "none")
+        return redacted, "redacted" if redacted != raw.body else "full"
 
     def _internal(self, raw: RawMessage) -> Answer:
         intent_id, agent_id = fail_identity(raw)
@@ -281,6 +377,36 @@ class RouterRuntime:
                                 received_at=raw.received_at, code=ErrorCode.INTERNAL,
                                 message="the router failed on this intent", suggestion="Retry later; operators were told.")
         return Answer(receipt, agent_id, dead_letter_reason="router error")
+
+
+class RetryCounts:
+    """How often this process requeued a message (by a digest of its id and body), so a message
+    that keeps failing for a passing reason still stops after ``limit`` deliveries. Bounded: the
+    oldest entries are forgotten first."""
+
+    def __init__(self, limit: int, size: int = 10_000) -> None:
+        self._limit = limit
+        self._size = size
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(raw: RawMessage) -> bytes:
+        return hashlib.blake2b(raw.body[:65536] + (raw.message_id or "").encode(), digest_size=16).digest()
+
+    def again(self, raw: RawMessage) -> bool:
+        key = self._key(raw)
+        with self._lock:
+            count = self._counts.pop(key, 0) + 1
+            self._counts[key] = count
+            while len(self._counts) > self._size:
+                self._counts.popitem(last=False)
+        return count < self._limit
+
+    def forget(self, raw: RawMessage) -> None:
+        if self._counts:
+            with self._lock:
+                self._counts.pop(self._key(raw), None)
 
 
 def _human_ms(ms: int) -> str:
@@ -294,20 +420,24 @@ def _human_ms(ms: int) -> str:
 
 
 def _raw_body(message: Message) -> bytes:
-    """The bytes the agent sent. py-amqp decodes bodies by their declared content_encoding;
-    encoding back with the same codec restores the original bytes, so UTF-8 is checked on what
-    was actually sent."""
+    """The bytes the agent sent (``workers.inbound`` keeps py-amqp from decoding them)."""
     body = message.body
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
-    try:
-        return str(body).encode(message.content_encoding or "utf-8")
-    except (LookupError, UnicodeEncodeError):
-        return str(body).encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
+    return str(body).encode("utf-8", "surrogateescape")
 
 
-def consumer_class(runtime: RouterRuntime, threads: int) -> type[Consumer]:
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def consumer_class(runtime: RouterRuntime, threads: int, *, fair: bool = True,
+                   hold_bytes: int | None = None) -> type[Consumer]:
     """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
     publisher confirms are in flight at once (each thread publishes on its own connection).
-    Intents of one agent may therefore be dispatched in a different order than they were sent."""
-    return threaded_consumer(runtime.process, threads, "reach-route")
+    Intents of one agent may therefore be dispatched in a different order than they were sent.
+    ``fair``: one lane per sender, served round-robin (``workers.consuming``), so a flood from one
+    agent does not delay the others; otherwise one FIFO lane. Held messages not yet started are
+    left to the broker on shutdown."""
+    return threaded_consumer(runtime.process, threads, "reach-route", lane_of=sender_key if fair else None,
+                             hold_bytes=hold_bytes, drain_on_shutdown=False)

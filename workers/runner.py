@@ -24,10 +24,11 @@ from workers.pool import PoolOptions, PoolRuntime
 from workers.pool import consumer_class as pool_consumer_class
 from workers.publisher import BatchPublisher, Publisher
 from workers.guards import RedisGuards
-from workers.receipts import ReceiptSink
+from workers.ratelimit import RedisRateLimiter, parse_rate
+from workers.receipts import ReceiptLimits, ReceiptSink
 from workers.router import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
-from workers.topology import INTENTS_QUEUE, connector_queue, declare_all
+from workers.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
 from workers.tracing import configure_tracing
 from workers.batcher import Batcher
 
@@ -65,23 +66,35 @@ def _common_worker_args(loglevel: str) -> list[str]:
     return ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", loglevel]
 
 
+def dead_letter_bounds(settings: Settings) -> DeadLetterBounds:
+    return DeadLetterBounds(settings.dlq_max_length, settings.dlq_max_bytes, settings.dlq_ttl_seconds)
+
+
+def receipt_limits(settings: Settings) -> ReceiptLimits:
+    return ReceiptLimits(settings.max_details, settings.max_receipt_bytes)
+
+
 def run_router(settings: Settings, catalog: Catalog) -> None:
     quiet_per_intent_logs(settings.log_level)
     app = create_app(settings, [INTENTS_QUEUE], worker_prefetch_multiplier=settings.router_prefetch)
     with app.connection_for_write() as conn:
-        declare_all(conn, catalog.connectors)
+        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
     publisher = Publisher(app.producer_pool)
     publisher.prewarm(settings.router_threads)  # one connection per routing thread
     redis_client = _redis(settings)
-    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
+    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
-    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
+    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, max_depth=settings.max_depth,
+                    limiter=RedisRateLimiter(redis_client), invalid_rate=parse_rate(settings.agent_invalid_rate),
                     guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
     batcher = Batcher(redis_client)
-    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router", batcher=batcher))
+    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router", batcher=batcher),
+                            keep_unparsable=settings.dlq_keep_unparsable, max_deliveries=settings.max_deliveries)
     configure_tracing("reach-router")
-    app.conf.worker_consumer = consumer_class(runtime, settings.router_threads)
+    # fair lanes, a prefetch that reads past a flood, the bytes held bounded (workers/consuming.py)
+    app.conf.worker_consumer = consumer_class(runtime, settings.router_threads, fair=settings.router_fair,
+                                              hold_bytes=settings.router_hold_bytes)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
 
     @signals.worker_shutdown.connect(weak=False)
@@ -110,12 +123,12 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         print(f"reach worker {name}: {exc}", file=sys.stderr)
         sys.exit(2)
     with app.connection_for_write() as conn:
-        declare_all(conn, catalog.connectors)
+        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
     redis_client = _redis(settings)
     batcher = Batcher(redis_client)
     publisher = BatchPublisher(app.producer_pool, batcher)  # it writes receipts' sent marks
     publisher.prewarm()  # its connection open before the first intent
-    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds)
+    sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     heartbeat = Heartbeat(redis_client).start()
     status = PoolStatus(redis_client, name, heartbeat.worker_id)
     runtime = PoolRuntime(connector, catalog, adapter, sink,

@@ -37,7 +37,9 @@ class Settings:
     metrics_port: int | None = None
     max_intent_bytes: int = 256 * 1024
     receipt_ttl_seconds: int = 24 * 3600
-    router_prefetch: int = 32
+    router_prefetch: int = 2000               # read past a flood: fair lanes need it (workers/consuming.py)
+    router_hold_bytes: int = 64 * 1024 * 1024  # bytes of intents the router holds at most
+    router_fair: bool = True                  # one lane per sender; 0 = FIFO (for benchmarks)
     router_threads: int = 8
     log_level: str = "INFO"
     require_user_id: bool = False
@@ -93,7 +95,9 @@ class Settings:
             metrics_port=integer("REACH_METRICS_PORT", None),
             max_intent_bytes=integer("REACH_MAX_INTENT_BYTES", 256 * 1024, 64) or 256 * 1024,
             receipt_ttl_seconds=seconds("REACH_RECEIPT_TTL", 24 * 3600),
-            router_prefetch=integer("REACH_ROUTER_PREFETCH", 32, 1) or 32,
+            router_prefetch=integer("REACH_ROUTER_PREFETCH", 2000, 1) or 2000,
+            router_hold_bytes=integer("REACH_ROUTER_HOLD_BYTES", 64 * 1024 * 1024, 1024 * 1024) or 64 * 1024 * 1024,
+            router_fair=flag("REACH_ROUTER_FAIR") if env.get("REACH_ROUTER_FAIR", "").strip() else True,
             router_threads=integer("REACH_ROUTER_THREADS", 8, 1) or 8,
             log_level=(env.get("REACH_LOG_LEVEL") or "INFO").upper(),
             require_user_id=flag("REACH_REQUIRE_USER_ID"),

@@ -1,9 +1,15 @@
 """The AMQP topology of design.md section 1, declared by every process on start."""
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Exchange, Queue
+
+log = logging.getLogger("reach.topology")
 
 INTENTS_EXCHANGE = Exchange("reach.intents", "direct", durable=True)
 INTENTS_QUEUE = Queue("reach.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True)
@@ -12,7 +18,33 @@ RECEIPTS_EXCHANGE = Exchange("reach.receipts", "topic", durable=True)
 DISPATCH_EXCHANGE = Exchange("reach.dispatch", "direct", durable=True)
 # the default exchange routes by queue name; kombu skips binding when the exchange name is ""
 DEFAULT_EXCHANGE = Exchange("", "direct")
-DLQ = Queue("reach.dlq", DEFAULT_EXCHANGE, routing_key="reach.dlq", durable=True)
+DLQ = Queue("reach.dlq", DEFAULT_EXCHANGE, routing_key="reach.dlq", durable=True)  # its name; declare with bounds
+
+
+@dataclass(frozen=True)
+class DeadLetterBounds:
+    """reach.dlq keeps at most this much (REACH_DLQ_MAX_LENGTH, REACH_DLQ_MAX_BYTES, REACH_DLQ_TTL).
+    When full, the broker refuses new letters (the publisher gets a nack and counts the drop in
+    reach_dead_letters_dropped_total); letters older than the TTL are removed by the broker."""
+
+    max_length: int = 10_000
+    max_bytes: int = 256 * 1024 * 1024
+    ttl_seconds: int = 7 * 24 * 3600
+
+    def arguments(self) -> dict[str, object]:
+        return {"x-max-length": self.max_length, "x-max-length-bytes": self.max_bytes,
+                "x-message-ttl": self.ttl_seconds * 1000, "x-overflow": "reject-publish"}
+
+    def policy_command(self, vhost: str = "/") -> str:
+        """The same bounds as a policy, for a reach.dlq declared before they existed."""
+        definition = {"max-length": self.max_length, "max-length-bytes": self.max_bytes,
+                      "message-ttl": self.ttl_seconds * 1000, "overflow": "reject-publish"}
+        return (f"rabbitmqctl set_policy -p {vhost} --apply-to queues reach-dlq-bounds '^reach\\.dlq$' "
+                f"'{json.dumps(definition)}'")
+
+
+def dead_letter_queue(bounds: DeadLetterBounds) -> Queue:
+    return Queue(DLQ.name, DEFAULT_EXCHANGE, routing_key=DLQ.name, durable=True, queue_arguments=bounds.arguments())
 
 CONNECTOR_QUEUE_PREFIX = "reach.connector."
 
@@ -27,16 +59,34 @@ def connector_queue(connector: str) -> Queue:
     return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True)
 
 
-def declare_all(connection: Connection, connectors: Iterable[str]) -> list[str]:
+def declare_all(connection: Connection, connectors: Iterable[str],
+                dead_letters: DeadLetterBounds | None = None) -> list[str]:
     """Declare every exchange and queue (idempotent); returns the queue names."""
     channel = connection.channel()
     try:
         INTENTS_EXCHANGE.declare(channel=channel)
         RECEIPTS_EXCHANGE.declare(channel=channel)
         DISPATCH_EXCHANGE.declare(channel=channel)
-        queues = [INTENTS_QUEUE, DLQ, *(connector_queue(c) for c in connectors)]
+        queues = [INTENTS_QUEUE, *(connector_queue(c) for c in connectors)]
         for queue in queues:
             queue.bind(channel).declare()
-        return [q.name for q in queues]
     finally:
         channel.close()
+    _declare_dead_letters(connection, dead_letters or DeadLetterBounds())
+    return [INTENTS_QUEUE.name, DLQ.name, *(q.name for q in queues[1:])]
+
+
+def _declare_dead_letters(connection: Connection, bounds: DeadLetterBounds) -> None:
+    channel = connection.channel()
+    try:
+        dead_letter_queue(bounds).bind(channel).declare()
+    except PreconditionFailed as exc:
+        # declared earlier with other bounds (or none): the broker keeps the queue as it is; a
+        # policy applies the bounds without re-creating it
+        log.warning("reach.dlq exists with other arguments (%s); to bound it, run: %s", exc,
+                    bounds.policy_command(connection.virtual_host or "/"))
+    finally:
+        try:
+            channel.close()
+        except Exception:
+            pass  # the broker closed it with the 406

@@ -36,6 +36,7 @@ class CallContext:
     idempotency_key: str | None = None
     traceparent: str | None = None
     timeout: float | None = None
+    max_depth: int | None = None  # nesting of ``data`` passed on (REACH_MAX_DEPTH); None: the adapter's own
 
 
 class Adapter(Protocol):

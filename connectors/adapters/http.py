@@ -5,7 +5,12 @@ it sees reach error codes (the boundary translation of httpx's own ``map_httpcor
 
 Safety: the scheme, host, port and path template come from the catalog only. Path parameters
 are percent-encoded (``/`` and dot segments too) and the finished URL is checked against the
-endpoint before anything is sent.
+endpoint before anything is sent. A value too long for a URL or header is refused (never sent)
+as VALIDATION_FAILED, not raised.
+
+An answer nested deeper than ``max_depth`` or larger than ``max_response_bytes`` is not parsed: a
+2xx keeps its success with ``data`` replaced by an ``{"_reach_omitted": ...}`` marker — except a read
+that declares an ``output``, which is DOWNSTREAM_CONTRACT_VIOLATION (a write's effect never turns into a failure).
 """
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ import json
 import re
 import threading
 import time
+from array import array
 from collections.abc import Mapping
 from datetime import date, datetime
+from itertools import accumulate
 from typing import Any
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
@@ -23,17 +30,28 @@ import httpx
 
 from connectors.adapters.base import CallContext, Outcome
 from connectors.auth import TokenError, build_auth
-from connectors.schema import Check, FieldProblem, compile_field
+from connectors.schema import (MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES, Check, FieldProblem,
+                               compile_field)
 from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
 from producers.wire import ErrorCode
 
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+DEFAULT_MAX_DEPTH = 32  # nesting of ``data`` passed on (REACH_MAX_DEPTH): a receipt's JSON must stay cheap to handle
 _OMIT = object()
 _SYSTEM_MESSAGE_KEYS = ("detail", "message", "error_description", "error", "errors", "title")
 
 
 class UnsafeRequest(ValueError):
-    """The request would leave the connector's endpoint or template; it is never sent."""
+    """The request would leave the connector's endpoint or template, or cannot be formed; it is never sent.
+
+    ``field`` names the param at fault, when one is, and ``code`` the problem as the params
+    validator names it (``max_length``, ``header``).
+    """
+
+    def __init__(self, message: str, field: str | None = None, code: str = "max_length") -> None:
+        super().__init__(message)
+        self.field = field
+        self.code = code
 
 
 def encode_path_segment(value: Any) -> str:
@@ -124,11 +142,13 @@ class HttpAdapter:
         environ: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         self.connector = connector
         self._base = httpx.URL(connector.endpoint)
         self._base_path = self._base.raw_path.decode("ascii").rstrip("/")
         self._max_response_bytes = max_response_bytes
+        self._max_depth = max_depth
         self._outputs = _compile_outputs(connector)
         self._auth = build_auth(connector.auth, connector.name, environ)
         self._transport = transport
@@ -185,7 +205,11 @@ class HttpAdapter:
             if converted is _OMIT:
                 continue
             if place == "path":
-                path_values[name] = encode_path_segment(converted)
+                segment = encode_path_segment(converted)
+                if len(segment) > MAX_PATH_SEGMENT_BYTES:
+                    raise UnsafeRequest(f"path parameter {name!r} is longer than {MAX_PATH_SEGMENT_BYTES} bytes "
+                                        "once URL-encoded", field=name)
+                path_values[name] = segment
             elif place == "query":
                 if converted is None:
                     continue
@@ -196,27 +220,39 @@ class HttpAdapter:
                     continue
                 text = _scalar_text(converted)
                 if not _header_safe(text):
-                    raise UnsafeRequest(f"header value for {name!r} must be plain ASCII without control characters")
+                    raise UnsafeRequest(f"header value for {name!r} must be plain ASCII without control characters",
+                                        field=name, code="header")
+                if len(text) > MAX_HEADER_VALUE_BYTES:
+                    raise UnsafeRequest(f"header value for {name!r} is longer than {MAX_HEADER_VALUE_BYTES} bytes", field=name)
                 headers[wire] = text
             else:
                 body[wire] = converted
         path = PATH_PARAM.sub(lambda m: path_values[m.group(1)], template)
         for header, value in ((self.connector.idempotency_header, ctx.idempotency_key), ("traceparent", ctx.traceparent)):
             if header and value:
-                if not _header_safe(value):
-                    raise UnsafeRequest(f"the {header} value must be plain ASCII without control characters")
+                if not _header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
+                    raise UnsafeRequest(f"the {header} value must be plain ASCII without control characters, "
+                                        f"at most {MAX_HEADER_VALUE_BYTES} bytes")
                 headers[header] = value
-        url = self._urls.get(path) if path == template else None
-        if url is None:
-            url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
-            if path == template:  # no path params: the same URL every time (one per action)
-                self._urls[path] = url
         content = None
         if method not in ("GET", "DELETE") or body:
-            content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            try:
+                content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            except (RecursionError, ValueError) as exc:
+                raise UnsafeRequest("the params nest too deeply to be written as JSON") from exc
             headers["Content-Type"] = "application/json"
         headers.setdefault("Accept", "application/json")
-        request = self._client.build_request(method, url, params=query or None, headers=headers, content=content)
+        try:
+            url = self._urls.get(path) if path == template else None
+            if url is None:
+                url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
+                if path == template:  # no path params: the same URL every time (one per action)
+                    self._urls[path] = url
+            request = self._client.build_request(method, url, params=query or None, headers=headers, content=content)
+        except httpx.InvalidURL as exc:  # httpx's own bound (64 KiB a component): far past ours
+            raise UnsafeRequest(f"the request URL is longer than {MAX_URL_BYTES} bytes") from exc
+        if len(request.url.raw_path) > MAX_URL_BYTES:
+            raise UnsafeRequest(f"the request URL is longer than {MAX_URL_BYTES} bytes")
         self._check_destination(request, template, path)
         return request
 
@@ -235,8 +271,10 @@ class HttpAdapter:
         try:
             request = self.build_request(action, params, ctx)
         except UnsafeRequest as exc:
-            return Outcome(False, code=ErrorCode.VALIDATION_FAILED, message=str(exc), sent=False,
-                           suggestion="Remove control characters and path tricks from the params and send again.")
+            details = [{"field": exc.field, "code": exc.code, "message": str(exc)}] if exc.field else []
+            return Outcome(False, code=ErrorCode.VALIDATION_FAILED, message=str(exc), sent=False, details=details,
+                           suggestion="Remove control characters and path tricks from the params, keep URL and "
+                                      "header values short, and send again.")
         safe_to_repeat = action.is_idempotent or bool(self.connector.idempotency_header)
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         request.extensions["timeout"] = httpx.Timeout(timeout, connect=min(timeout, 5.0)).as_dict()
@@ -265,8 +303,11 @@ class HttpAdapter:
                                 "Remove control characters and surrounding spaces from the params and send again.",
                                 started, sent=False)
         except _ResponseTooLarge as exc:
-            return self._failed(ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION, str(exc), "Ask an operator to check the action's response size.",
-                                started, status=exc.status)
+            omitted: dict[str, Any] = {"_reach_omitted": f"the system's answer is larger than {self._max_response_bytes} "
+                                                         "bytes, the limit"}
+            if exc.declared_bytes is not None:
+                omitted["bytes"] = exc.declared_bytes
+            return self._map_response(action, exc.response, b"", (time.perf_counter() - started) * 1000, omitted=omitted)
         except (httpx.TransportError, httpx.DecodingError) as exc:
             if safe_to_repeat:
                 return self._failed(ErrorCode.DOWNSTREAM_ERROR, f"connection to {self.connector.name} failed: {type(exc).__name__}",
@@ -274,6 +315,11 @@ class HttpAdapter:
             return self._unknown(f"the connection to {self.connector.name} broke after the request was sent ({type(exc).__name__})",
                                  action, started)
         elapsed = (time.perf_counter() - started) * 1000
+        max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
+        depth = _depth_past(raw, max_depth)
+        if depth is not None:
+            return self._map_response(action, response, raw, elapsed, omitted={
+                "_reach_omitted": f"the system's answer nests {depth} levels; the limit is {max_depth}", "bytes": len(raw)})
         return self._map_response(action, response, raw, elapsed)
 
     def _read_capped(self, response: httpx.Response, deadline: float) -> bytes:
@@ -286,7 +332,7 @@ class HttpAdapter:
                 raise httpx.ReadTimeout("the response did not complete within the action's timeout")
             size += len(chunk)
             if size > self._max_response_bytes:
-                raise _ResponseTooLarge(response.status_code, self._max_response_bytes)
+                raise _ResponseTooLarge(response, self._max_response_bytes)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -299,15 +345,25 @@ class HttpAdapter:
         return self._failed(ErrorCode.OUTCOME_UNKNOWN, message, self.connector.check_first_suggestion(action.action),
                             started)
 
-    def _map_response(self, action: ActionSpec, response: httpx.Response, raw: bytes, elapsed_ms: float) -> Outcome:
+    def _map_response(self, action: ActionSpec, response: httpx.Response, raw: bytes, elapsed_ms: float, *,
+                      omitted: dict[str, Any] | None = None) -> Outcome:
+        """``omitted``: the answer was too large or too deep to parse; this marker stands for its data."""
         status = response.status_code
-        body = _decode_body(raw)
+        body = None if omitted is not None else _decode_body(raw)
         for rule in action.errors:
             if rule.status == status and (rule.field is None or _dig(body, rule.field) == rule.equals):
                 code = ErrorCode(rule.code)
                 return Outcome(False, code=code, message=rule.message or _system_message(body, status),
                                suggestion=rule.suggestion or _default_suggestion(code), http_status=status,
                                downstream_ms=elapsed_ms)
+        if 200 <= status < 300 and omitted is not None:
+            if self._outputs[action.action] and action.is_idempotent and not action.is_write:
+                return Outcome(False, code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
+                               message=f"{self.connector.name} answered {status} but {omitted['_reach_omitted']}",
+                               suggestion="The answer cannot be checked against the declared output; tell an operator.",
+                               http_status=status, downstream_ms=elapsed_ms)
+            # a write's effect happened (the system said so): it stays a success, without the data
+            return Outcome(True, data=omitted, http_status=status, downstream_ms=elapsed_ms)
         if 200 <= status < 300:
             data = body if isinstance(body, dict) else ({} if body is None else {"result": body})
             problems = _check_output(self._outputs[action.action], data)
@@ -324,9 +380,11 @@ class HttpAdapter:
 
 
 class _ResponseTooLarge(Exception):
-    def __init__(self, status: int, limit: int) -> None:
+    def __init__(self, response: httpx.Response, limit: int) -> None:
         super().__init__(f"the response is larger than {limit} bytes")
-        self.status = status
+        self.response = response
+        length = response.headers.get("Content-Length", "")
+        self.declared_bytes = int(length) if length.isascii() and length.isdigit() and len(length) < 20 else None
 
 
 def _status_code(status: int) -> ErrorCode:
@@ -362,12 +420,56 @@ def _default_suggestion(code: ErrorCode) -> str:
     return _SUGGESTIONS.get(code, "See the error message.")
 
 
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")  # depth does not depend on which kind of bracket
+_BRACKET_STEP = bytes.maketrans(b"[]", b"\x01\xff")  # +1 / -1 as signed bytes
+
+
+def _brackets(raw: bytes) -> bytes:
+    """The JSON text's brackets outside strings, in order. All in C, no parsing: escaped
+    backslashes go first, then escaped quotes, so every quote left opens or closes a string."""
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return b"".join(unescaped.split(b'"')[::2]).translate(_ONE_KIND, _NOT_BRACKET)
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, found without parsing it (no
+    recursion, so no limit a hostile answer can hit): brackets inside strings do not count."""
+    return _nesting(_brackets(raw))
+
+
+def _nesting(brackets: bytes) -> int:
+    return max(accumulate(array("b", brackets.translate(_BRACKET_STEP))), default=0)
+
+
+def _depth_past(raw: bytes, limit: int) -> int | None:
+    """How deep ``data`` would nest (one more than the answer when an array is wrapped in
+    ``{"result": ...}``) if that is past ``limit``; None when within it, or not JSON nesting at all."""
+    start = raw.lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
+    if start not in (b"[", b"{"):
+        return None  # a scalar or text: never parsed recursively
+    limit -= start == b"["
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return None  # the usual answer: too few brackets to nest that deep
+    brackets = remaining = _brackets(raw)
+    for _ in range(limit):  # each pass removes the innermost level (every container without one inside)
+        peeled = remaining.replace(b"[]", b"")
+        if not peeled:
+            return None
+        if len(peeled) == len(remaining):
+            break  # unbalanced: only the exact figure can tell
+        remaining = peeled
+    depth = _nesting(brackets)  # past the limit (or unbalanced): worth the exact figure
+    return depth + (start == b"[") if depth > limit else None
+
+
 def _decode_body(raw: bytes) -> Any:
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
+        # UTF-8 only (RFC 8259), as the depth scan reads it; json.loads(bytes) would also take UTF-16/32
+        return json.loads(raw.decode("utf-8-sig"))
+    except (ValueError, RecursionError):  # RecursionError: only if max_depth was set past Python's own limit
         return raw.decode("utf-8", errors="replace")
 
 

@@ -32,7 +32,7 @@ from workers.cli import main as reach_cli
 from workers.topology import DLQ, INTENTS_QUEUE, connector_queue, declare_all
 
 RUN = uuid.uuid4().hex[:8]
-ALICE, BOB, CAROL, DAVE = (f"idt-{RUN}-{name}" for name in ("alice", "bob", "carol", "dave"))
+ALICE, BOB, CAROL, DAVE = (f"idt_{RUN}_{name}" for name in ("alice", "bob", "carol", "dave"))
 CONNECTOR = "identity_tickets"
 CREATE = f"{CONNECTOR}.create_ticket"
 NEW_TICKET = {"title": "Printer", "description": "on fire"}

@@ -47,7 +47,7 @@ def broker_url() -> str:
 
 @pytest.fixture
 def agent_id() -> str:
-    return f"test-client-{uuid.uuid4().hex[:12]}"
+    return f"test_client_{uuid.uuid4().hex[:12]}"
 
 
 class Broker:
@@ -191,9 +191,9 @@ def test_user_id_property_is_set_on_every_message_only_when_asked(
 
 def test_user_id_must_be_the_agent_id(broker_url: str) -> None:
     with pytest.raises(ValueError, match="must equal agent_id"):
-        ReachClient("ok-agent", broker_url, user_id="someone-else")
+        ReachClient("ok_agent", broker_url, user_id="someone_else")
     with pytest.raises(ValueError, match="not both"):
-        ReachClient("ok-agent", broker_url, user_id="ok-agent", authenticated=True)
+        ReachClient("ok_agent", broker_url, user_id="ok_agent", authenticated=True)
 
 
 def test_generated_intent_ids_are_unique_uuid_hex(client: ReachClient, broker: Broker) -> None:
@@ -265,13 +265,13 @@ def test_malformed_agent_id_or_reply_to_is_refused(broker_url: str) -> None:
     with pytest.raises(ValueError, match="agent_id"):
         ReachClient("bad agent", broker_url)
     with pytest.raises(ValueError, match="reply_to"):
-        ReachClient("ok-agent", broker_url, reply_to="agents.#")
+        ReachClient("ok_agent", broker_url, reply_to="agents.#")
 
 
 def test_unreachable_broker_raises_reach_error_quickly() -> None:
     started = time.monotonic()
     with pytest.raises(ReachError, match="cannot set up with the broker") as info:
-        ReachClient("ok-agent", "amqp://guest:secret@127.0.0.1:1//", connect_timeout=1)
+        ReachClient("ok_agent", "amqp://guest:secret@127.0.0.1:1//", connect_timeout=1)
     assert time.monotonic() - started < 10
     assert "secret" not in str(info.value)
 

@@ -14,7 +14,7 @@ from kombu import Connection, Consumer, Exchange, Queue
 from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, agent
-from workers.receipts import RECEIPT_KEY
+from workers import keys
 from workers.topology import DLQ, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
 
 CATALOG = """
@@ -173,11 +173,11 @@ def test_receipt_is_persistent_json_correlated_and_routed_to_reply_to(fast: Tick
     assert "retry_after_ms" not in body["error"]  # only present when set
 
 
-def test_receipt_is_stored_in_redis_by_intent_id(fast: TicketSystem, tester: ReachClient) -> None:
+def test_receipt_is_stored_in_redis_by_agent_and_intent_id(fast: TicketSystem, tester: ReachClient) -> None:
     receipt = tester.call("query_ticket", {"tid": "TK-0404"}, timeout=20)
-    stored = redis.Redis.from_url(REDIS_URL).get(RECEIPT_KEY + receipt.intent_id)
+    stored = redis.Redis.from_url(REDIS_URL).get(keys.receipt(receipt.agent_id, receipt.intent_id))
     assert stored is not None and json.loads(stored)["intent_id"] == receipt.intent_id
-    assert redis.Redis.from_url(REDIS_URL).ttl(RECEIPT_KEY + receipt.intent_id) > 3600
+    assert redis.Redis.from_url(REDIS_URL).ttl(keys.receipt(receipt.agent_id, receipt.intent_id)) > 3600
 
 
 @pytest.mark.parametrize("params, code, field", [

@@ -10,7 +10,8 @@ import redis
 from connectors.spec import BreakerSpec
 from tests.fleet import REDIS_URL
 from tests.integration.faultproxy import redis_proxy
-from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker, health_key
+from workers import keys
+from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker
 from workers.idempotency import Heartbeat, Ledger, payload_hash
 
 
@@ -24,7 +25,7 @@ def worker(ttl: float = 3.0) -> tuple[Ledger, Heartbeat]:
 
 
 def fresh_key() -> str:
-    return Ledger.key("agent", "conn", "create", uuid.uuid4().hex)
+    return keys.idempotency("agent", "conn", "create", uuid.uuid4().hex)
 
 
 def test_first_claim_wins_and_the_others_see_it_in_progress_reused_or_completed() -> None:
@@ -103,7 +104,7 @@ def breaker(name: str, fail_max: int = 3, reset: str = "300ms", trials: int = 1)
 
 
 def test_breaker_opens_after_fail_max_and_lets_one_trial_through_when_half_open() -> None:
-    name = f"b-{uuid.uuid4().hex[:8]}"
+    name = f"b_{uuid.uuid4().hex[:8]}"
     replicas = [breaker(name) for _ in range(3)]  # three processes' views of one breaker
     for b in replicas:
         assert b.acquire().allowed
@@ -135,7 +136,7 @@ def test_breaker_opens_after_fail_max_and_lets_one_trial_through_when_half_open(
 
 
 def test_a_failed_trial_opens_the_breaker_again() -> None:
-    name = f"b-{uuid.uuid4().hex[:8]}"
+    name = f"b_{uuid.uuid4().hex[:8]}"
     b = breaker(name, fail_max=1)
     b.failure()
     time.sleep(0.35)
@@ -145,7 +146,7 @@ def test_a_failed_trial_opens_the_breaker_again() -> None:
 
 
 def test_successes_reset_the_failure_count() -> None:
-    name = f"b-{uuid.uuid4().hex[:8]}"
+    name = f"b_{uuid.uuid4().hex[:8]}"
     b = breaker(name, fail_max=3)
     b.failure()
     b.failure()
@@ -156,18 +157,18 @@ def test_successes_reset_the_failure_count() -> None:
 
 
 def test_peek_reports_health_marks() -> None:
-    name = f"b-{uuid.uuid4().hex[:8]}"
-    client().set(health_key(name), "down", px=5000)
+    name = f"b_{uuid.uuid4().hex[:8]}"
+    client().set(keys.health(name), "down", px=5000)
     assert breaker(name).peek()[2] == "down"
 
 
 def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None:
     ledger, beat = worker()
-    b = breaker(f"b-{uuid.uuid4().hex[:8]}", fail_max=1, reset="30s")
+    b = breaker(f"b_{uuid.uuid4().hex[:8]}", fail_max=1, reset="30s")
     h = payload_hash({"n": 1})
 
     def begin(key: str, intent: str, max_deliveries: int = 5) -> object:
-        return ledger.begin(f"reach:receipt-sent:t:{intent}", f"reach:deliveries:t:{intent}", key, h, intent,
+        return ledger.begin(keys.sent("t", intent), keys.deliveries("t", intent), key, h, intent,
                             "a", max_deliveries, breaker_key=b.key)
 
     closed_key = fresh_key()
@@ -188,7 +189,7 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     for _ in range(2):
         begin(poisoned_key, "i-poison", max_deliveries=1)
     assert begin(poisoned_key, "i-poison", max_deliveries=1).state == "poison"  # type: ignore[attr-defined]
-    client().set("reach:receipt-sent:t:i-sent", "1")
+    client().set(keys.sent("t", "i-sent"), "1")
     sent = begin(fresh_key(), "i-sent")
     assert sent.state == "sent" and not sent.permit  # type: ignore[attr-defined]
     beat.stop()

@@ -35,8 +35,8 @@ from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, REPO, Fleet, agent, free_port, purge, queue_depth
 from tests.integration.prometheus_server import PrometheusServer, ensure_installed, promtool_check_metrics
-from workers.audit import TRACE_KEY, params_digest
-from workers.control import paused_key
+from workers import keys
+from workers.audit import params_digest
 from workers.ops import list_dead_letters
 from workers.redact import REDACTED, REDACTED_HEADER
 from workers.topology import DEFAULT_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
@@ -147,7 +147,7 @@ def fleet(systems: dict[str, TicketSystem]) -> Iterator[Fleet]:
     running = Fleet(CATALOG.format(tickets=systems[TRACED].url, plain=systems[PLAIN].url), [TRACED],
                     env={"OTEL_TRACES_EXPORTER": "console"})
     control = redis.Redis.from_url(REDIS_URL)
-    control.delete(*(paused_key(c) for c in POOLS))
+    control.delete(*(keys.paused(c) for c in POOLS))
     try:
         running.start()
         purge(connector_queue(PLAIN).name)
@@ -159,7 +159,7 @@ def fleet(systems: dict[str, TicketSystem]) -> Iterator[Fleet]:
                  "router and pools did not get ready")
         yield running
     finally:
-        control.delete(*(paused_key(c) for c in POOLS))
+        control.delete(*(keys.paused(c) for c in POOLS))
         running.stop()
 
 
@@ -632,7 +632,7 @@ def test_an_answered_intent_leaves_its_receipt_and_sent_mark_but_no_delivery_cou
     agent = receipt.agent_id
     # the sent mark is written once the broker confirmed the receipt, just after the agent has it
     wait_for(lambda: store.exists(f"reach:receipt-sent:{agent}:{receipt.intent_id}"), 10, "no sent mark")
-    assert store.exists(f"reach:receipt:{receipt.intent_id}") == 1
+    assert store.exists(keys.receipt(agent, receipt.intent_id)) == 1
     assert store.exists(f"reach:deliveries:{agent}:{receipt.intent_id}") == 0, "the delivery count outlived the receipt"
 
 
@@ -681,8 +681,32 @@ def test_reach_trace_prints_the_stages_in_order_with_timings(fleet: Fleet, ticke
     assert "outcome=DOWNSTREAM_ERROR" in lines[2] and "attempt=2" in lines[3]
     assert "status=failed" in lines[4] and "code=DOWNSTREAM_NOT_FOUND" in lines[4]
 
+    assert "agent ops_agent" in done.stderr  # found without --agent, and named
+    chosen = reach(fleet, "trace", receipt.intent_id, "--agent", "ops_agent")
+    assert chosen.returncode == 0 and chosen.stdout == done.stdout, chosen.stderr
+    elsewhere = reach(fleet, "trace", receipt.intent_id, "--agent", "ops_reader")
+    assert elsewhere.returncode == 1 and "no stages recorded" in elsewhere.stderr
+
     unknown = reach(fleet, "trace", f"never-{RUN}")
     assert unknown.returncode == 1 and "no stages recorded" in unknown.stderr
+
+
+def test_reach_trace_of_an_intent_id_two_agents_used_names_both_and_each_has_its_own(
+        fleet: Fleet, tickets: TicketSystem) -> None:
+    intent_id = f"shared-{RUN}"
+    for agent_id, tid in (("ops_agent", "TK-0201"), ("ops_reader", "TK-0202")):
+        with agent(agent_id) as reach_client:
+            reach_client.publish(QUERY, {"tid": tid}, intent_id=intent_id)
+            assert reach_client.wait(intent_id, timeout=20).agent_id == agent_id
+    both = wait_for(lambda: reach(fleet, "trace", intent_id), 10, "reach trace never saw both agents",
+                    until=lambda run: "ops_reader" in run.stderr)
+    assert both.returncode == 1 and "ops_agent, ops_reader" in both.stderr and "--agent" in both.stderr
+    for agent_id, tid in (("ops_agent", "TK-0201"), ("ops_reader", "TK-0202")):
+        mine = wait_for(lambda: reach(fleet, "trace", intent_id, "--agent", agent_id), 10, "no receipt stage",
+                        until=lambda run: "receipt" in run.stdout)
+        assert mine.returncode == 0, mine.stderr
+        assert {f"agent={agent_id}"} == {word for line in mine.stdout.splitlines() for word in line.split()
+                                         if word.startswith("agent=")}
 
 
 def test_audit_level_summary_writes_only_the_receipt_and_none_writes_nothing(fleet: Fleet,
@@ -698,10 +722,10 @@ def test_audit_level_summary_writes_only_the_receipt_and_none_writes_nothing(fle
     for intent_id in seen["ops_summary"]:
         events = wait_for(lambda: audit_events(fleet, intent_id), 10, "no receipt line under audit_level summary")
         assert [e["stage"] for e in events] == ["receipt"]
-        assert [e["stage"] for e in json_trace(intent_id)] == ["receipt"]
+        assert [e["stage"] for e in json_trace("ops_summary", intent_id)] == ["receipt"]
     for intent_id in seen["ops_silent"]:
         assert audit_events(fleet, intent_id) == []
-        assert json_trace(intent_id) == []
+        assert json_trace("ops_silent", intent_id) == []
         assert reach(fleet, "trace", intent_id).returncode == 1
     summary = reach(fleet, "trace", seen["ops_summary"][0])
     assert summary.returncode == 0 and [stage for _, stage, _ in parse_trace(summary.stdout)] == ["receipt"]
@@ -717,8 +741,8 @@ def parse_trace(output: str) -> list[tuple[float, str, str]]:
     return parsed
 
 
-def json_trace(intent_id: str) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in redis.Redis.from_url(REDIS_URL).lrange(TRACE_KEY + intent_id, 0, -1)]
+def json_trace(agent_id: str, intent_id: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in redis.Redis.from_url(REDIS_URL).lrange(keys.trace(agent_id, intent_id), 0, -1)]
 
 
 # --------------------------------------------------------------------------- status and control

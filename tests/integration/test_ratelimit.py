@@ -12,7 +12,7 @@ from workers.ratelimit import RedisRateLimiter, parse_rate
 
 def test_burst_of_twelve_against_five_per_minute_allows_exactly_five() -> None:
     limiter = RedisRateLimiter(redis.Redis.from_url(REDIS_URL))
-    agent = f"rl-{uuid.uuid4().hex[:8]}"
+    agent = f"rl_{uuid.uuid4().hex[:8]}"
     verdicts = [limiter.hit(agent, "tickets", parse_rate("5/min")) for _ in range(12)]
     assert [v.allowed for v in verdicts] == [True] * 5 + [False] * 7
     # the next slot opens one interval (12 s) after the burst
@@ -20,7 +20,7 @@ def test_burst_of_twelve_against_five_per_minute_allows_exactly_five() -> None:
 
 
 def test_replicas_share_one_limit_under_concurrency() -> None:
-    agent = f"rl-{uuid.uuid4().hex[:8]}"
+    agent = f"rl_{uuid.uuid4().hex[:8]}"
     # two "router replicas", each with its own connection, hammering from 8 threads each
     limiters = [RedisRateLimiter(redis.Redis.from_url(REDIS_URL)) for _ in range(2)]
     allowed: list[bool] = []
@@ -42,7 +42,7 @@ def test_replicas_share_one_limit_under_concurrency() -> None:
 
 def test_limits_are_per_agent_and_connector() -> None:
     limiter = RedisRateLimiter(redis.Redis.from_url(REDIS_URL))
-    a, b = f"rl-{uuid.uuid4().hex[:8]}", f"rl-{uuid.uuid4().hex[:8]}"
+    a, b = f"rl_{uuid.uuid4().hex[:8]}", f"rl_{uuid.uuid4().hex[:8]}"
     rate = parse_rate("1/hour")
     assert limiter.hit(a, "x", rate).allowed and not limiter.hit(a, "x", rate).allowed
     assert limiter.hit(b, "x", rate).allowed and limiter.hit(a, "y", rate).allowed
@@ -52,7 +52,7 @@ def test_tokens_come_back_over_time() -> None:
     import time
 
     limiter = RedisRateLimiter(redis.Redis.from_url(REDIS_URL))
-    agent = f"rl-{uuid.uuid4().hex[:8]}"
+    agent = f"rl_{uuid.uuid4().hex[:8]}"
     rate = parse_rate("20/sec")  # one every 50 ms
     assert sum(limiter.hit(agent, "t", rate).allowed for _ in range(25)) == 20
     time.sleep(0.16)

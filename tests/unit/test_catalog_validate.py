@@ -459,6 +459,30 @@ def test_agent_problem_is_reported_with_file_and_line(tmp_path: Path, case: str)
     assert_reported(tmp_path, path, line, *fragments)
 
 
+@pytest.mark.parametrize("name", ["bad:name", "Desk-Bot", "desk.eu", "desk-eu", "Desk", "_desk", "9desk", "a" * 64])
+@pytest.mark.parametrize("kind", ["connector", "agent_app"])
+def test_names_outside_the_key_safe_charset_are_refused_with_the_rule(tmp_path: Path, kind: str, name: str) -> None:
+    """Redis keys start with "<agent>:" and "<connector>:", so no ':' or '.' (and one spelling
+    per name: lowercase only)."""
+    if kind == "connector":
+        text = f"connector:\n  name: {name}   #!\n  endpoint: http://127.0.0.1:8000\n" \
+               "  actions:\n    - action: a\n      path: GET /a\n"
+    else:
+        write(tmp_path, "tickets.yaml", TICKETS)
+        text = f"agent_app:\n  name: {name}   #!\n  connector_bindings:\n    - connector: tickets\n" \
+               "      allowed_actions: [query_ticket]\n"
+    path = write(tmp_path, "named.yaml", text)
+    assert_reported(tmp_path, path, 2, repr(name), "^[a-z][a-z0-9_]{0,62}$")
+
+
+@pytest.mark.parametrize("name", ["d", "desk", "desk_eu", "ticket_desk_bot2", "a" * 63])
+def test_lowercase_names_with_digits_and_underscores_are_accepted(tmp_path: Path, name: str) -> None:
+    write(tmp_path, "tickets.yaml", TICKETS)
+    write(tmp_path, "named.yaml", f"agent_app:\n  name: {name}\n  connector_bindings:\n    - connector: tickets\n"
+                                  "      allowed_actions: [query_ticket]\n")
+    assert name in catalog_of(tmp_path).agents
+
+
 def test_duplicate_connector_names_across_files_point_at_the_second_declaration(tmp_path: Path) -> None:
     write(tmp_path, "a_tickets.yaml", TICKETS)
     second = "connector:\n  name: tickets   #!\n  endpoint: http://127.0.0.1:9000\n  actions:\n    - action: ping\n      path: GET /ping\n"

@@ -596,7 +596,18 @@ def test_a_redirect_is_never_followed(server: Recorder, sink: Recorder, status: 
     assert len(server.seen) == 1 and sink.seen == []
 
 
-def test_an_oversized_answer_is_a_contract_violation(server: Recorder) -> None:
+def test_an_oversized_answer_to_a_read_with_declared_output_is_a_contract_violation(server: Recorder) -> None:
+    server.answer(200, {"status": "open", "blob": "x" * 5000})
+    spec = connector(server.url, WITH_OUTPUT)
+    adapter = HttpAdapter(spec, environ={}, max_response_bytes=1024)
+    try:
+        outcome = adapter.call(spec.actions[0], {"tid": "TK-1"}, CallContext("intent-1"))
+    finally:
+        adapter.close()
+    assert outcome.code is ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION and "1024 bytes" in outcome.message
+
+
+def test_an_oversized_2xx_answer_without_declared_output_succeeds_without_its_data(server: Recorder) -> None:
     server.answer(200, {"blob": "x" * 5000})
     spec = connector(server.url, READ)
     adapter = HttpAdapter(spec, environ={}, max_response_bytes=1024)
@@ -604,7 +615,8 @@ def test_an_oversized_answer_is_a_contract_violation(server: Recorder) -> None:
         outcome = adapter.call(spec.actions[0], {}, CallContext("intent-1"))
     finally:
         adapter.close()
-    assert outcome.code is ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION and "1024 bytes" in outcome.message
+    assert outcome.ok and "1024 bytes" in outcome.data["_reach_omitted"]
+    assert outcome.data["bytes"] > 1024
 
 
 # -- per-intent headers -------------------------------------------------------------------------
