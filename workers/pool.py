@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import amqp.exceptions
+import kombu.exceptions
 import redis
 from celery.worker.consumer import Consumer
 from kombu.message import Message
@@ -48,6 +50,9 @@ from workers.batcher import Batcher
 
 log = logging.getLogger("reach.pool")
 REQUEUE_PAUSE_SECONDS = 1.0
+# failures after which the job may well finish on its next delivery (the delivery count bounds it)
+TRANSIENT_ERRORS = (OSError, redis.ConnectionError, redis.TimeoutError, amqp.exceptions.RecoverableConnectionError,
+                    kombu.exceptions.OperationalError)
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ class PoolRuntime:
             log.info("intent=%s already has its receipt; redelivery acked without a second one", intent_id)
             return
         if begin.state == "poison":
-            self._dead_letter(job, f"delivered {begin.deliveries} times without finishing (a worker died each time)")
+            self.dead_letter_job(job, f"delivered {begin.deliveries} times without finishing (a worker died each time)")
             answer(ErrorCode.INTERNAL, f"the intent was delivered {begin.deliveries - 1} times and never finished",
                    "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
             return
@@ -299,6 +304,14 @@ class PoolRuntime:
                               queue_ms=round(common["queue_ms"], 3), downstream_ms=None,
                               received_at=iso(common["received_at"]), finished_at=iso(now), deduplicated=True)
         return original.model_copy(update={"intent_id": common["intent_id"], "execution": execution})
+
+    def dead_letter_job(self, job: dict[str, Any], reason: str) -> None:
+        """Keep a job that cannot be finished in reach.dlq (params redacted); a full queue is counted."""
+        try:
+            self._dead_letter(job, reason)
+        except amqp.exceptions.MessageNacked:
+            log.warning("reach.dlq is full; dead letter of intent %s dropped", job.get("intent_id"))
+            metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
 
     def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
         from workers.redact import REDACTED, REDACTED_HEADER, redact_params
@@ -455,10 +468,19 @@ def job_handler(runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECON
             return message.ack
         try:
             runtime.execute(job, redelivered=bool(message.delivery_info.get("redelivered")))
-        except Exception:
+        except TRANSIENT_ERRORS:
             log.exception("could not finish intent %s; it goes back to the queue", job.get("intent_id"))
             time.sleep(requeue_pause)
             return message.requeue
+        except Exception as exc:
+            # not the broker or Redis: the same job would fail the same way on every delivery
+            log.exception("giving up on intent %s", job.get("intent_id"))
+            metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
+            try:
+                runtime.dead_letter_job(job, f"could not be finished: {type(exc).__name__}: {exc}"[:1000])
+            except Exception as again:
+                log.error("could not dead-letter intent %s either (%s); dropped", job.get("intent_id"), again)
+                metrics.DEAD_LETTERS_DROPPED.labels(reason="publish_failed").inc()
         return message.ack
 
     return handle
