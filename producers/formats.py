@@ -20,8 +20,8 @@ from typing import Any
 
 from producers.wire import INTENT_ID_PATTERN
 
-__all__ = ["DEFAULT_MAX_DEPTH", "FORMATS", "FormatError", "Normalized", "json_depth", "loads_strict", "normalize",
-           "value_depth"]
+__all__ = ["DEFAULT_MAX_DEPTH", "FORMATS", "FormatError", "Normalized", "TooDeep", "json_depth", "loads_strict",
+           "normalize", "top_level_string", "value_depth"]
 
 # how deep params may nest; a document may nest a few levels more (the intent around its params,
 # an MCP request around its arguments)
@@ -42,6 +42,14 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 class FormatError(ValueError):
     """A document is not valid JSON or not an intent of any accepted shape."""
+
+
+class TooDeep(FormatError):
+    """The JSON nests deeper than allowed; found before parsing."""
+
+    def __init__(self, depth: int, limit: int) -> None:
+        super().__init__(f"the JSON nests {depth} levels deep; at most {limit} are accepted: flatten it")
+        self.depth = depth
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,17 @@ def json_depth(text: str) -> int:
         else:
             depth -= 1
     return deepest
+
+
+def top_level_string(text: str, key: str) -> str | None:
+    """The string value of ``key`` in the outermost object of JSON text that is too deep to parse
+    (for identifying the sender of an intent refused for its nesting), or None. Bounded: linear."""
+    pattern = re.compile(r'"' + re.escape(key) + r'"\s*:\s*"([^"\\]{1,128})"')
+    for match in pattern.finditer(text):
+        prefix = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text[:match.start()]))
+        if prefix.count("{") + prefix.count("[") - prefix.count("}") - prefix.count("]") == 1:
+            return match.group(1)
+    return None
 
 
 def value_depth(value: Any) -> int:
@@ -118,7 +137,7 @@ def loads_strict(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH + ENVELOP
         raise TypeError(f"loads_strict() takes bytes or str, not {type(data).__name__}")
     # quick bound first: a text with few brackets cannot nest deeply
     if text.count("[") + text.count("{") > max_depth and (depth := json_depth(text)) > max_depth:
-        raise FormatError(f"the JSON nests {depth} levels deep; at most {max_depth} are accepted: flatten it")
+        raise TooDeep(depth, max_depth)
     try:
         value = json.loads(
             text,

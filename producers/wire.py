@@ -167,7 +167,7 @@ class Intent(BaseModel):
     action: str = Field(min_length=1, max_length=300)
     params: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
-    reply_to: str | None = Field(default=None, min_length=1, max_length=255)
+    reply_to: str | None = Field(default=None, min_length=1)  # at most 255 bytes: see _reply_to
     deadline: datetime | None = None
     context: IntentContext | None = None
     traceparent: str | None = Field(default=None, max_length=128)

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producers.formats import DEFAULT_MAX_DEPTH, ENVELOPE_DEPTH, FormatError, loads_strict, normalize, value_depth
+from producers.formats import (DEFAULT_MAX_DEPTH, ENVELOPE_DEPTH, FormatError, TooDeep, loads_strict, normalize,
+                              top_level_string, value_depth)
 from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -95,6 +96,10 @@ def _header_text(headers: dict[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _valid_agent(name: str | None) -> str | None:
+    return name if name is not None and AGENT_ID_PATTERN.match(name) else None
+
+
 def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
     """Intent id and agent of a message the router could not handle, from its properties only."""
     intent_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
@@ -138,17 +143,25 @@ def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
     try:
         document = loads_strict(raw.body, max_depth + ENVELOPE_DEPTH)
         normalized = normalize(document)
+    except TooDeep as exc:
+        # the message cannot be parsed, but its sender can be told: the same claims, found cheaply
+        text = raw.body.decode("utf-8", "replace")
+        claimed_id = top_level_string(text, "intent_id")
+        return fail(f"the intent nests {exc.depth} levels deep; params may nest at most {max_depth} levels: flatten them",
+                    intent_id=claimed_id if claimed_id and INTENT_ID_PATTERN.match(claimed_id) else fallback_id,
+                    agent=trusted(_valid_agent(top_level_string(text, "agent_id")), header_agent))
     except FormatError as exc:
         return fail(str(exc))
     doc = dict(normalized.intent)
-    if (depth := value_depth(doc.get("params"))) > max_depth:
-        return fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them")
 
     # best-effort identity from the body, for the receipt of an intent that fails below
     body_agent = doc.get("agent_id") if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"]) else None
     body_intent = doc.get("intent_id") if isinstance(doc.get("intent_id"), str) and INTENT_ID_PATTERN.match(doc["intent_id"]) else None
     reply_to = doc.get("reply_to") if isinstance(doc.get("reply_to"), str) else None
     intent_id = body_intent or fallback_id
+    if (depth := value_depth(doc.get("params"))) > max_depth:
+        return fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them",
+                    intent_id=intent_id, agent=trusted(body_agent, header_agent))
 
     if user_id is not None:
         # the broker vouches for user_id; anything claiming otherwise is refused, and the

@@ -31,7 +31,7 @@ import httpx
 from connectors.adapters.base import CallContext, Outcome
 from connectors.auth import TokenError, build_auth
 from connectors.schema import (MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES, Check, FieldProblem,
-                               compile_field)
+                               Problems, compile_field)
 from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
 from producers.wire import ErrorCode
 
@@ -517,7 +517,7 @@ def _compile_outputs(connector: ConnectorSpec) -> dict[str, dict[str, Check]]:
 
 
 def _check_output(checks: dict[str, Check], data: dict[str, Any]) -> list[dict[str, Any]]:
-    problems: list[FieldProblem] = []
+    problems = Problems()  # bounded: an answer with 100,000 stray keys must not cost 100,000 details
     for name, check in checks.items():
         if name not in data:
             problems.append(FieldProblem(name, "required", "is missing from the response"))

@@ -12,7 +12,7 @@ import pytest
 
 from connectors.adapters.base import CallContext, Outcome
 from connectors.adapters.http import DEFAULT_MAX_DEPTH, HttpAdapter, json_depth
-from connectors.schema import MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES
+from connectors.schema import DEFAULT_MAX_PROBLEMS, MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
 
@@ -101,8 +101,8 @@ def test_a_deep_answer_to_a_write_keeps_the_success_with_a_marker(levels: int) -
     system = System(nested(levels), status=201)
     outcome = call(system, "create_thing", {"name": "n"})
     assert outcome.ok and outcome.code is None and outcome.http_status == 201
-    assert outcome.data == {"_reach_omitted": f"the system's answer nests {levels} levels; the limit is {DEFAULT_MAX_DEPTH}",
-                            "bytes": len(system.content)}
+    reason = f"the system's answer nests {levels} levels; the limit is {DEFAULT_MAX_DEPTH}"
+    assert outcome.data == {"_reach_omitted": reason, "bytes": len(system.content)}
     assert len(system.requests) == 1
     json.dumps(outcome.data)  # the receipt can carry it
 
@@ -168,3 +168,17 @@ def test_an_oversized_answer_to_a_write_keeps_the_success_with_a_marker() -> Non
 def test_an_oversized_error_answer_maps_by_its_status() -> None:
     outcome = call(System(b"x" * 5000, status=500), "read_any", max_response_bytes=1024)
     assert outcome.code is ErrorCode.DOWNSTREAM_ERROR and outcome.http_status == 500
+
+
+def test_an_answer_breaking_the_declared_output_in_many_ways_keeps_a_bounded_list() -> None:
+    strays = json.dumps({"a": {f"k{i}": i for i in range(60_000)}}).encode()  # each an unknown property
+    spec = ConnectorSpec.model_validate({"name": "sys", "endpoint": "http://sys.example", "actions": [
+        {"action": "read_thing", "path": "GET /thing", "permission": "read",
+         "output": {"a": {"type": "object", "properties": {"x": {}}}}}]})
+    client = HttpAdapter(spec, environ={}, transport=httpx.MockTransport(System(strays)))
+    try:
+        outcome = client.call(spec.actions[0], {}, CallContext("intent-1"))
+    finally:
+        client.close()
+    assert outcome.code is ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION
+    assert len(outcome.details) == DEFAULT_MAX_PROBLEMS

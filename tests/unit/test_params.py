@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors.schema import FieldProblem, ParamValidator, suggestion_for
+from connectors.schema import (DEFAULT_MAX_PROBLEMS, MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES,
+                               FieldProblem, ParamValidator, Problems, suggestion_for)
 from connectors.spec import ActionSpec
 
 
@@ -342,3 +343,59 @@ def test_random_json_params_never_raise(params: dict[str, Any]) -> None:
 def test_huge_integer_for_a_number_field_is_a_problem_not_a_crash() -> None:
     _, problems = check({"n": {"type": "number", "max": 10}}, {"n": 10**400})
     assert codes(problems) == {"n": "max"}
+
+
+# -- bounded work: wire sizes and the number of problems kept -----------------------------------
+
+URL_FIELDS = {"tid": {"required": True}, "note": {"in": "header", "name": "X-Note"}, "q": {}}
+
+
+def test_a_100k_path_parameter_is_a_problem_for_its_field() -> None:
+    _, problems = check(URL_FIELDS, {"tid": "x" * 100_000}, path="GET /things/{tid}")
+    assert [(p.field, p.code) for p in problems] == [("tid", "max_length")]
+    assert str(MAX_PATH_SEGMENT_BYTES) in problems[0].message
+
+
+def test_the_path_bound_counts_bytes_once_url_encoded() -> None:
+    over = "é" * (MAX_PATH_SEGMENT_BYTES // 6 + 1)  # %C3%A9: 6 bytes each
+    assert codes(check(URL_FIELDS, {"tid": over}, path="GET /things/{tid}")[1]) == {"tid": "max_length"}
+    assert check(URL_FIELDS, {"tid": "x" * MAX_PATH_SEGMENT_BYTES}, path="GET /things/{tid}")[1] == []
+
+
+def test_an_over_long_header_value_is_a_problem_for_its_field() -> None:
+    too_long = {"tid": "1", "note": "n" * (MAX_HEADER_VALUE_BYTES + 1)}
+    assert codes(check(URL_FIELDS, too_long, path="GET /things/{tid}")[1]) == {"note": "max_length"}
+    on_bound = {"tid": "1", "note": "n" * MAX_HEADER_VALUE_BYTES}
+    assert check(URL_FIELDS, on_bound, path="GET /things/{tid}")[1] == []
+
+
+def test_query_params_that_make_the_url_too_long_are_a_problem_for_the_longest() -> None:
+    _, problems = check(URL_FIELDS, {"tid": "1", "q": "q" * MAX_URL_BYTES}, path="GET /things/{tid}")
+    assert codes(problems) == {"q": "max_length"} and "URL" in problems[0].message
+
+
+def test_long_body_params_are_not_bounded_by_the_url() -> None:
+    assert check({"text": {}}, {"text": "x" * 100_000}, path="POST /things")[1] == []
+
+
+def test_125k_unknown_keys_keep_a_bounded_list_and_count_them_all() -> None:
+    params = {f"k{i}": i for i in range(125_000)}
+    _, problems = check({"title": {"required": True}}, params)
+    assert isinstance(problems, Problems)
+    assert len(problems) == DEFAULT_MAX_PROBLEMS
+    assert problems.total == 125_001 and problems.more == 125_001 - DEFAULT_MAX_PROBLEMS
+    assert f"(and {125_001 - 8} more)" in suggestion_for(problems)
+
+
+def test_max_problems_sets_how_many_are_kept() -> None:
+    fields = {f"f{i}": {"required": True} for i in range(10)}
+    _, three = validator(fields).validate({}, max_problems=3)
+    assert [p.field for p in three] == ["f0", "f1", "f2"] and three.total == 10
+    _, every = validator(fields).validate({"x": 1}, max_problems=None)
+    assert len(every) == every.total == 11
+
+
+def test_a_missing_path_parameter_is_counted_once_when_the_list_is_full() -> None:
+    _, problems = validator({"tid": {"required": True}}, path="GET /t/{tid}").validate(
+        {f"k{i}": 1 for i in range(5)}, max_problems=2)
+    assert problems.total == 6
