@@ -81,6 +81,8 @@ class Publisher:
                                  content_encoding="utf-8", delivery_mode=2, headers=headers or {}, **properties)
                 self._write_then([then] if then is not None else [])
                 return
+            except amqp.exceptions.MessageNacked:
+                raise  # the broker refused this message (a full queue): publishing it again changes nothing
             except Exception as exc:  # connection or channel trouble: the careful path decides
                 log.info("publisher connection of %s failed (%s); publishing with retries",
                          threading.current_thread().name, exc)
@@ -178,6 +180,8 @@ class BatchPublisher(Publisher):
         item = _Item(body, exchange.name, routing_key, headers or {}, properties, then)
         if self._combiner.run(item, item.done, BATCH_WAIT_SECONDS) and item.error is None:
             return
+        if isinstance(item.error, amqp.exceptions.MessageNacked):
+            raise item.error  # refused by the broker (a full queue), not lost on the way
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         self._careful(body, exchange, routing_key, headers, properties)
         self._write_then([then] if then is not None else [])
