@@ -28,7 +28,7 @@ from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
-from workers.topology import DLQ, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
+from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"crash_{RUN}"
@@ -377,7 +377,7 @@ def test_same_key_with_other_params_is_idempotency_key_reused(fleet: Fleet, syst
 def dead_letters(intent_id: str, timeout: float = 10) -> list[Any]:
     found: list[Any] = []
     with Connection(BROKER_URL) as conn:
-        dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+        dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
 
         def keep(message: Any) -> None:
             if (message.headers or {}).get("x-reach-intent-id") == intent_id:

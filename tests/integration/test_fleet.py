@@ -15,7 +15,7 @@ from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, agent
 from workers import keys
-from workers.topology import DLQ, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
+from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
 
 CATALOG = """
 connector:
@@ -298,7 +298,7 @@ JUNK: list[tuple[str, bytes]] = [
 def test_junk_gets_invalid_intent_receipts_and_dead_letters_and_the_router_keeps_going(fast: TicketSystem,
                                                                                         tester: ReachClient) -> None:
     conn = Connection(BROKER_URL)
-    dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+    dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
     dlq(conn.default_channel).declare()
     conn.default_channel.queue_purge(DLQ.name)
     ids = {}
@@ -326,7 +326,7 @@ def test_junk_gets_invalid_intent_receipts_and_dead_letters_and_the_router_keeps
 
 def test_message_without_identity_goes_to_the_dead_letter_queue_only(fast: TicketSystem) -> None:
     with Connection(BROKER_URL) as conn:
-        dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+        dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
         dlq(conn.default_channel).declare()
         message_id = f"anon-{uuid.uuid4().hex[:10]}"
         publish_raw(b"garbage", message_id=message_id)
@@ -399,7 +399,7 @@ def test_a_pool_dead_letters_what_is_not_a_job_and_runs_no_task_by_name(fast: Ti
         f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([[job], {}, {}]).encode(), "reach.other_task"),
     }
     with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
-        dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+        dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
         dlq(conn.default_channel).declare()
         conn.default_channel.queue_purge(DLQ.name)
         for message_id, (body, task) in messages.items():

@@ -11,7 +11,7 @@ from kombu import Connection, Exchange, Queue
 
 from examples.ticket_system import TicketSystem
 from tests.fleet import BROKER_URL, Fleet, agent
-from workers.topology import DLQ, INTENTS_EXCHANGE
+from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE
 
 CATALOG = """
 connector:
@@ -92,7 +92,7 @@ def test_outside_time_window_never_reaches_the_system(fleet: Fleet, system: Tick
 
 def test_dead_letters_never_hold_sensitive_values(fleet: Fleet, system: TicketSystem) -> None:
     with Connection(BROKER_URL) as conn:
-        dlq = Queue(DLQ.name, Exchange(""), routing_key=DLQ.name, durable=True)
+        dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
         dlq(conn.default_channel).declare()
         conn.default_channel.queue_purge(DLQ.name)
         message_id = f"sens-{uuid.uuid4().hex[:8]}"
