@@ -81,6 +81,19 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+def declare_topology(settings: Settings) -> None:
+    from kombu import Connection
+
+    from connectors.loader import load_directory
+    from connectors.catalog import build
+    from workers.runner import dead_letter_bounds
+    from workers.topology import declare_all
+
+    catalog, _ = build(load_directory(EXAMPLES / "catalog"))
+    with Connection(settings.broker_url, connect_timeout=10) as conn:
+        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+
+
 def run_demo(settings: Settings, keep_running: bool = False) -> int:
     """Returns the process exit code: 0 when every receipt was what the script expects."""
     for name, url, port in (("RabbitMQ", settings.broker_url, 5672), ("Redis", settings.redis_url, 6379)):
@@ -90,6 +103,7 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
     if not (EXAMPLES / "catalog").is_dir():
         print(f"the demo needs the repository's examples/ folder (looked in {EXAMPLES})", file=sys.stderr)
         return 2
+    declare_topology(settings)  # a broker that has never seen the fleet has no exchanges for the clients yet
     tickets = _load_ticket_system().TicketSystem(0).start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     env = dict(os.environ, REACH_CATALOG=str(EXAMPLES / "catalog"), TICKETS_URL=tickets.url,
