@@ -82,7 +82,8 @@ Decision = Dispatch | Answer
 class Router:
     def __init__(self, catalog: Catalog, *, max_intent_bytes: int, guards: Guards | None = None,
                  limiter: RateLimiter | None = None, availability: Any = None, require_user_id: bool = False,
-                 max_depth: int = 32, invalid_rate: Rate | None = None, clock: Callable[[], float] = time.time) -> None:
+                 max_depth: int = 32, max_details: int = 50, invalid_rate: Rate | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``)."""
         self.catalog = catalog
         # the running router passes RedisGuards (one round trip); tests may pass the parts
@@ -91,6 +92,7 @@ class Router:
         self.invalid_rate = invalid_rate
         self.max_intent_bytes = max_intent_bytes
         self.max_depth = max_depth
+        self.max_details = max(2, max_details)
         self.require_user_id = require_user_id
         self.clock = clock
 
@@ -171,11 +173,15 @@ class Router:
             return refuse(ErrorCode.RATE_LIMITED, f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
                           f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
                           ref=ref, retry_after_ms=verdict.retry_after_ms)
-        params, problems = ref.validator.validate(intent.params)
+        # bounded: past max_details - 1 problems the rest are only counted ("and K more")
+        params, problems = ref.validator.validate(intent.params, max_problems=self.max_details - 1)
         if problems:
             summary = "; ".join(f"{p.field} {p.message}" for p in problems[:3]) + ("; …" if len(problems) > 3 else "")
+            details = [p.to_detail() for p in problems]
+            if problems.more:
+                details.append({"field": "(more)", "code": "more_details", "message": f"and {problems.more} more"})
             return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
-                          suggestion_for(problems), ref=ref, details=[p.to_detail() for p in problems])
+                          suggestion_for(problems), ref=ref, details=details)
         if unavailable is not None:
             reason, retry_after_ms = unavailable
             return refuse(ErrorCode.CONNECTOR_UNAVAILABLE, reason,

@@ -85,6 +85,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, max_depth=settings.max_depth,
+                    max_details=settings.max_details,
                     limiter=RedisRateLimiter(redis_client), invalid_rate=parse_rate(settings.agent_invalid_rate),
                     guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
                     require_user_id=settings.require_user_id)
@@ -118,7 +119,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     # solo + prefetch = threads: the consumer's loop hands each job to one of the pool's threads
     app = create_app(settings, [queue], worker_prefetch_multiplier=threads)
     try:
-        adapter = HttpAdapter(connector, max_connections=threads)
+        adapter = HttpAdapter(connector, max_connections=threads, max_depth=settings.max_depth)
     except MissingSecret as exc:
         print(f"reach worker {name}: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -146,8 +146,10 @@ def ready(fleet: Fleet, why: str) -> None:
             RESTARTS.append(f"before {why}: {name} had exited with {proc.returncode}")
             restart(fleet, name)
     purge(INTENTS, DLQ)
-    if probe(timeout=10) is None:
-        RESTARTS.append(f"before {why}: the router did not answer; killed and restarted")
+    stuck = wait_until(lambda: intents_left() == 0, 3, every=0.5) is False  # a loop holds its message unacked
+    if stuck or probe(timeout=10) is None:
+        RESTARTS.append(f"before {why}: the router " + ("kept messages unacked" if stuck else "did not answer")
+                        + "; killed and restarted")
         restart(fleet, "router")
         if probe(timeout=60) is None:
             pytest.fail(f"the router does not answer even after a restart: {fleet.log('router')[-2000:]}")

@@ -114,7 +114,7 @@ def test_receipt_details_are_cut_with_a_count_of_the_rest() -> None:
     receipt, body = fit(_receipt(125_000), ReceiptLimits(max_details=50, max_bytes=1 << 20))
     details = receipt.error.details  # type: ignore[union-attr]
     assert len(details) == 50
-    assert details[-1]["message"] == "and 124951 more"
+    assert details[-1]["message"] == "and 19951 more"
     assert len(body) < 20_000
 
 
@@ -124,3 +124,13 @@ def test_an_oversize_receipt_is_cut_to_the_byte_limit() -> None:
     assert "_reach_omitted" in receipt.data and receipt.status == "succeeded"
     receipt, body = fit(_receipt(40), ReceiptLimits(max_details=50, max_bytes=8192))
     assert len(body) <= 8192 and receipt.error is not None and len(receipt.error.message) <= 2000
+
+
+def test_twenty_thousand_unknown_params_give_a_bounded_receipt_that_counts_the_rest(catalog: Catalog) -> None:
+    params: dict[str, Any] = {f"k{i}": 1 for i in range(20_000)}  # (within the 256 KiB limit)
+    params["title"] = "t"
+    decision = router(catalog).decide(message({"agent_id": "bot", "action": "create_ticket", "params": params}))
+    assert code_of(decision) == "VALIDATION_FAILED"
+    details = decision.receipt.error.details  # type: ignore[union-attr]
+    assert len(details) == 50
+    assert details[-1]["message"] == "and 19951 more"
