@@ -114,7 +114,7 @@ def test_receipt_details_are_cut_with_a_count_of_the_rest() -> None:
     receipt, body = fit(_receipt(125_000), ReceiptLimits(max_details=50, max_bytes=1 << 20))
     details = receipt.error.details  # type: ignore[union-attr]
     assert len(details) == 50
-    assert details[-1]["message"] == "and 19951 more"
+    assert details[-1]["message"] == "and 124951 more"
     assert len(body) < 20_000
 
 
