@@ -191,7 +191,10 @@ def test_reserved_or_malformed_agent_names_get_no_user() -> None:
         agent_permissions(INTENTS_QUEUE.routing_key)  # its receipts could be bound back into reach.intents
     with pytest.raises(ValueError, match="agent name"):
         rabbitmqctl_commands("bad name", "/")
-    assert rabbitmqctl_commands("-x", "/")[0][:4] == ["rabbitmqctl", "add_user", "--", "-x"]
+    for outside in ("-x", "Desk", "desk:eu", "desk.eu"):  # ^[a-z][a-z0-9_]{0,62}$: never an option either
+        with pytest.raises(ValueError, match="agent name"):
+            rabbitmqctl_commands(outside, "/")
+    assert rabbitmqctl_commands("x", "/")[0][:4] == ["rabbitmqctl", "add_user", "--", "x"]
 
 
 def test_cli_creates_prints_rotates_and_deletes_an_agent_user(topology: None, monkeypatch: pytest.MonkeyPatch) -> None:
