@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import click
 
-from producers.wire import AGENT_ID_PATTERN
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 from workers.broker_policy import (AGENT_QUEUE_POLICY, DEFAULT_VHOST_MAX_QUEUES, AgentLimits, AgentQueuePolicy,
                                    check_max_queues, policy_command, user_limits_command, vhost_limits_command)
 from workers.settings import Settings, SettingsError
@@ -75,7 +75,7 @@ def check_agent_name(agent: str) -> None:
     permissions it has), which would feed its receipts back to the router without end.
     """
     if not isinstance(agent, str) or not AGENT_ID_PATTERN.match(agent):
-        raise ValueError(f"agent name {agent!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        raise ValueError(f"agent name {agent!r} must be {NAME_RULE}")
     if agent == INTENTS_QUEUE.routing_key:
         raise ValueError(f"agent name {agent!r} is reserved: it is the routing key of the intents exchange")
 
@@ -233,7 +233,7 @@ def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[
         AgentUserError: No such user, or rabbitmqctl failed.
     """
     if not isinstance(agent, str) or not AGENT_ID_PATTERN.match(agent):
-        raise ValueError(f"agent name {agent!r} must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        raise ValueError(f"agent name {agent!r} must be {NAME_RULE}")
     prefix = _prefix(rabbitmqctl)
     listed = _run(prefix, ["list_user_permissions", "--silent", "--formatter", "json", "--", agent], check=False)
     if listed.returncode != 0:

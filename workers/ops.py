@@ -20,6 +20,7 @@ from workers.redact import REDACTED_HEADER, contains_redacted
 from workers.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 # why a letter stays in reach.dlq instead of being replayed (the CLI prints it)
+NOT_REPLAYED_NOT_KEPT = "its body was not kept (oversize or unparsable: see x-reach-body-bytes and -sha256)"
 NOT_REPLAYED_REDACTED = ("its sensitive params were redacted when it was dead-lettered; "
                          "ask the agent to send the intent again")
 NOT_REPLAYED_NOT_A_JOB = "its body is not a job (a JSON object); it cannot be sent to its connector's pool"
@@ -88,6 +89,8 @@ def _dead_letter(message: Any) -> DeadLetter:
     headers = dict(message.properties.get("application_headers") or {})
     body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
     preview = body[:160].decode("utf-8", "replace").replace("\n", " ")
+    if _text(headers.get("x-reach-body-kept")) == "none":
+        preview = f"(body not kept: {headers.get('x-reach-body-bytes')} bytes, sha256 {_text(headers.get('x-reach-body-sha256'))[:16]}…)"
     return DeadLetter(
         message_id=_text(message.properties.get("message_id")),
         reason=_text(headers.get("x-reach-reason")),
@@ -174,6 +177,9 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
                 if not isinstance(job, dict):
                     kept.append((letter.message_id, NOT_REPLAYED_NOT_A_JOB))
                     continue  # unacked: returned
+            if _text(letter.headers.get("x-reach-body-kept")) == "none":
+                kept.append((letter.message_id, NOT_REPLAYED_NOT_KEPT))
+                continue  # unacked: returned; there is nothing to send again
             if was_redacted(letter):
                 kept.append((letter.message_id, NOT_REPLAYED_REDACTED))
                 continue  # unacked: returned, and its markers stay as they are

@@ -425,7 +425,8 @@ def test_promtool_check_metrics_passes_on_every_endpoint(fleet: Fleet, prometheu
     documented = {"reach_intents_received", "reach_intents_rejected", "reach_intents_dispatched",
                   "reach_actions_executed", "reach_receipts_published", "reach_downstream_call_seconds",
                   "reach_queue_wait_seconds", "reach_intent_latency_seconds", "reach_breaker_state",
-                  "reach_connector_health", "reach_queue_depth", "reach_queue_consumers"}
+                  "reach_connector_health", "reach_queue_depth", "reach_queue_consumers", "reach_dead_letters",
+                  "reach_dead_letters_dropped", "reach_messages_dropped"}
     # counters and histograms appear once they have a child; the gauges are there from the start
     assert {"reach_breaker_state", "reach_connector_health", "reach_queue_depth", "reach_queue_consumers"} <= names
     # prometheus_client also serves a `<counter or histogram>_created` gauge family for each of them
@@ -900,8 +901,9 @@ def test_dlq_list_shows_reason_agent_time_and_a_redacted_preview_without_removin
     year = str(datetime.now().year)
     for message_id in (not_json, wrong_shape):
         assert "ops_agent" in by_id[message_id] and year in by_id[message_id]
-    assert "JSON" in by_id[not_json] and "{not json" in by_id[not_json]
-    assert "bogus" in by_id[wrong_shape] and "garbage" in by_id[anonymous]
+    # unparsable bodies are kept without their content: the preview says so, with the size
+    assert "JSON" in by_id[not_json] and "{not json" not in by_id[not_json] and "not kept: 9 bytes" in by_id[not_json]
+    assert "bogus" in by_id[wrong_shape] and "garbage" not in by_id[anonymous] and "not kept: 7" in by_id[anonymous]
     assert SECRET not in listed.stdout
     # the table cuts the preview to its column; the full preview the CLI prints from is redacted too
     previews = {letter.message_id: letter.preview for letter in list_dead_letters(BROKER_URL)}
