@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from datetime import datetime
 import time
 import uuid
 from collections.abc import Iterator
@@ -89,22 +90,32 @@ def _flood(kind: str) -> None:
         conn.close()
 
 
-def _calm_latencies(seconds: float, during: Any) -> list[float]:
-    """B: one intent every 50 ms for ``seconds`` (``during`` runs once B is going), each timed from
-    publish to its receipt; a receipt that never comes counts as 30 s."""
+def _calm_overtaken(seconds: float, during: Any) -> list[int]:
+    """B: one intent every 50 ms for ``seconds`` (``during`` runs once B is going). For each of B's
+    intents: how many flood intents the router finished between B's publish and B's own receipt
+    (by the receipts' finished_at; same machine, same clock). Behind a FIFO that is the whole
+    backlog; with fair lanes, a few. Counts, not milliseconds: the machine's speed does not change
+    them much. A receipt that never comes counts as the whole flood."""
     conn = _connect()
     ch = conn.channel()
     queue, _, _ = ch.queue_declare("", exclusive=True, auto_delete=True)
     ch.queue_bind(queue, exchange="reach.receipts", routing_key=CALM)
-    sent: dict[str, float] = {}
-    got: dict[str, float] = {}
+    ch.queue_bind(queue, exchange="reach.receipts", routing_key=FLOODER)
+    published: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    flood_finished: list[float] = []
     statuses: list[str] = []
 
     def on_receipt(message: amqp.Message) -> None:
+        receipt = json.loads(message.body)
+        at = datetime.fromisoformat(receipt["execution"]["finished_at"].replace("Z", "+00:00")).timestamp()
+        if message.delivery_info.get("routing_key") == FLOODER:
+            flood_finished.append(at)
+            return
         intent_id = message.properties.get("correlation_id")
-        if intent_id in sent and intent_id not in got:
-            got[intent_id] = (time.perf_counter() - sent[intent_id]) * 1000
-            statuses.append(json.loads(message.body)["status"])
+        if intent_id in published and intent_id not in finished:
+            finished[intent_id] = at
+            statuses.append(receipt["status"])
 
     ch.basic_consume(queue, callback=on_receipt, no_ack=True)
 
@@ -123,19 +134,20 @@ def _calm_latencies(seconds: float, during: Any) -> list[float]:
             while (left := t0 + i * 0.05 - time.perf_counter()) > 0:
                 drain(left)
             intent_id = f"calm-{RUN}-{uuid.uuid4().hex[:6]}"
-            sent[intent_id] = time.perf_counter()
+            published[intent_id] = time.time()
             ch.basic_publish(amqp.Message(json.dumps({"intent_id": intent_id, "agent_id": CALM, "action": "create_ticket",
                                                       "params": {"title": f"c{i}", "description": "d"}}).encode(),
                                           content_type="application/json", message_id=intent_id),
                              exchange="reach.intents", routing_key="intent")
             i += 1
-        deadline = time.time() + 30
-        while len(got) < len(sent) and time.time() < deadline:
+        deadline = time.time() + 60
+        while (len(finished) < len(published) or len(flood_finished) < FLOOD) and time.time() < deadline:
             drain(0.2)
     finally:
         conn.close()
     assert statuses and set(statuses) == {"succeeded"}, statuses
-    return sorted(got.get(k, 30_000.0) for k in sent)
+    return sorted(sum(1 for f in flood_finished if published[k] <= f <= finished[k]) if k in finished else FLOOD
+                  for k in published)
 
 
 def _wait_drained(timeout: float = 120) -> None:
@@ -147,9 +159,12 @@ def _wait_drained(timeout: float = 120) -> None:
 @pytest.mark.parametrize("kind", ["valid", "invalid"])
 def test_a_flood_from_one_agent_does_not_hold_back_another(fleet: Fleet, kind: str) -> None:
     _wait_drained()
-    latencies = _calm_latencies(4.0, lambda: _flood(kind))
-    p95 = latencies[max(0, int(round(0.95 * len(latencies) + 0.5)) - 1)]
-    # FIFO behind the flood took seconds on this machine (BENCHMARKS.md "Fairness under a flood")
-    assert p95 < 1000, f"B's p95 {p95:.0f} ms during a {FLOOD}-intent {kind} flood: {latencies[-10:]}"
+    overtaken = _calm_overtaken(4.0, lambda: _flood(kind))
+    p95 = overtaken[max(0, int(round(0.95 * len(overtaken) + 0.5)) - 1)]
+    # the time it takes is bench/fairness.py's to measure (BENCHMARKS.md "Fairness under a flood")
+    median = overtaken[len(overtaken) // 2]
+    # in arrival order B waits behind the whole backlog (median ~half the flood, p95 nearly all of
+    # it); with fair lanes only the read-ahead of the flood's first moment holds it back
+    assert median <= FLOOD // 10 and p95 <= FLOOD // 2, f"B waited behind {overtaken} flood intents ({kind})"
     _wait_drained()
     fleet.check_alive()
