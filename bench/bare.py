@@ -1,12 +1,12 @@
 """Variant b: the same two hops as the fleet in plain Celery, with no guardrails at all.
 
-    agent --JSON--> [bare.intents] -> ROUTER (solo; reads raw JSON, like workers/router.py's
+    agent --JSON--> [bare.intents] -> ROUTER (solo; reads raw JSON, like workers/router/routing.py's
                                       consumer_class) --Celery task--> [bare.connector.fast]
                   -> CONNECTOR (threads pool; httpx POST, one client, keep-alive)
                   --JSON receipt--> [bare.receipts] (topic, routing key = reply_to)
 
 No parsing beyond json.loads, no identity, permission, rate limit, validation, idempotency, breaker,
-Redis, audit, metrics or tracing. The broker settings are the fleet's (workers/app.py), copied
+Redis, audit, metrics or tracing. The broker settings are the fleet's (workers/transport/app.py), copied
 here on purpose so this baseline does not move when the fleet's code changes: JSON, persistent
 messages, publisher confirms, acks_late + reject_on_worker_lost, prefetch 1 per pool thread,
 router prefetch 32 (REACH_ROUTER_PREFETCH's default), no result backend, no events, no mingle/gossip.

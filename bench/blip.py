@@ -30,7 +30,7 @@ from common import (Agent, Procs, Vhost, downstream_stats, ensure_services, queu
                     start_downstream, start_private_redis, tmpdir)
 from reachfleet import ReachFleet  # noqa: E402
 
-from workers import keys  # noqa: E402
+from workers.state import keys  # noqa: E402
 
 FAST_QUEUE = "reach.connector." + catalogs.FAST
 

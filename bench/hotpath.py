@@ -32,19 +32,19 @@ import catalogs  # noqa: E402
 from connectors.adapters.http import HttpAdapter  # noqa: E402
 from connectors.catalog import build  # noqa: E402
 from connectors.loader import load_directory  # noqa: E402
-from workers.app import create_app  # noqa: E402
-from workers.audit import Audit  # noqa: E402
-from workers.breaker import SharedBreaker  # noqa: E402
-from workers.guards import RedisGuards  # noqa: E402
-from workers.idempotency import Heartbeat, Ledger  # noqa: E402
-from workers.intake import RawMessage  # noqa: E402
-from workers.pool import PoolRuntime  # noqa: E402
-from workers.publisher import BatchPublisher, Publisher  # noqa: E402
-from workers.receipts import ReceiptSink  # noqa: E402
-from workers.router import Dispatch, Router, RouterRuntime  # noqa: E402
+from workers.transport.app import create_app  # noqa: E402
+from workers.observability.audit import Audit  # noqa: E402
+from workers.state.breaker import SharedBreaker  # noqa: E402
+from workers.state.guards import RedisGuards  # noqa: E402
+from workers.state.ledger import Heartbeat, Ledger  # noqa: E402
+from workers.router.intake import RawMessage  # noqa: E402
+from workers.pool.runtime import PoolRuntime  # noqa: E402
+from workers.transport.publisher import BatchPublisher, Publisher  # noqa: E402
+from workers.transport.receipts import ReceiptSink  # noqa: E402
+from workers.router.routing import Dispatch, Router, RouterRuntime  # noqa: E402
 from workers.settings import Settings  # noqa: E402
-from workers.topology import connector_queue, declare_all  # noqa: E402
-from workers.batcher import Batcher  # noqa: E402
+from workers.transport.topology import connector_queue, declare_all  # noqa: E402
+from workers.state.batcher import Batcher  # noqa: E402
 
 
 def main() -> int:

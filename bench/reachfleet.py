@@ -1,5 +1,5 @@
 """Variant c: the real fleet, started exactly as tests/fleet.py starts it — ``python -m
-workers.cli router`` and ``python -m workers.cli worker NAME`` subprocesses, each in its own
+workers.ops.cli router`` and ``python -m workers.ops.cli worker NAME`` subprocesses, each in its own
 session, with REACH_CATALOG, REACH_BROKER_URL, REACH_REDIS_URL, REACH_LOG_LEVEL=INFO and a
 REACH_METRICS_PORT of its own."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ReachFleet:
         port = free_port()
         self.metrics_ports[name] = port
         proc_name = f"{self.prefix}-{name}"
-        self.procs.start(proc_name, [PYTHON, "-m", "workers.cli", *args], env=dict(self.env, REACH_METRICS_PORT=str(port)),
+        self.procs.start(proc_name, [PYTHON, "-m", "workers.ops.cli", *args], env=dict(self.env, REACH_METRICS_PORT=str(port)),
                          cwd=REPO)
         self.names.append(proc_name)
 

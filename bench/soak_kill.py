@@ -37,7 +37,7 @@ from producers.client import ReachClient  # noqa: E402
 from producers.wire import Receipt  # noqa: E402
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet  # noqa: E402
 from tests.integration.counting_system import CountingSystem  # noqa: E402
-from workers import keys  # noqa: E402
+from workers.state import keys  # noqa: E402
 
 STARTUP_CRASH = "Consumer does not have any callbacks"
 

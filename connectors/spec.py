@@ -11,12 +11,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from connectors.durations import Duration
+from connectors.rates import parse_rate
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 PATH_PARAM = re.compile(r"\{([^{}]*)\}")
-RATE_LIMIT = re.compile(r"^\s*(\d+)\s*/\s*(sec|min|hour)\s*$")
 HOURS_WINDOW = re.compile(r"^\s*(\d{2}):(\d{2})\s*-\s*(\d{2}):(\d{2})\s+(\S+)\s*$")
 
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
@@ -346,9 +346,7 @@ class Binding(_Spec):
     @classmethod
     def _rate(cls, v: str | None) -> str | None:
         if v is not None:
-            match = RATE_LIMIT.match(v)
-            if not match or int(match.group(1)) < 1:
-                raise ValueError(f"rate_limit {v!r} must look like 10/sec, 10/min or 10/hour")
+            parse_rate(v)  # its ValueError says what is wrong
         return v
 
     @field_validator("allowed_hours")

@@ -17,7 +17,7 @@ from typing import Any
 from kombu import Connection
 
 from producers.client import ReachClient
-from workers.topology import INTENTS_QUEUE, connector_queue
+from workers.transport.topology import INTENTS_QUEUE, connector_queue
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BROKER_URL = os.environ.get("REACH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -141,7 +141,7 @@ class Fleet:
     def start_process(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")
         env = dict(self.env, REACH_METRICS_PORT=str(free_port()), **(extra_env or {}))
-        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-m", "workers.ops.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=REPO)
         self.procs[name] = proc
         return proc

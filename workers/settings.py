@@ -20,7 +20,7 @@ class SettingsError(ValueError):
 
 
 def _rate(name: str, raw: str) -> str:
-    from workers.ratelimit import parse_rate
+    from connectors.rates import parse_rate
 
     try:
         parse_rate(raw)
@@ -37,7 +37,7 @@ class Settings:
     metrics_port: int | None = None
     max_intent_bytes: int = 256 * 1024
     receipt_ttl_seconds: int = 24 * 3600
-    router_prefetch: int = 2000               # read past a flood: fair lanes need it (workers/consuming.py)
+    router_prefetch: int = 2000               # read past a flood: fair lanes need it (workers/transport/consuming.py)
     router_hold_bytes: int = 64 * 1024 * 1024  # bytes of intents the router holds at most
     router_fair: bool = True                  # one lane per sender; 0 = FIFO (for benchmarks)
     router_threads: int = 8

@@ -1,6 +1,6 @@
 """Agent identity enforced by the broker: real least-privilege RabbitMQ users against a real fleet.
 
-Each agent here is a RabbitMQ user created with ``workers.agents.create_agent_user`` (unique names
+Each agent here is a RabbitMQ user created with ``workers.ops.agents.create_agent_user`` (unique names
 per run, deleted at the end). The fleet runs with ``REACH_REQUIRE_USER_ID=1``. The attacks use
 pika with a fresh connection each: RabbitMQ closes the channel on ACCESS_REFUSED.
 """
@@ -26,10 +26,10 @@ from examples.ticket_system import TicketSystem
 from producers.client import ReachClient, ReachError
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, Fleet
-from workers.agents import agent_permissions, create_agent_user, delete_agent_user, rabbitmqctl_commands, vhost_of
-from workers.app import EXECUTE_TASK
-from workers.cli import main as reach_cli
-from workers.topology import DLQ, INTENTS_QUEUE, connector_queue, declare_all
+from workers.ops.agents import agent_permissions, create_agent_user, delete_agent_user, rabbitmqctl_commands, vhost_of
+from workers.transport.app import EXECUTE_TASK
+from workers.ops.cli import main as reach_cli
+from workers.transport.topology import DLQ, INTENTS_QUEUE, connector_queue, declare_all
 
 RUN = uuid.uuid4().hex[:8]
 ALICE, BOB, CAROL, DAVE = (f"idt_{RUN}_{name}" for name in ("alice", "bob", "carol", "dave"))

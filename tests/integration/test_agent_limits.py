@@ -22,9 +22,9 @@ from kombu import Connection
 
 from producers.client import ReachClient
 from tests.fleet import SHARED_BROKER_URL
-from workers.broker_policy import AGENT_QUEUE_POLICY
-from workers.cli import main as reach_cli
-from workers.topology import declare_all
+from workers.ops.broker_policy import AGENT_QUEUE_POLICY
+from workers.ops.cli import main as reach_cli
+from workers.transport.topology import declare_all
 
 RUN = uuid.uuid4().hex[:8]
 VHOST = f"reach-limits-{RUN}"

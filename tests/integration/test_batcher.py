@@ -12,7 +12,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.fleet import REDIS_URL
-from workers.batcher import Batcher
+from workers.state.batcher import Batcher
 
 
 def test_forty_threads_get_their_own_results_in_order() -> None:

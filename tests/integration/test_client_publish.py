@@ -24,7 +24,7 @@ from kombu.message import Message
 from producers import ReachClient, ReachError, Receipt, ReceiptTimeout
 from producers.wire import ErrorCode, ErrorInfo, Execution
 from tests.fleet import BROKER_URL
-from workers.topology import declare_all
+from workers.transport.topology import declare_all
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
-from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
+from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"crash_{RUN}"

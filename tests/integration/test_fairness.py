@@ -1,5 +1,5 @@
 """Fair consumption through the running router: one agent's flood does not hold another's intents
-behind it (workers/consuming.py; the figures of record are bench/fairness.py's, BENCHMARKS.md)."""
+behind it (workers/transport/consuming.py; the figures of record are bench/fairness.py's, BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ import pytest
 
 from examples.ticket_system import TicketSystem
 from tests.fleet import BROKER_URL, Fleet, queue_depth
-from workers.topology import INTENTS_QUEUE
+from workers.transport.topology import INTENTS_QUEUE
 
 RUN = uuid.uuid4().hex[:6]
 FLOODER = f"flood_{RUN}"

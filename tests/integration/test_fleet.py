@@ -14,8 +14,8 @@ from kombu import Connection, Consumer, Exchange, Queue
 from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, agent
-from workers import keys
-from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
+from workers.state import keys
+from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
 
 CATALOG = """
 connector:

@@ -11,7 +11,7 @@ from kombu import Connection, Exchange, Queue
 
 from examples.ticket_system import TicketSystem
 from tests.fleet import BROKER_URL, Fleet, agent
-from workers.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE
+from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE
 
 CATALOG = """
 connector:

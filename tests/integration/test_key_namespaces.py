@@ -1,5 +1,5 @@
 """Redis keys are namespaced by agent: one agent's intent ids can never answer, overwrite or
-reveal another agent's intent (design.md section 9, "Hostile input"; workers/keys.py)."""
+reveal another agent's intent (design.md section 9, "Hostile input"; workers/state/keys.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import redis
 from examples.ticket_system import TicketSystem
 from producers.wire import Receipt
 from tests.fleet import REDIS_URL, Fleet, agent
-from workers import keys
+from workers.state import keys
 
 RUN = uuid.uuid4().hex[:8]
 CONNECTOR = "keyspace_tickets"

@@ -10,9 +10,9 @@ import redis
 from connectors.spec import BreakerSpec
 from tests.fleet import REDIS_URL
 from tests.integration.faultproxy import redis_proxy
-from workers import keys
-from workers.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker
-from workers.idempotency import Heartbeat, Ledger, payload_hash
+from workers.state import keys
+from workers.state.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker
+from workers.state.ledger import Heartbeat, Ledger, payload_hash
 
 
 def client() -> redis.Redis:

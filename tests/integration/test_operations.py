@@ -35,11 +35,11 @@ from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, REPO, Fleet, agent, free_port, purge, queue_depth
 from tests.integration.prometheus_server import PrometheusServer, ensure_installed, promtool_check_metrics
-from workers import keys
-from workers.audit import params_digest
-from workers.ops import list_dead_letters
-from workers.redact import REDACTED, REDACTED_HEADER
-from workers.topology import DEFAULT_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
+from workers.state import keys
+from workers.observability.audit import params_digest
+from workers.ops.fleet import list_dead_letters
+from workers.observability.redaction import REDACTED, REDACTED_HEADER
+from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:8]
 SECRET = f"+1-555-0199-{RUN}"  # the value of a `sensitive: true` param: must never be kept anywhere
@@ -224,7 +224,7 @@ def probe(port: int, path: str) -> tuple[int, bytes, str]:
 def reach(fleet: Fleet, *args: str, env: dict[str, str] | None = None,
           timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the `reach` CLI as an operator would, with the fleet's environment."""
-    return subprocess.run([sys.executable, "-m", "workers.cli", *args], env=dict(fleet.env, **(env or {})),
+    return subprocess.run([sys.executable, "-m", "workers.ops.cli", *args], env=dict(fleet.env, **(env or {})),
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

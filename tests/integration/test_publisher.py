@@ -12,7 +12,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
 from tests.fleet import BROKER_URL
-from workers.publisher import BatchPublisher, Publisher
+from workers.transport.publisher import BatchPublisher, Publisher
 
 EXCHANGE = Exchange("", "direct")
 
@@ -102,7 +102,7 @@ def test_what_follows_a_confirm_is_in_redis_before_publish_returns(kind: type[Pu
     import redis
 
     from tests.fleet import REDIS_URL
-    from workers.batcher import Batcher
+    from workers.state.batcher import Batcher
 
     client = redis.Redis.from_url(REDIS_URL)
     connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})

@@ -7,7 +7,7 @@ import uuid
 import redis
 
 from tests.fleet import REDIS_URL
-from workers.ratelimit import RedisRateLimiter, parse_rate
+from workers.state.ratelimit import RedisRateLimiter, parse_rate
 
 
 def test_burst_of_twelve_against_five_per_minute_allows_exactly_five() -> None:

@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from workers.combining import Combiner
+from workers.state.combining import Combiner
 
 
 class Item:

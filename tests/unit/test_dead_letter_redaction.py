@@ -11,9 +11,9 @@ import pytest
 
 from connectors.catalog import Catalog
 from tests.unit.routing_catalog import routing_catalog
-from workers.ops import DeadLetter, was_redacted
-from workers.pool import PoolRuntime
-from workers.redact import REDACTED, REDACTED_HEADER, contains_redacted
+from workers.ops.fleet import DeadLetter, was_redacted
+from workers.pool.runtime import PoolRuntime
+from workers.observability.redaction import REDACTED, REDACTED_HEADER, contains_redacted
 
 
 @pytest.fixture(scope="module")

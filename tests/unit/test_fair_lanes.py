@@ -1,4 +1,4 @@
-"""Fair consumption (workers/consuming.py): lanes per sender served round-robin, the bytes held
+"""Fair consumption (workers/transport/consuming.py): lanes per sender served round-robin, the bytes held
 bounded, back-pressure through the prefetch, and shutdown."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from unittest import mock
 
 from kombu.common import QoS
 
-from workers.consuming import ANONYMOUS, MESSAGE_OVERHEAD, PEEK_BYTES, FairLanes, sender_key, threaded_consumer
+from workers.transport.consuming import ANONYMOUS, MESSAGE_OVERHEAD, PEEK_BYTES, FairLanes, sender_key, threaded_consumer
 
 
 class FakeChannel:

@@ -10,10 +10,10 @@ from connectors.catalog import Catalog
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from tests.unit.routing_catalog import routing_catalog
 from tests.unit.test_router_decide import CountingLimiter, code_of, message, router
-from workers.intake import RawMessage
-from workers.receipts import ReceiptLimits, fit
-from workers.router import INVALID_ALLOWANCE, Answer
-from workers.ratelimit import Rate
+from workers.router.intake import RawMessage
+from workers.transport.receipts import ReceiptLimits, fit
+from workers.router.routing import INVALID_ALLOWANCE, Answer
+from workers.state.ratelimit import Rate
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from amqp.serialization import decode_properties_basic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.inbound import OVERSIZE, SENT_ENCODING, UNREADABLE, BoundedMessage, make_frame_handler, read_properties
+from workers.transport.inbound import OVERSIZE, SENT_ENCODING, UNREADABLE, BoundedMessage, make_frame_handler, read_properties
 
 
 def shortstr(raw: bytes) -> bytes:

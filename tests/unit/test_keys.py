@@ -1,4 +1,4 @@
-"""Every Redis key comes from workers/keys.py, and no agent's input can reach another agent's keys."""
+"""Every Redis key comes from workers/state/keys.py, and no agent's input can reach another agent's keys."""
 from __future__ import annotations
 
 import fnmatch
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from producers.wire import AGENT_ID_PATTERN, Intent
-from workers import keys
+from workers.state import keys
 
 REPO = Path(__file__).resolve().parents[2]
 ID = "ORDER-1"
@@ -87,7 +87,7 @@ def test_glob_characters_in_an_intent_id_match_only_themselves() -> None:
 
 
 def test_no_module_but_keys_spells_a_redis_key() -> None:
-    """The one-place rule: "reach:<prefix>:" literals live in workers/keys.py only."""
+    """The one-place rule: "reach:<prefix>:" literals live in workers/state/keys.py only."""
     literal = re.compile(r"""["']reach:[a-z-]+:""")
     offenders = [f"{path.relative_to(REPO)}:{n}" for root in ("workers", "producers", "connectors")
                  for path in (REPO / root).rglob("*.py") if path.name != "keys.py"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import redis
 
-from workers.app import EXECUTE_TASK
-from workers.pool import decode_job, job_handler
+from workers.transport.app import EXECUTE_TASK
+from workers.pool.runtime import decode_job, job_handler
 
 
 class FakeMessage:

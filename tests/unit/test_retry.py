@@ -8,8 +8,8 @@ import pytest
 from connectors.adapters.base import Outcome
 from connectors.spec import RetryPolicy
 from producers.wire import ErrorCode
-from workers.breaker import Permit
-from workers.retry import backoff, run_with_retries, should_retry
+from workers.state.breaker import Permit
+from workers.pool.retry import backoff, run_with_retries, should_retry
 
 POLICY = RetryPolicy(max_attempts=3, initial_backoff="100ms", max_backoff="5s")
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from connectors.catalog import Catalog
 from producers.wire import ErrorCode
 from tests.unit.routing_catalog import routing_catalog
-from workers.intake import RawMessage
-from workers.ratelimit import NoRateLimit, Rate, Verdict
-from workers.redact import REDACTED, redact_body
-from workers.router import Answer, Dispatch, Router
+from workers.router.intake import RawMessage
+from workers.state.ratelimit import NoRateLimit, Rate, Verdict
+from workers.observability.redaction import REDACTED, redact_body
+from workers.router.routing import Answer, Dispatch, Router
 
 
 class CountingLimiter:

@@ -6,6 +6,8 @@ leaves a connector blocked: no news reads as "unknown", which the router lets th
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import logging
 import threading
 import time
@@ -16,7 +18,7 @@ import redis
 
 from connectors.auth import build_auth
 from connectors.spec import ConnectorSpec, split_path
-from workers import keys
+from workers.state import keys
 
 log = logging.getLogger("reach.beat")
 DEFAULT_INTERVAL = 10.0
@@ -60,9 +62,12 @@ class HealthBoard:
 class Beat:
     """Probes each connector on its own interval, in its own thread."""
 
-    def __init__(self, connectors: list[ConnectorSpec], board: HealthBoard) -> None:
+    def __init__(self, connectors: list[ConnectorSpec], board: HealthBoard,
+                 heartbeat: Callable[[], None] = lambda: None) -> None:
+        """``heartbeat`` is called from beat's own loop every half second (its liveness probe)."""
         self._connectors = connectors
         self._board = board
+        self._heartbeat = heartbeat
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -70,11 +75,9 @@ class Beat:
                    for c in self._connectors]
         for thread in threads:
             thread.start()
-        from workers.probes import PROBE
-
         try:
             while not self._stop.wait(0.5):
-                PROBE.beat()  # beat's own loop: liveness fails if it stalls
+                self._heartbeat()  # beat's own loop: liveness fails if it stalls
         finally:
             self._stop.set()
             for thread in threads:

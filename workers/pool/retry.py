@@ -11,7 +11,7 @@ from typing import Protocol
 from connectors.adapters.base import Outcome
 from connectors.spec import RetryPolicy
 from producers.wire import ErrorCode
-from workers.breaker import Permit
+from workers.state.breaker import Permit
 
 # failures that say the system is in trouble (a breaker counts these, nothing else)
 TRANSIENT = frozenset({ErrorCode.DOWNSTREAM_UNREACHABLE, ErrorCode.DOWNSTREAM_TIMEOUT, ErrorCode.DOWNSTREAM_ERROR,
@@ -37,7 +37,7 @@ def backoff(policy: RetryPolicy, attempt: int, rand: Callable[[], float] = rando
 
 
 class Gate(Protocol):
-    """What the retry loop needs from a breaker (workers.breaker.SharedBreaker)."""
+    """What the retry loop needs from a breaker (workers.state.breaker.SharedBreaker)."""
 
     def acquire(self) -> Permit: ...
     def success(self) -> str: ...

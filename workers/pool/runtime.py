@@ -34,19 +34,20 @@ from connectors.adapters.base import Adapter, CallContext, Outcome
 from connectors.catalog import ActionRef, Catalog
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode, Execution, Receipt
-from workers import keys, metrics
-from workers.app import EXECUTE_TASK
-from workers.audit import Audit
-from workers.breaker import Permit, SharedBreaker, permit_from
-from workers.consuming import threaded_consumer
-from workers.control import PoolStatus
-from workers.idempotency import Begin, Claim, Ledger, payload_hash
-from workers.publisher import Publisher
-from workers.receipts import ReceiptSink, build_receipt, iso
-from workers.retry import run_with_retries
-from workers.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
-from workers.tracing import child_traceparent, span
-from workers.batcher import Batcher
+from workers.state import keys
+from workers.observability import metrics
+from workers.transport.app import EXECUTE_TASK
+from workers.observability.audit import Audit
+from workers.state.breaker import Permit, SharedBreaker, permit_from
+from workers.transport.consuming import threaded_consumer
+from workers.state.control import PoolStatus
+from workers.state.ledger import Begin, Claim, Ledger, payload_hash
+from workers.transport.publisher import Publisher
+from workers.transport.receipts import ReceiptSink, build_receipt, iso
+from workers.pool.retry import run_with_retries
+from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
+from workers.observability.tracing import child_traceparent, span
+from workers.state.batcher import Batcher
 
 log = logging.getLogger("reach.pool")
 REQUEUE_PAUSE_SECONDS = 1.0
@@ -314,7 +315,7 @@ class PoolRuntime:
             metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
 
     def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
-        from workers.redact import REDACTED, REDACTED_HEADER, redact_params
+        from workers.observability.redaction import REDACTED, REDACTED_HEADER, redact_params
 
         ref = self.catalog.refs.get((str(job.get("connector")), str(job.get("action"))))
         params = job.get("params")

@@ -7,8 +7,8 @@ from typing import Protocol
 import redis
 
 from connectors.spec import ConnectorSpec
-from workers.breaker import OPEN, SharedBreaker
-from workers.ratelimit import Rate, RateLimiter, RedisRateLimiter, Verdict
+from workers.state.breaker import OPEN, SharedBreaker
+from workers.state.ratelimit import Rate, RateLimiter, RedisRateLimiter, Verdict
 
 Unavailable = tuple[str, int] | None  # (reason, retry_after_ms)
 

@@ -7,17 +7,15 @@ drift without changing the limit.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Protocol
 
 import redis
 
-from workers import keys
+from connectors.rates import Rate, parse_rate
+from workers.state import keys
 
-_PERIOD_MS = {"sec": 1000, "min": 60_000, "hour": 3_600_000}
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*(sec|min|hour)\s*$")
+__all__ = ["NoRateLimit", "Rate", "RateLimiter", "RedisRateLimiter", "Verdict", "parse_rate"]
 
 # KEYS[1] bucket; ARGV[1] emission interval (ms), ARGV[2] burst (intents)
 # returns {allowed (1/0), retry_after_ms}
@@ -36,25 +34,6 @@ end
 redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now)
 return {1, 0}
 """
-
-
-@dataclass(frozen=True)
-class Rate:
-    count: int
-    period_ms: int
-
-    @property
-    def interval_ms(self) -> float:
-        return self.period_ms / self.count
-
-
-@lru_cache(maxsize=4096)
-def parse_rate(text: str) -> Rate:
-    """``"10/min"`` -> Rate(10, 60000). The catalog has already checked the form."""
-    match = _RATE.match(text)
-    if not match:
-        raise ValueError(f"rate_limit {text!r} must look like 10/sec, 10/min or 10/hour")
-    return Rate(int(match.group(1)), _PERIOD_MS[match.group(2)])
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 JSON only (never pickle), persistent messages, publisher confirms, and no result backend:
 outcomes travel as receipts, not Celery results. Neither the router nor the pools run Celery
-tasks (``workers.consuming`` reads each message as data and acks it only once it was handled);
+tasks (``workers.transport.consuming`` reads each message as data and acks it only once it was handled);
 the task settings below are kept safe for anyone who does run a task on this app.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from workers.inbound import make_frame_handler
+from workers.transport.inbound import make_frame_handler
 from workers.settings import Settings
 
 EXECUTE_TASK = "reach.execute"
@@ -44,7 +44,7 @@ def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
         broker_pool_limit=16,
         # py-amqp waits for the broker's ack on every publish: a dispatch or receipt that
         # returns has been written by RabbitMQ
-        # every message is read by workers.inbound: bounded properties, a capped body. A job can
+        # every message is read by workers.transport.inbound: bounded properties, a capped body. A job can
         # be up to ~3x its intent (JSON escapes), so the cap leaves room for that.
         broker_transport_options={"confirm_publish": True,
                                   "frame_handler": make_frame_handler(settings.max_intent_bytes * 4 + 65536)},

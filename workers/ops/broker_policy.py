@@ -1,6 +1,6 @@
 r"""The bounds the broker keeps on what agents leave behind, because permissions cannot express them.
 
-An agent's configure permission on ``^amq\.gen-.*$`` (see :mod:`workers.agents`) is all it needs for
+An agent's configure permission on ``^amq\.gen-.*$`` (see :mod:`workers.ops.agents`) is all it needs for
 its receipt queue, but RabbitMQ checks ``queue.declare`` against the queue *name* only: there is no
 permission for durable, exclusive or auto-delete. The same right therefore lets an agent declare
 durable, non-exclusive server-named queues and bind them, and those outlive its connection. The
@@ -24,7 +24,7 @@ proxy in front of the broker; instead the fleet has the broker bound what such a
         for the vhost as a whole. Well-behaved agents use one exclusive queue per connection.
 
 This module only builds the commands (rabbitmqctl, and the management-API requests for a broker
-where rabbitmqctl cannot be run); :func:`workers.agents.apply_broker_policy` runs them.
+where rabbitmqctl cannot be run); :func:`workers.ops.agents.apply_broker_policy` runs them.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from producers.client import ReachClient, ReceiptTimeout
 from producers.wire import Receipt
 from workers.settings import Settings
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONNECTOR = "local_ticket_system"
 
 
@@ -86,8 +86,8 @@ def declare_topology(settings: Settings) -> None:
 
     from connectors.loader import load_directory
     from connectors.catalog import build
-    from workers.runner import dead_letter_bounds
-    from workers.topology import declare_all
+    from workers.ops.runner import dead_letter_bounds
+    from workers.transport.topology import declare_all
 
     catalog, _ = build(load_directory(EXAMPLES / "catalog"))
     with Connection(settings.broker_url, connect_timeout=10) as conn:
@@ -114,7 +114,7 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
     try:
         for name, args in (("router", ["router"]), ("pool", ["worker", CONNECTOR])):
             out = open(logs / f"{name}.log", "wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "workers.cli", *args], env=env, stdout=out,
+            procs.append(subprocess.Popen([sys.executable, "-m", "workers.ops.cli", *args], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True))
             print(f"started reach {' '.join(args)} (pid {procs[-1].pid})")
         return _script(settings, tickets, procs, logs, keep_running)

@@ -13,24 +13,25 @@ from celery import signals
 from connectors.adapters.http import HttpAdapter
 from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
-from workers import metrics, probes
-from workers.app import create_app
-from workers.audit import Audit
-from workers.breaker import SharedBreaker
-from workers.control import PoolStatus, install_pause_watcher
-from workers.health import DEFAULT_INTERVAL, Beat, HealthBoard
-from workers.idempotency import Heartbeat, Ledger
-from workers.pool import PoolOptions, PoolRuntime
-from workers.pool import consumer_class as pool_consumer_class
-from workers.publisher import BatchPublisher, Publisher
-from workers.guards import RedisGuards
-from workers.ratelimit import RedisRateLimiter, parse_rate
-from workers.receipts import ReceiptLimits, ReceiptSink
-from workers.router import Router, RouterRuntime, consumer_class
+from workers.observability import metrics, probes
+from workers.transport.app import create_app
+from workers.observability.audit import Audit
+from workers.state.breaker import SharedBreaker
+from workers.state.control import PoolStatus
+from workers.transport.pause import install_pause_watcher
+from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
+from workers.state.ledger import Heartbeat, Ledger
+from workers.pool.runtime import PoolOptions, PoolRuntime
+from workers.pool.runtime import consumer_class as pool_consumer_class
+from workers.transport.publisher import BatchPublisher, Publisher
+from workers.state.guards import RedisGuards
+from workers.state.ratelimit import RedisRateLimiter, parse_rate
+from workers.transport.receipts import ReceiptLimits, ReceiptSink
+from workers.router.routing import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
-from workers.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
-from workers.tracing import configure_tracing
-from workers.batcher import Batcher
+from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
+from workers.observability.tracing import configure_tracing
+from workers.state.batcher import Batcher
 
 log = logging.getLogger("reach")
 
@@ -66,6 +67,10 @@ def _common_worker_args(loglevel: str) -> list[str]:
     return ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", loglevel]
 
 
+def _probe_detail(paused: bool) -> None:
+    probes.PROBE.detail = "paused (idle on purpose)" if paused else "consuming"
+
+
 def dead_letter_bounds(settings: Settings) -> DeadLetterBounds:
     return DeadLetterBounds(settings.dlq_max_length, settings.dlq_max_bytes, settings.dlq_ttl_seconds)
 
@@ -93,7 +98,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router", batcher=batcher),
                             keep_unparsable=settings.dlq_keep_unparsable, max_deliveries=settings.max_deliveries)
     configure_tracing("reach-router")
-    # fair lanes, a prefetch that reads past a flood, the bytes held bounded (workers/consuming.py)
+    # fair lanes, a prefetch that reads past a flood, the bytes held bounded (workers/transport/consuming.py)
     app.conf.worker_consumer = consumer_class(runtime, settings.router_threads, fair=settings.router_fair,
                                               hold_bytes=settings.router_hold_bytes)
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
@@ -138,7 +143,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
                           publisher=publisher, audit=Audit(redis_client, f"pool:{name}", batcher=batcher), status=status,
                           batcher=batcher, options=PoolOptions(max_deliveries=settings.max_deliveries))
     app.conf.worker_consumer = pool_consumer_class(runtime, threads)
-    install_pause_watcher(app, redis_client, name, queue.name, status)
+    install_pause_watcher(app, redis_client, name, queue.name, status, on_change=_probe_detail)
     configure_tracing(f"reach-pool-{name}")
 
     @signals.worker_shutdown.connect(weak=False)
@@ -167,7 +172,7 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
         except MissingSecret as exc:
             print(f"reach beat: {exc}", file=sys.stderr)
             sys.exit(2)
-    beat = Beat(list(catalog.connectors.values()), HealthBoard(_redis(settings)))
+    beat = Beat(list(catalog.connectors.values()), HealthBoard(_redis(settings)), heartbeat=probes.PROBE.beat)
     signal.signal(signal.SIGTERM, lambda *_: beat.stop())
     signal.signal(signal.SIGINT, lambda *_: beat.stop())
     probes.PROBE.ready = True

@@ -10,14 +10,14 @@ import redis
 from kombu import Connection, Producer
 
 from connectors.catalog import Catalog
-from workers import keys
-from workers.app import JobMessages
-from workers.breaker import RedisBreakerStorage
-from workers.control import is_paused, live_workers
-from workers.health import HealthBoard
-from workers.idempotency import _text
-from workers.redact import REDACTED_HEADER, contains_redacted
-from workers.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
+from workers.state import keys
+from workers.transport.app import JobMessages
+from workers.state.breaker import RedisBreakerStorage
+from workers.state.control import is_paused, live_workers
+from workers.state.health import HealthBoard
+from workers.state.ledger import _text
+from workers.observability.redaction import REDACTED_HEADER, contains_redacted
+from workers.transport.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 # why a letter stays in reach.dlq instead of being replayed (the CLI prints it)
 NOT_REPLAYED_NOT_KEPT = "its body was not kept (oversize or unparsable: see x-reach-body-bytes and -sha256)"

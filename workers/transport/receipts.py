@@ -10,9 +10,9 @@ from typing import Any
 import redis
 
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
-from workers import keys
-from workers.publisher import Publisher
-from workers.topology import RECEIPTS_EXCHANGE
+from workers.state import keys
+from workers.transport.publisher import Publisher
+from workers.transport.topology import RECEIPTS_EXCHANGE
 
 log = logging.getLogger("reach.receipts")
 

@@ -11,7 +11,7 @@ shared pool, kombu's retry wrapper and re-declaring the exchange cost more CPU t
 that finds no batch running publishes its message and everything queued before it, waits for the
 broker's confirms of the whole batch (RabbitMQ acks several at once) and wakes each waiting caller
 with its own answer; a caller that finds a batch running queues its message and waits, and what
-queued during a batch goes to a background thread (``workers.combining``). Under load twenty
+queued during a batch goes to a background thread (``workers.state.combining``). Under load twenty
 receipts cost one wait instead of twenty threads each blocking on a confirm; a lone message is
 published by its own thread, with no hand-over.
 
@@ -30,8 +30,8 @@ import amqp
 from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
-from workers.batcher import WAIT_SECONDS, Batcher, Commands
-from workers.combining import Combiner
+from workers.state.batcher import WAIT_SECONDS, Batcher, Commands
+from workers.state.combining import Combiner
 
 log = logging.getLogger("reach.publisher")
 

@@ -6,7 +6,7 @@ tests; ``RouterRuntime.process`` carries the decision out: dispatch, or receipt 
 then ack.
 
 The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Celery's task
-handler is replaced (``workers.consuming``) so no message, whatever headers it carries, can make
+handler is replaced (``workers.transport.consuming``) so no message, whatever headers it carries, can make
 this worker run a task by name.
 """
 from __future__ import annotations
@@ -31,20 +31,20 @@ from connectors.catalog import ActionRef, Catalog, Refusal
 from connectors.hours import parse_window
 from connectors.schema import suggestion_for
 from producers.wire import ErrorCode, Receipt
-from workers import metrics
-from workers.app import JobMessages
-from workers.breaker import AlwaysAvailable
-from workers.consuming import sender_key, threaded_consumer
-from workers.inbound import OVERSIZE, UNREADABLE
-from workers.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
-from workers.publisher import Publisher
-from workers.guards import Guards, SeparateGuards
-from workers.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
-from workers.receipts import ReceiptSink, build_receipt
-from workers.audit import Audit, params_digest
-from workers.redact import redact_body, redact_params
-from workers.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
-from workers.tracing import span, traceparent_for
+from workers.observability import metrics
+from workers.transport.app import JobMessages
+from workers.state.breaker import AlwaysAvailable
+from workers.transport.consuming import sender_key, threaded_consumer
+from workers.transport.inbound import OVERSIZE, UNREADABLE
+from workers.router.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
+from workers.transport.publisher import Publisher
+from workers.state.guards import Guards, SeparateGuards
+from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
+from workers.transport.receipts import ReceiptSink, build_receipt
+from workers.observability.audit import Audit, params_digest
+from workers.observability.redaction import redact_body, redact_params
+from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
+from workers.observability.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
 LIST_TOOLS = "reach.list_tools"
@@ -426,7 +426,7 @@ def _human_ms(ms: int) -> str:
 
 
 def _raw_body(message: Message) -> bytes:
-    """The bytes the agent sent (``workers.inbound`` keeps py-amqp from decoding them)."""
+    """The bytes the agent sent (``workers.transport.inbound`` keeps py-amqp from decoding them)."""
     body = message.body
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
@@ -442,7 +442,7 @@ def consumer_class(runtime: RouterRuntime, threads: int, *, fair: bool = True,
     """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
     publisher confirms are in flight at once (each thread publishes on its own connection).
     Intents of one agent may therefore be dispatched in a different order than they were sent.
-    ``fair``: one lane per sender, served round-robin (``workers.consuming``), so a flood from one
+    ``fair``: one lane per sender, served round-robin (``workers.transport.consuming``), so a flood from one
     agent does not delay the others; otherwise one FIFO lane. Held messages not yet started are
     left to the broker on shutdown."""
     return threaded_consumer(runtime.process, threads, "reach-route", lane_of=sender_key if fair else None,

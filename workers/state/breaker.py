@@ -18,7 +18,7 @@ import pybreaker
 import redis
 
 from connectors.spec import BreakerSpec
-from workers import keys
+from workers.state import keys
 
 OPEN, CLOSED, HALF_OPEN = pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN
 

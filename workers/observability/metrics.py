@@ -52,8 +52,8 @@ class FleetCollector(Collector):
         self._connectors = list(connectors)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from workers import keys
-        from workers.topology import connector_queue
+        from workers.state import keys
+        from workers.transport.topology import connector_queue
 
         breaker = GaugeMetricFamily("reach_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["connector"])
         health = GaugeMetricFamily("reach_connector_health", "Health checks: 1 up, 0 down, -1 unknown", labels=["connector"])

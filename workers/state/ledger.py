@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
-from workers import keys
+from workers.state import keys
 
 if TYPE_CHECKING:
-    from workers.batcher import Batcher
+    from workers.state.batcher import Batcher
 
 log = logging.getLogger("reach.idempotency")
 

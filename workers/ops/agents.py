@@ -19,7 +19,7 @@ pattern does not let one agent read another's receipts.
 
 That configure right cannot say "exclusive only": RabbitMQ has no permission for durable queues,
 so an agent may also declare durable, non-exclusive ``amq.gen-*`` queues and bind them, and they
-outlive its connection. The broker bounds them instead (:mod:`workers.broker_policy`): every agent
+outlive its connection. The broker bounds them instead (:mod:`workers.ops.broker_policy`): every agent
 user gets per-user limits (max-connections, max-channels), and the vhost gets the operator policy
 ``reach-agent-queues`` (an unused ``amq.gen-*`` queue expires with its bindings; its length is
 capped) and a queue limit, because RabbitMQ has no per-user queue limit.
@@ -41,12 +41,12 @@ from urllib.parse import unquote, urlsplit
 import click
 
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
-from workers.broker_policy import (AGENT_QUEUE_POLICY, DEFAULT_VHOST_MAX_QUEUES, AgentLimits, AgentQueuePolicy,
+from workers.ops.broker_policy import (AGENT_QUEUE_POLICY, DEFAULT_VHOST_MAX_QUEUES, AgentLimits, AgentQueuePolicy,
                                    check_max_queues, policy_command, user_limits_command, vhost_limits_command)
 from workers.settings import Settings, SettingsError
-from workers.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
+from workers.transport.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
 
-EXIT_CONFIG = 2  # as in workers.cli: usage or configuration errors
+EXIT_CONFIG = 2  # as in workers.ops.cli: usage or configuration errors
 PASSWORD_PLACEHOLDER = "<password>"
 _SERVER_NAMED_QUEUE = r"amq\.gen-.*"
 
@@ -122,7 +122,7 @@ def create_agent_user(agent: str, password: str, vhost: str = "/",
                       rabbitmqctl: str | Sequence[str] = "rabbitmqctl", limits: AgentLimits = AgentLimits()) -> None:
     """Create the agent's user (or change its password if it exists), limit it and set its permissions.
 
-    The vhost gets the default agent-queue policy and queue limit of :mod:`workers.broker_policy`
+    The vhost gets the default agent-queue policy and queue limit of :mod:`workers.ops.broker_policy`
     unless it has them already (``reach setup`` or the operator may have chosen other values).
 
     Args:

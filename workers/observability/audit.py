@@ -17,25 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from workers import keys
+from workers.state import keys
 
 if TYPE_CHECKING:
-    from workers.batcher import Batcher
+    from workers.state.batcher import Batcher, write_stdout
 
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
 
-_stdout_lock = threading.Lock()
-
-
-def write_stdout(lines: list[str]) -> None:
-    """Audit lines go to stdout as bare JSON, one per line, whatever the log format. Written
-    directly, one write per batch: through ``logging`` (caller lookup, a handler lock per line)
-    they cost more CPU than everything else the audit does."""
-    text = "\n".join(lines) + "\n"
-    with _stdout_lock:
-        sys.stdout.write(text)
-        sys.stdout.flush()
 
 
 def params_digest(redacted_params: Any) -> str:

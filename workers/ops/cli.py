@@ -124,11 +124,11 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
 
     from kombu import Connection
 
-    from workers.agents import AgentUserError, apply_broker_policy, vhost_of
-    from workers.broker_policy import (AGENT_QUEUE_POLICY, AgentQueuePolicy, management_api_requests, policy_command,
+    from workers.ops.agents import AgentUserError, apply_broker_policy, vhost_of
+    from workers.ops.broker_policy import (AGENT_QUEUE_POLICY, AgentQueuePolicy, management_api_requests, policy_command,
                                        vhost_limits_command)
-    from workers.runner import dead_letter_bounds
-    from workers.topology import declare_all
+    from workers.ops.runner import dead_letter_bounds
+    from workers.transport.topology import declare_all
 
     settings = _settings()
     if max_queues == 0:
@@ -182,7 +182,7 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
 @main.command()
 def router() -> None:
     """Run the router: consumes reach.intents and checks every intent before dispatch."""
-    from workers.runner import run_router
+    from workers.ops.runner import run_router
 
     settings = _settings()
     _setup_logging(settings.log_level)
@@ -194,7 +194,7 @@ def router() -> None:
 @click.option("-c", "--concurrency", type=click.IntRange(1, 1000), help="Threads (default: the connector's pool.concurrency).")
 def worker(connector: str, concurrency: int | None) -> None:
     """Run CONNECTOR's isolated pool: consumes only reach.connector.CONNECTOR."""
-    from workers.runner import run_pool
+    from workers.ops.runner import run_pool
 
     settings = _settings()
     _setup_logging(settings.log_level)
@@ -209,7 +209,7 @@ def worker(connector: str, concurrency: int | None) -> None:
 @main.command()
 def beat() -> None:
     """Probe every connector's health and mark it up or down for the router."""
-    from workers.runner import run_beat
+    from workers.ops.runner import run_beat
 
     settings = _settings()
     _setup_logging(settings.log_level)
@@ -232,7 +232,7 @@ def _known_connector(catalog: Catalog, connector: str) -> None:
 @click.argument("connector")
 def pause(connector: str) -> None:
     """Make CONNECTOR's pools stop consuming; intents wait in its queue (nothing is lost)."""
-    from workers.control import set_paused
+    from workers.state.control import set_paused
 
     settings = _settings()
     _known_connector(_load_catalog(settings.catalog_dir), connector)
@@ -244,7 +244,7 @@ def pause(connector: str) -> None:
 @click.argument("connector")
 def resume(connector: str) -> None:
     """Make CONNECTOR's pools consume again."""
-    from workers.control import set_paused
+    from workers.state.control import set_paused
 
     settings = _settings()
     _known_connector(_load_catalog(settings.catalog_dir), connector)
@@ -259,7 +259,7 @@ def status(as_json: bool) -> None:
 
     Exits 2 when the broker or Redis cannot be reached.
     """
-    from workers.ops import fleet_status
+    from workers.ops.fleet import fleet_status
 
     settings = _settings()
     catalog = _load_catalog(settings.catalog_dir)
@@ -283,7 +283,7 @@ def status(as_json: bool) -> None:
 @click.option("--agent", "agent", default=None, help="The agent that sent the intent (found by a bounded scan if omitted).")
 def trace(intent_id: str, agent: str | None) -> None:
     """The stages of one intent with timings (kept in Redis for a day, per agent)."""
-    from workers.audit import read_trace, trace_agents
+    from workers.observability.audit import read_trace, trace_agents
 
     settings = _settings()
     client = _redis_client(settings)
@@ -319,7 +319,7 @@ def dlq() -> None:
 @click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True)
 def dlq_list(limit: int) -> None:
     """Show dead letters (reason, agent, time, a redacted preview) without removing them."""
-    from workers.ops import list_dead_letters
+    from workers.ops.fleet import list_dead_letters
 
     letters = list_dead_letters(_settings().broker_url, limit)
     if not letters:
@@ -338,9 +338,9 @@ def dlq_replay(ids: tuple[str, ...]) -> None:
     A letter whose sensitive params were redacted is not replayed (the system would get the
     placeholder): it stays in reach.dlq, is reported, and the exit code is 1.
     """
-    from workers.app import JobMessages, create_app
-    from workers.ops import replay_dead_letters
-    from workers.topology import connector_queue
+    from workers.transport.app import JobMessages, create_app
+    from workers.ops.fleet import replay_dead_letters
+    from workers.transport.topology import connector_queue
 
     settings = _settings()
     # only for the reach.execute message template, as the router builds it (no params in headers)
@@ -413,12 +413,12 @@ def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str 
 @click.option("--keep-running", is_flag=True, help="Leave the fleet running after the scripted intents (Ctrl-C stops).")
 def demo(keep_running: bool) -> None:
     """Run the whole fleet on this machine with an example ticket system."""
-    from workers.demo import run_demo
+    from workers.ops.demo import run_demo
 
     sys.exit(run_demo(_settings(), keep_running=keep_running))
 
 
-from workers.agents import agent_user  # noqa: E402
+from workers.ops.agents import agent_user  # noqa: E402
 
 main.add_command(agent_user, "agent-user")
 

@@ -1,0 +1,12 @@
+"""The fleet: the router, the connector pools and the commands that run and operate them.
+
+Layers, lowest first; a module imports only from its own layer or lower ones
+(``tests/unit/test_layers.py`` checks it)::
+
+    settings          every REACH_* variable, read in one place
+    state/            everything kept in Redis: keys, ledger, breaker, rate limits, health, control
+    transport/        the only code that knows Celery and kombu: app, consuming, publishing, topology
+    observability/    metrics, audit trail, tracing, probes, redaction
+    router/  pool/    the two roles, each reading top to bottom
+    ops/              the CLI, process wiring, status, dead letters, agent users, demo
+"""
