@@ -38,7 +38,7 @@ from workers.state.breaker import SharedBreaker  # noqa: E402
 from workers.state.guards import RedisGuards  # noqa: E402
 from workers.state.ledger import Heartbeat, Ledger  # noqa: E402
 from workers.router.intake import RawMessage  # noqa: E402
-from workers.pool.runtime import PoolRuntime  # noqa: E402
+from workers.pool.runtime import PoolOutput, PoolRuntime, PoolState  # noqa: E402
 from workers.transport.publisher import BatchPublisher, Publisher  # noqa: E402
 from workers.transport.receipts import ReceiptSink  # noqa: E402
 from workers.router.routing import Dispatch, Router, RouterRuntime  # noqa: E402
@@ -77,10 +77,10 @@ def main() -> int:
     runtime = RouterRuntime(router, app, sink, publisher, Audit(client, "router", batcher=batcher))
     spec = catalog.connectors[catalogs.FAST]
     heartbeat = Heartbeat(client).start()
-    pool = PoolRuntime(spec, catalog, HttpAdapter(spec, max_connections=max(1, args.threads)), pool_sink,
-                       ledger=Ledger(client, heartbeat, 600), breaker=SharedBreaker(client, catalogs.FAST, spec.breaker),
-                       redis_client=client, publisher=pool_publisher,
-                       audit=Audit(client, "pool", batcher=batcher), batcher=batcher)
+    pool = PoolRuntime(spec, catalog, HttpAdapter(spec, max_connections=max(1, args.threads)),
+                       state=PoolState(client, batcher, Ledger(client, heartbeat, 600),
+                                       SharedBreaker(client, catalogs.FAST, spec.breaker)),
+                       output=PoolOutput(pool_sink, pool_publisher, Audit(client, "pool", batcher=batcher)))
 
     def raw() -> RawMessage:
         intent = {"intent_id": str(uuid.uuid4()), "agent_id": catalogs.AGENT, "action": f"{catalogs.FAST}.create_ticket",

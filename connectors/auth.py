@@ -107,6 +107,9 @@ class ClientCredentialsAuth(httpx.Auth):
 def build_auth(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None) -> httpx.Auth | None:
     """The httpx auth for a connector, or None for ``type: none``.
 
+    The variables are the ones the spec names (catalog data, not fleet settings), read from
+    ``environ`` (default: the process environment, read now, never at import).
+
     Raises:
         MissingSecret: a named environment variable is not set.
     """

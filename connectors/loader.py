@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,11 @@ class CatalogError(Exception):
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def expand_env(text: str, environ: dict[str, str] | os._Environ[str]) -> str:
-    """``${VAR}`` / ``${VAR:-default}`` in an endpoint, so one catalog serves staging and production."""
+def expand_env(text: str, environ: Mapping[str, str]) -> str:
+    """``${VAR}`` / ``${VAR:-default}`` in an endpoint, so one catalog serves staging and production.
+
+    The variables are the catalog's own (data, not fleet settings), read from ``environ``.
+    """
 
     def sub(match: re.Match[str]) -> str:
         value = environ.get(match.group(1))
@@ -110,8 +114,11 @@ def catalog_files(directory: Path) -> list[Path]:
     )
 
 
-def load_directory(directory: str | Path, environ: dict[str, str] | None = None) -> LoadResult:
-    """Parse and type-check every document; cross-references are checked by ``catalog.build``."""
+def load_directory(directory: str | Path, environ: Mapping[str, str] | None = None) -> LoadResult:
+    """Parse and type-check every document; cross-references are checked by ``catalog.build``.
+
+    ``${VAR}`` in endpoints is expanded from ``environ`` (default: the process environment).
+    """
     env = os.environ if environ is None else environ
     root = Path(directory)
     result = LoadResult()
@@ -126,7 +133,7 @@ def load_directory(directory: str | Path, environ: dict[str, str] | None = None)
     return result
 
 
-def _load_file(path: Path, result: LoadResult, env: Any) -> None:
+def _load_file(path: Path, result: LoadResult, env: Mapping[str, str]) -> None:
     name = str(path)
     try:
         text = _read(path)
@@ -155,7 +162,8 @@ def _load_file(path: Path, result: LoadResult, env: Any) -> None:
     result.problems.append(Problem(name, line, f"not valid YAML: {getattr(error, 'problem', error)}"))
 
 
-def _load_document(name: str, text: str, index: int, node: yaml.Node | None, result: LoadResult, env: Any) -> None:
+def _load_document(name: str, text: str, index: int, node: yaml.Node | None, result: LoadResult,
+                   env: Mapping[str, str]) -> None:
     """Check one composed document and keep its model (not its node tree)."""
     if node is None:
         return

@@ -326,6 +326,11 @@ class ConnectorSpec(_Spec):
                 return action
         return None
 
+    def safe_to_repeat(self, action: ActionSpec) -> bool:
+        """Whether calling ``action`` twice is harmless: it is idempotent, or this system
+        deduplicates by ``idempotency_header`` (the one rule retries and orphaned calls follow)."""
+        return action.is_idempotent or bool(self.idempotency_header)
+
     def check_first_suggestion(self, action: str) -> str:
         """What to tell a model when a write's outcome is unknown: look before resending."""
         reads = [a.action for a in self.actions if not a.is_write]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -32,8 +31,10 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.message import Message
 from pydantic import ValidationError
 
+from producers.settings import DEFAULT_BROKER_URL, ClientSettings
 from producers.tools import EXPORT_FORMATS, ToolSpec, export
-from producers.wire import AGENT_ID_PATTERN, NAME_RULE, Intent, Receipt
+from producers.wire import (AGENT_ID_PATTERN, INTENT_ROUTING_KEY, INTENTS_EXCHANGE_NAME, LIST_TOOLS_ACTION, NAME_RULE,
+                            RECEIPTS_EXCHANGE_NAME, Intent, Receipt)
 
 __all__ = [
     "DEFAULT_BROKER_URL",
@@ -47,14 +48,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
-INTENT_ROUTING_KEY = "intent"
-LIST_TOOLS_ACTION = "reach.list_tools"
 SEEN_RECEIPTS = 100_000  # receipts a client remembers to drop a repeat of one (about 20 MB)
 # the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
 # passively only, which needs no permission and leaves them as the fleet made them
-INTENTS_EXCHANGE = Exchange("reach.intents", type="direct", durable=True, auto_delete=False)
-RECEIPTS_EXCHANGE = Exchange("reach.receipts", type="topic", durable=True, auto_delete=False)
+INTENTS_EXCHANGE = Exchange(INTENTS_EXCHANGE_NAME, type="direct", durable=True, auto_delete=False)
+RECEIPTS_EXCHANGE = Exchange(RECEIPTS_EXCHANGE_NAME, type="topic", durable=True, auto_delete=False)
 
 
 class ReachError(Exception):
@@ -172,7 +170,7 @@ class ReachClient:
         # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
         # as the confirm of the next publish, so a late ack would confirm the wrong message
         self._publish_broken = False
-        url = broker_url or os.environ.get("REACH_BROKER_URL") or DEFAULT_BROKER_URL
+        url = broker_url or ClientSettings.from_env().broker_url
         self._conn = Connection(
             url,
             transport="pyamqp",

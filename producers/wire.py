@@ -39,6 +39,13 @@ IDEMPOTENCY_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}\Z")
 # AMQP short strings (routing keys, reply_to, message ids) are counted in bytes, not characters
 AMQP_SHORT_STRING_BYTES = 255
 
+# the names agents use: intents go to INTENTS_EXCHANGE with INTENT_ROUTING_KEY, receipts come
+# from RECEIPTS_EXCHANGE under the agent's reply_to; the router answers LIST_TOOLS_ACTION itself
+INTENTS_EXCHANGE_NAME = "reach.intents"
+RECEIPTS_EXCHANGE_NAME = "reach.receipts"
+INTENT_ROUTING_KEY = "intent"
+LIST_TOOLS_ACTION = "reach.list_tools"
+
 Status = Literal["succeeded", "rejected", "failed", "unknown"]
 
 

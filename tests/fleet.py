@@ -16,7 +16,7 @@ from typing import Any
 
 from kombu import Connection
 
-from producers.client import ReachClient
+from producers.client import ReachClient, ReachError
 from workers.transport.topology import INTENTS_QUEUE, connector_queue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +127,16 @@ class Fleet:
         # the router is ready when it answers
         # the probe sends as the broker login with user_id set, so it is answered in every identity mode
         login = urlsplit(BROKER_URL).username or "guest"
-        with ReachClient(login, BROKER_URL, authenticated=True) as probe:
+        while True:  # on a fresh vhost the exchanges exist once the router (or a pool) has declared them
+            self.check_alive()
+            try:
+                probe = ReachClient(login, BROKER_URL, authenticated=True)
+                break
+            except ReachError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"the fleet's exchanges were never declared; see {self.log_dir}") from None
+                time.sleep(0.2)
+        with probe:
             while True:
                 self.check_alive()
                 try:

@@ -1,114 +1,149 @@
-"""Configuration, read from the environment in exactly one place.
+"""Configuration: every ``REACH_*`` variable, read from the environment in exactly one place.
 
-Every variable is documented in the README's "Configuration" table. Tests build ``Settings``
+Every field is documented in the "Configuration" table of the docs (docs/operations.md, and the
+README while it still has one); ``tests/unit/test_settings.py`` holds them together. ``Settings.from_env()`` reads the environment (or a mapping, in tests);
+``Settings(...)`` takes its keyword arguments and nothing else, so tests and benchmarks build it
 directly instead of patching the environment.
 """
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Annotated, Any, Self
+
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from connectors.durations import parse_duration
+from connectors.rates import parse_rate
+from producers.settings import DEFAULT_BROKER_URL, EnvironSettings, env_name
 
-DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
+__all__ = ["DEFAULT_BROKER_URL", "DEFAULT_REDIS_URL", "Settings", "SettingsError"]
+
+log = logging.getLogger(__name__)
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class SettingsError(ValueError):
     """An environment variable has a value the fleet cannot use."""
 
 
-def _rate(name: str, raw: str) -> str:
-    from connectors.rates import parse_rate
+def _flag(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("must be 1 or 0 (or true/false)")
+    return value
 
-    try:
-        parse_rate(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r}: {exc}") from None
-    return raw
+
+def _seconds(value: Any) -> Any:
+    """Whole seconds, or a duration like ``24h`` (connectors.durations)."""
+    if isinstance(value, str) and not value.strip().isdigit():
+        seconds = parse_duration(value)
+        if seconds < 1:
+            raise ValueError(f"{value!r} is shorter than a second")
+        return int(seconds)
+    return value
 
 
-@dataclass(frozen=True)
-class Settings:
-    broker_url: str = DEFAULT_BROKER_URL
-    redis_url: str = DEFAULT_REDIS_URL
-    catalog_dir: str = "catalog"
-    metrics_port: int | None = None
-    max_intent_bytes: int = 256 * 1024
-    receipt_ttl_seconds: int = 24 * 3600
-    router_prefetch: int = 2000               # read past a flood: fair lanes need it (workers/transport/consuming.py)
-    router_hold_bytes: int = 64 * 1024 * 1024  # bytes of intents the router holds at most
-    router_fair: bool = True                  # one lane per sender; 0 = FIFO (for benchmarks)
-    router_threads: int = 8
-    log_level: str = "INFO"
-    require_user_id: bool = False
-    idempotency_ttl_seconds: int = 24 * 3600
-    max_deliveries: int = 5
+def _rate(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip()
+        parse_rate(value)
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1)]
+RateText = Annotated[str, BeforeValidator(_rate)]
+
+
+class Settings(EnvironSettings):
+    """The fleet's configuration; each field is set by ``REACH_<FIELD>`` unless it names another."""
+
+    model_config = SettingsConfigDict(env_prefix="REACH_")
+
+    broker_url: str = Field(DEFAULT_BROKER_URL, min_length=1, description="RabbitMQ (AMQP URL)")
+    redis_url: str = Field(DEFAULT_REDIS_URL, min_length=1, description="Redis (receipt store, rate-limit buckets)")
+    catalog_dir: str = Field("catalog", min_length=1, validation_alias="REACH_CATALOG",
+                             description="catalog directory")
+    metrics_port: int | None = Field(None, ge=1, le=65535,
+                                     description="serve Prometheus metrics and probes on this port; unset: no server")
+    max_intent_bytes: int = Field(256 * 1024, ge=64, description="larger intents get INVALID_INTENT")
+    receipt_ttl_seconds: Seconds = Field(24 * 3600, validation_alias="REACH_RECEIPT_TTL",
+                                         description="how long receipts stay in Redis (seconds or a duration like 24h)")
+    # read past a flood: fair lanes need it (workers/transport/consuming.py)
+    router_prefetch: int = Field(2000, ge=1, description="intents the router reads ahead")
+    router_hold_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
+                                   description="bytes of intents the router holds; past 3/4 of it, it reads one at a time")
+    router_fair: Flag = Field(True, description="one lane per sender; 0 routes in arrival order (for benchmarks)")
+    router_threads: int = Field(8, ge=1, description="intents the router routes at once")
+    log_level: str = Field("INFO", description="a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    require_user_id: Flag = Field(False, description="only accept intents with the broker-validated AMQP user_id")
+    idempotency_ttl_seconds: Seconds = Field(24 * 3600, validation_alias="REACH_IDEMPOTENCY_TTL",
+                                             description="how long idempotency records are kept (seconds or a duration)")
+    max_deliveries: int = Field(5, ge=1, description="deliveries of one intent before it is dead-lettered as poison")
     # hostile-input bounds (docs/contract.md "Limits")
-    max_depth: int = 32                       # nesting of params (and of a system's answer in data)
-    max_details: int = 50                     # error details per receipt, then "and K more"
-    max_receipt_bytes: int = 1024 * 1024      # a receipt larger than this is cut down before it is sent
-    dlq_max_length: int = 10_000              # reach.dlq: messages kept (newest refused past it)
-    dlq_max_bytes: int = 256 * 1024 * 1024    # reach.dlq: bytes kept
-    dlq_ttl_seconds: int = 7 * 24 * 3600      # reach.dlq: age after which a dead letter is dropped
-    dlq_keep_unparsable: bool = False         # keep the bytes of a body that could not be parsed
-    agent_invalid_rate: str = "20/sec"        # invalid intents an agent may send before they cost it
+    max_depth: int = Field(32, ge=2, description="how deep params (and a system's answer in data) may nest")
+    max_details: int = Field(50, ge=1, description="error details per receipt, then 'and K more'")
+    max_receipt_bytes: int = Field(1024 * 1024, ge=4096, description="a larger receipt is cut down before it is sent")
+    dlq_max_length: int = Field(10_000, ge=1, description="dead letters kept in reach.dlq (newest refused past it)")
+    dlq_max_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes kept in reach.dlq")
+    dlq_ttl_seconds: Seconds = Field(7 * 24 * 3600, validation_alias="REACH_DLQ_TTL",
+                                     description="age after which the broker drops a dead letter (seconds or a duration)")
+    dlq_keep_unparsable: Flag = Field(False, description="keep the bytes of a body that could not be parsed")
+    agent_invalid_rate: RateText = Field("20/sec", description="invalid intents an agent may send before they cost it")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().upper()
+            if value not in logging.getLevelNamesMapping():
+                raise ValueError("is not a logging level (DEBUG, INFO, WARNING, ERROR or CRITICAL)")
+        return value
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read every ``REACH_*`` variable from ``environ`` (default: the process environment).
 
-        def integer(name: str, default: int | None, minimum: int = 0) -> int | None:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                raise SettingsError(f"{name}={raw!r} is not an integer") from None
-            if value < minimum:
-                raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
-            return value
+        Raises:
+            SettingsError: a variable has a value the fleet cannot use; the message names it.
+        """
+        _warn_unknown(os.environ if environ is None else environ)
+        try:
+            return super().from_env(environ)
+        except ValidationError as exc:
+            raise SettingsError("; ".join(_describe(error) for error in exc.errors())) from None
 
-        def flag(name: str) -> bool:
-            raw = env.get(name, "").strip().lower()
-            if raw in ("", "0", "false", "no", "off"):
-                return False
-            if raw in ("1", "true", "yes", "on"):
-                return True
-            raise SettingsError(f"{name}={raw!r} must be 1 or 0")
 
-        def seconds(name: str, default: int) -> int:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                return int(parse_duration(raw)) if not raw.isdigit() else int(raw)
-            except ValueError as exc:
-                raise SettingsError(f"{name}: {exc}") from None
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    """A misspelt variable would silently leave its default: say so (it is not an error, so that
+    a newer deployment's variables do not stop an older fleet)."""
+    known = [env_name(Settings, field) for field in Settings.model_fields]
+    for name in environ:
+        if name.startswith("REACH_") and name not in known and name not in _NOT_SETTINGS:
+            close = difflib.get_close_matches(name.removeprefix("REACH_"), [k.removeprefix("REACH_") for k in known], n=1)
+            hint = f" (did you mean REACH_{close[0]}?)" if close else ""
+            log.warning("%s is not a setting and is ignored%s", name, hint)
 
-        return cls(
-            broker_url=env.get("REACH_BROKER_URL") or DEFAULT_BROKER_URL,
-            redis_url=env.get("REACH_REDIS_URL") or DEFAULT_REDIS_URL,
-            catalog_dir=env.get("REACH_CATALOG") or "catalog",
-            metrics_port=integer("REACH_METRICS_PORT", None),
-            max_intent_bytes=integer("REACH_MAX_INTENT_BYTES", 256 * 1024, 64) or 256 * 1024,
-            receipt_ttl_seconds=seconds("REACH_RECEIPT_TTL", 24 * 3600),
-            router_prefetch=integer("REACH_ROUTER_PREFETCH", 2000, 1) or 2000,
-            router_hold_bytes=integer("REACH_ROUTER_HOLD_BYTES", 64 * 1024 * 1024, 1024 * 1024) or 64 * 1024 * 1024,
-            router_fair=flag("REACH_ROUTER_FAIR") if env.get("REACH_ROUTER_FAIR", "").strip() else True,
-            router_threads=integer("REACH_ROUTER_THREADS", 8, 1) or 8,
-            log_level=(env.get("REACH_LOG_LEVEL") or "INFO").upper(),
-            require_user_id=flag("REACH_REQUIRE_USER_ID"),
-            idempotency_ttl_seconds=seconds("REACH_IDEMPOTENCY_TTL", 24 * 3600),
-            max_deliveries=integer("REACH_MAX_DELIVERIES", 5, 1) or 5,
-            max_depth=integer("REACH_MAX_DEPTH", 32, 2) or 32,
-            max_details=integer("REACH_MAX_DETAILS", 50, 1) or 50,
-            max_receipt_bytes=integer("REACH_MAX_RECEIPT_BYTES", 1024 * 1024, 4096) or 1024 * 1024,
-            dlq_max_length=integer("REACH_DLQ_MAX_LENGTH", 10_000, 1) or 10_000,
-            dlq_max_bytes=integer("REACH_DLQ_MAX_BYTES", 256 * 1024 * 1024, 1024) or 256 * 1024 * 1024,
-            dlq_ttl_seconds=seconds("REACH_DLQ_TTL", 7 * 24 * 3600),
-            dlq_keep_unparsable=flag("REACH_DLQ_KEEP_UNPARSABLE"),
-            agent_invalid_rate=_rate("REACH_AGENT_INVALID_RATE", env.get("REACH_AGENT_INVALID_RATE", "").strip() or "20/sec"),
-        )
+
+_NOT_SETTINGS = {"REACH_TEST_ISOLATE"}  # read by the test harness (tests/fleet.py), not the fleet
+
+
+def _describe(error: Any) -> str:
+    """``REACH_X='raw': why`` for one pydantic error."""
+    key = str(error["loc"][0]) if error["loc"] else ""
+    field = next((name for name, info in Settings.model_fields.items() if key in (name, info.validation_alias)), None)
+    variable = env_name(Settings, field) if field else key
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    return f"{variable}={error['input']!r}: {reason}"

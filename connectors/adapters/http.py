@@ -275,7 +275,7 @@ class HttpAdapter:
             return Outcome(False, code=ErrorCode.VALIDATION_FAILED, message=str(exc), sent=False, details=details,
                            suggestion="Remove control characters and path tricks from the params, keep URL and "
                                       "header values short, and send again.")
-        safe_to_repeat = action.is_idempotent or bool(self.connector.idempotency_header)
+        safe_to_repeat = self.connector.safe_to_repeat(action)
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         request.extensions["timeout"] = httpx.Timeout(timeout, connect=min(timeout, 5.0)).as_dict()
         started = time.perf_counter()

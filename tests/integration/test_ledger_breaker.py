@@ -11,8 +11,8 @@ from connectors.spec import BreakerSpec
 from tests.fleet import REDIS_URL
 from tests.integration.faultproxy import redis_proxy
 from workers.state import keys
-from workers.state.breaker import CLOSED, HALF_OPEN, OPEN, RedisBreakerStorage, SharedBreaker
-from workers.state.ledger import Heartbeat, Ledger, payload_hash
+from workers.state.breaker import CLOSED, HALF_OPEN, OPEN, SharedBreaker, breaker_state
+from workers.state.ledger import Heartbeat, Ledger, params_hash
 
 
 def client() -> redis.Redis:
@@ -30,10 +30,10 @@ def fresh_key() -> str:
 
 def test_first_claim_wins_and_the_others_see_it_in_progress_reused_or_completed() -> None:
     (a, beat_a), (b, beat_b) = worker(), worker()
-    key, h = fresh_key(), payload_hash({"title": "x"})
+    key, h = fresh_key(), params_hash({"title": "x"})
     assert a.claim(key, h, "i-1", "a").state == "claimed"
     assert b.claim(key, h, "i-2", "a").state == "in_progress"
-    assert b.claim(key, payload_hash({"title": "other"}), "i-3", "a").state == "reused"
+    assert b.claim(key, params_hash({"title": "other"}), "i-3", "a").state == "reused"
     a.complete(key, '{"receipt": 1}')
     done = b.claim(key, h, "i-4", "a")
     assert done.state == "completed" and done.receipt_json == '{"receipt": 1}'
@@ -43,7 +43,7 @@ def test_first_claim_wins_and_the_others_see_it_in_progress_reused_or_completed(
 
 def test_twenty_concurrent_claims_from_different_workers_execute_once() -> None:
     workers = [worker() for _ in range(4)]
-    key, h = fresh_key(), payload_hash({"n": 1})
+    key, h = fresh_key(), params_hash({"n": 1})
     states: list[str] = []
     lock = threading.Lock()
     barrier = threading.Barrier(20)
@@ -67,7 +67,7 @@ def test_twenty_concurrent_claims_from_different_workers_execute_once() -> None:
 
 def test_a_record_held_by_a_dead_worker_is_orphaned_and_can_be_taken_over_once() -> None:
     (dead, dead_beat), (alive, alive_beat) = worker(ttl=0.3), worker()
-    key, h = fresh_key(), payload_hash({})
+    key, h = fresh_key(), params_hash({})
     assert dead.claim(key, h, "i-1", "a").state == "claimed"
     dead.mark_sending(key)
     dead_beat._stop.set()  # the process "dies": its heartbeat stops being renewed
@@ -82,7 +82,7 @@ def test_a_record_held_by_a_dead_worker_is_orphaned_and_can_be_taken_over_once()
 
 def test_released_records_let_a_resend_execute() -> None:
     (ledger, beat) = worker()
-    key, h = fresh_key(), payload_hash({})
+    key, h = fresh_key(), params_hash({})
     assert ledger.claim(key, h, "i-1", "a").state == "claimed"
     ledger.release(key)
     assert ledger.claim(key, h, "i-2", "a").state == "claimed"
@@ -92,7 +92,7 @@ def test_released_records_let_a_resend_execute() -> None:
 def test_completed_records_expire() -> None:
     beat = Heartbeat(client()).start()
     ledger = Ledger(client(), beat, ttl_seconds=1)
-    key, h = fresh_key(), payload_hash({})
+    key, h = fresh_key(), params_hash({})
     ledger.claim(key, h, "i-1", "a")
     ledger.complete(key, "{}")
     assert 0 < client().pttl(key) <= 1000
@@ -103,15 +103,30 @@ def breaker(name: str, fail_max: int = 3, reset: str = "300ms", trials: int = 1)
     return SharedBreaker(client(), name, BreakerSpec(fail_max=fail_max, reset_timeout=reset), trials=trials)
 
 
+def record(b: SharedBreaker, kind: str) -> str:
+    """Record an outcome as the pool does, on a pipeline (returns the breaker's new state)."""
+    pipe = client().pipeline(transaction=False)
+    b.record_into(pipe, kind)
+    return pipe.execute()[-1].decode()
+
+
+def peek(b: SharedBreaker) -> tuple[str, int, str]:
+    """(state, ms until it may half-open, health) as the router's guards read them, on a pipeline."""
+    pipe = client().pipeline(transaction=False)
+    b.peek_into(pipe)
+    state, left, health = pipe.execute()[-1]
+    return state.decode(), int(left), health.decode()
+
+
 def test_breaker_opens_after_fail_max_and_lets_one_trial_through_when_half_open() -> None:
     name = f"b_{uuid.uuid4().hex[:8]}"
     replicas = [breaker(name) for _ in range(3)]  # three processes' views of one breaker
     for b in replicas:
         assert b.acquire().allowed
-        b.failure()
+        record(b, "failure")
     permit = replicas[0].acquire()
     assert not permit.allowed and permit.state == OPEN and 0 < permit.retry_after_ms <= 300
-    state, left, health = replicas[1].peek()
+    state, left, health = peek(replicas[1])
     assert state == OPEN and left > 0 and health == "unknown"
     time.sleep(0.35)
     granted: list[bool] = []
@@ -130,42 +145,42 @@ def test_breaker_opens_after_fail_max_and_lets_one_trial_through_when_half_open(
     for t in threads:
         t.join()
     assert granted.count(True) == 1  # one trial, however many processes asked
-    assert RedisBreakerStorage(client(), name).state == HALF_OPEN
-    assert replicas[2].success() == CLOSED
+    assert breaker_state(client(), name) == HALF_OPEN
+    assert record(replicas[2], "success") == CLOSED
     assert all(b.acquire().allowed for b in replicas)
 
 
 def test_a_failed_trial_opens_the_breaker_again() -> None:
     name = f"b_{uuid.uuid4().hex[:8]}"
     b = breaker(name, fail_max=1)
-    b.failure()
+    record(b, "failure")
     time.sleep(0.35)
     assert b.acquire().trial
-    assert b.failure() == OPEN
+    assert record(b, "failure") == OPEN
     assert not b.acquire().allowed
 
 
 def test_successes_reset_the_failure_count() -> None:
     name = f"b_{uuid.uuid4().hex[:8]}"
     b = breaker(name, fail_max=3)
-    b.failure()
-    b.failure()
-    b.success()
-    b.failure()
-    b.failure()
-    assert b.acquire().allowed and RedisBreakerStorage(client(), name).state == CLOSED
+    record(b, "failure")
+    record(b, "failure")
+    record(b, "success")
+    record(b, "failure")
+    record(b, "failure")
+    assert b.acquire().allowed and breaker_state(client(), name) == CLOSED
 
 
 def test_peek_reports_health_marks() -> None:
     name = f"b_{uuid.uuid4().hex[:8]}"
     client().set(keys.health(name), "down", px=5000)
-    assert breaker(name).peek()[2] == "down"
+    assert peek(breaker(name))[2] == "down"
 
 
 def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None:
     ledger, beat = worker()
     b = breaker(f"b_{uuid.uuid4().hex[:8]}", fail_max=1, reset="30s")
-    h = payload_hash({"n": 1})
+    h = params_hash({"n": 1})
 
     def begin(key: str, intent: str, max_deliveries: int = 5) -> object:
         return ledger.begin(keys.sent("t", intent), keys.deliveries("t", intent), key, h, intent,
@@ -178,7 +193,7 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     again = begin(closed_key, "i-other")
     assert again.state == "in_progress" and not again.permit  # type: ignore[attr-defined]
 
-    b.failure()  # fail_max=1: open
+    record(b, "failure")  # fail_max=1: open
     open_key = fresh_key()
     blocked = begin(open_key, "i-open")
     assert blocked.state == "claimed" and not blocked.permit  # type: ignore[attr-defined]
@@ -204,7 +219,7 @@ def test_an_abandoned_attempt_leaves_its_record_orphaned_for_the_next_delivery()
     # the same live worker process: only the attempt that holds the record may give it up
     ledger, beat = worker()
     first, second, stranger, third = attempts("first", "second", "stranger", "third")
-    key, h = fresh_key(), payload_hash({"n": 1})
+    key, h = fresh_key(), params_hash({"n": 1})
     assert ledger.claim(key, h, "i-1", first).state == "claimed"
     ledger.mark_sending(key)
     assert ledger.claim(key, h, "i-1", second).state == "in_progress"  # its heartbeat lives
@@ -227,7 +242,7 @@ def test_a_record_that_could_not_be_given_up_while_redis_was_away_is_given_up_wh
         through = redis.Redis.from_url(through_url, socket_timeout=2, socket_connect_timeout=2)
         beat = Heartbeat(client()).start()
         ledger = Ledger(through, beat, ttl_seconds=3600)
-        key, h = fresh_key(), payload_hash({"n": 2})
+        key, h = fresh_key(), params_hash({"n": 2})
         first, second = attempts("first", "second")
         assert ledger.claim(key, h, "i-1", first).state == "claimed"
         proxy.set("refuse")  # Redis is away just when the attempt fails
@@ -246,7 +261,7 @@ def test_a_record_that_could_not_be_given_up_while_redis_was_away_is_given_up_wh
 def test_a_record_written_by_an_older_worker_without_an_attempt_is_still_judged_by_its_owner() -> None:
     # a rolling upgrade: records claimed by workers that never wrote an attempt id
     ledger, beat = worker()
-    key, h = fresh_key(), payload_hash({"n": 3})
+    key, h = fresh_key(), params_hash({"n": 3})
     client().hset(key, mapping={"state": "in_progress", "hash": h, "owner": beat.worker_id, "intent": "i-1"})
     (a,) = attempts("a")
     assert ledger.claim(key, h, "i-1", a).state == "in_progress"  # its worker lives
@@ -259,7 +274,7 @@ def test_a_record_written_by_an_older_worker_without_an_attempt_is_still_judged_
 def test_a_claim_of_an_attempt_given_up_before_its_claim_ran_is_never_made() -> None:
     # the attempt's begin reached Redis only after its caller had stopped waiting and given up
     ledger, beat = worker()
-    key, h = fresh_key(), payload_hash({"n": 4})
+    key, h = fresh_key(), params_hash({"n": 4})
     late, following = attempts("late", "next")
     ledger.abandon(key, late)  # nothing to give up yet: only the attempt is marked
     assert ledger.claim(key, h, "i-1", late).state == "abandoned"

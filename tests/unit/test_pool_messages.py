@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import redis
 
+from workers.pool.consumer import decode_job, job_handler
 from workers.transport.app import EXECUTE_TASK
-from workers.pool.runtime import decode_job, job_handler
+from workers.transport.job import Job, JobDecodeError
 
 
 class FakeMessage:
@@ -28,10 +29,11 @@ class FakeMessage:
 class FakeRuntime:
     def __init__(self, fail: Exception | None = None) -> None:
         self.fail = fail
-        self.executed: list[tuple[dict[str, Any], bool]] = []
+        self.executed: list[tuple[Job, bool]] = []
         self.dead: list[str] = []
+        self.dead_jobs: list[tuple[dict[str, Any], str]] = []
 
-    def execute(self, job: dict[str, Any], redelivered: bool = False) -> None:
+    def execute(self, job: Job, redelivered: bool = False) -> None:
         if self.fail is not None:
             raise self.fail
         self.executed.append((job, redelivered))
@@ -39,13 +41,18 @@ class FakeRuntime:
     def dead_letter_raw(self, message: Any, reason: str) -> None:
         self.dead.append(reason)
 
+    def dead_letter_job(self, job: Job | dict[str, Any], reason: str) -> None:
+        self.dead_jobs.append((job if isinstance(job, dict) else job.model_dump(), reason))
 
-JOB = {"intent_id": "i-1", "agent_id": "a", "connector": "c", "action": "x", "params": {}}
+
+JOB = {"v": 1, "intent_id": "i-1", "agent_id": "a", "connector": "c", "action": "x", "params": {},
+       "idempotency_key": "i-1", "reply_to": "a", "deadline": None, "trace_id": "t" * 32, "traceparent": None,
+       "format": "native", "received_at": 1.0, "dispatched_at": 2.0}
 
 
 def test_a_task_message_is_read_as_its_job() -> None:
-    job, problem = decode_job(FakeMessage([[JOB], {}, {"callbacks": None}]))  # type: ignore[arg-type]
-    assert job == JOB and problem == ""
+    job = decode_job(FakeMessage([[JOB], {}, {"callbacks": None}]))  # type: ignore[arg-type]
+    assert job == Job.model_validate(JOB)
 
 
 @pytest.mark.parametrize("body,task,why", [
@@ -57,15 +64,15 @@ def test_a_task_message_is_read_as_its_job() -> None:
     ([[JOB, JOB], {}, {}], EXECUTE_TASK, "not a job object"),
 ])
 def test_anything_else_is_refused_with_a_reason(body: Any, task: str | None, why: str) -> None:
-    job, problem = decode_job(FakeMessage(body, task))  # type: ignore[arg-type]
-    assert job is None and why in problem
+    with pytest.raises(JobDecodeError, match=why):
+        decode_job(FakeMessage(body, task))  # type: ignore[arg-type]
 
 
 def test_a_finished_job_is_acked_and_a_redelivery_is_flagged() -> None:
     runtime = FakeRuntime()
     message = FakeMessage([[JOB], {}, {}], redelivered=True)
     settle = job_handler(runtime, requeue_pause=0)(message)  # type: ignore[arg-type]
-    assert settle == message.ack and runtime.executed == [(JOB, True)]
+    assert settle == message.ack and runtime.executed == [(Job.model_validate(JOB), True)]
 
 
 def test_a_job_that_redis_failed_goes_back_to_the_queue_instead_of_being_acked_unanswered() -> None:
@@ -79,3 +86,23 @@ def test_a_message_that_is_not_a_job_is_dead_lettered_and_acked() -> None:
     message = FakeMessage(b"garbage")
     assert job_handler(runtime, requeue_pause=0)(message) == message.ack  # type: ignore[arg-type]
     assert runtime.dead and "not a task message" in runtime.dead[0] and not runtime.executed
+
+
+@pytest.mark.parametrize("change", [{"v": 2}, {"surprise": 1}, {"params": "x"}, {"intent_id": None}])
+def test_a_job_object_that_does_not_parse_is_dead_lettered_with_the_reason_and_acked(change: dict[str, Any]) -> None:
+    runtime = FakeRuntime()
+    doc = {**JOB, **change}
+    message = FakeMessage([[doc], {}, {}])
+    assert job_handler(runtime, requeue_pause=0)(message) == message.ack  # type: ignore[arg-type]
+    [(kept, reason)] = runtime.dead_jobs
+    assert kept == doc and "not a valid job" in reason and next(iter(change)) in reason
+    assert not runtime.executed and not runtime.dead
+
+
+def test_a_dead_letter_that_fails_is_retried_later_not_dropped() -> None:
+    class Failing(FakeRuntime):
+        def dead_letter_job(self, job: Job | dict[str, Any], reason: str) -> None:
+            raise ConnectionError("broker away")
+
+    message = FakeMessage([[{**JOB, "v": 2}], {}, {}])
+    assert job_handler(Failing(), requeue_pause=0)(message) == message.requeue  # type: ignore[arg-type]

@@ -57,8 +57,8 @@ def test_valid_intent_is_dispatched_with_defaults_applied(catalog: Catalog) -> N
     decision = router(catalog).decide(message({"agent_id": "bot", "action": "create_ticket", "params": {"title": "t"}}))
     assert isinstance(decision, Dispatch)
     assert decision.queue == "reach.connector.tickets"
-    assert decision.job["params"] == {"title": "t", "priority": "medium"}
-    assert decision.job["idempotency_key"] == decision.job["intent_id"]
+    assert decision.job.params == {"title": "t", "priority": "medium"}
+    assert decision.job.idempotency_key == decision.job.intent_id
 
 
 @pytest.mark.parametrize("now, open_", [
@@ -120,13 +120,13 @@ def test_guardrail_order_permission_before_rate_limit_before_validation(catalog:
 def test_bindings_decide_between_connectors_offering_the_same_action(catalog: Catalog) -> None:
     # query_ticket exists on tickets and crm; bot is bound to tickets only
     decision = router(catalog).decide(message({"agent_id": "bot", "action": "query_ticket", "params": {"tid": "1"}}))
-    assert isinstance(decision, Dispatch) and decision.job["connector"] == "tickets"
+    assert isinstance(decision, Dispatch) and decision.job.connector == "tickets"
 
 
 def test_reply_to_must_belong_to_the_agent(catalog: Catalog) -> None:
     ok = router(catalog).decide(message({"agent_id": "bot", "reply_to": "bot.session-1", "action": "tickets.query_ticket",
                                          "params": {"tid": "1"}}))
-    assert isinstance(ok, Dispatch) and ok.job["reply_to"] == "bot.session-1"
+    assert isinstance(ok, Dispatch) and ok.job.reply_to == "bot.session-1"
     bad = router(catalog).decide(message({"agent_id": "bot", "reply_to": "office_bot", "action": "tickets.query_ticket",
                                           "params": {"tid": "1"}}))
     assert code_of(bad) == "INVALID_INTENT" and bad.routing_key == "bot"
@@ -148,7 +148,7 @@ def test_require_user_id_refuses_unauthenticated_intents(catalog: Catalog) -> No
     # nobody the broker vouched for is answered (that could spoof receipts into bot's stream)
     assert refused.routing_key is None and refused.dead_letter_reason
     accepted = strict.decide(message({"action": "tickets.query_ticket", "params": {"tid": "1"}}, user_id="bot"))
-    assert isinstance(accepted, Dispatch) and accepted.job["agent_id"] == "bot"
+    assert isinstance(accepted, Dispatch) and accepted.job.agent_id == "bot"
 
 
 def test_dead_letter_body_has_sensitive_params_redacted(catalog: Catalog) -> None:
@@ -193,9 +193,9 @@ def _check_one(catalog: Catalog, raw: RawMessage) -> Any:
     assert isinstance(decision, (Answer, Dispatch))
     if isinstance(decision, Dispatch):
         # only a fully valid intent of a bound action gets through
-        ref = catalog.refs[(decision.job["connector"], decision.job["action"])]
-        assert catalog.allows(decision.job["agent_id"], ref)
-        cleaned, problems = ref.validator.validate(decision.job["params"])
+        ref = catalog.refs[(decision.job.connector, decision.job.action)]
+        assert catalog.allows(decision.job.agent_id, ref)
+        cleaned, problems = ref.validator.validate(decision.job.params)
         assert problems == []
     else:
         receipt = decision.receipt

@@ -8,19 +8,17 @@ after sensitive fields were redacted. A binding's ``audit_level`` chooses how mu
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from workers.state import keys
-
-if TYPE_CHECKING:
-    from workers.state.batcher import Batcher, write_stdout
+from workers.state.batcher import Batcher, write_stdout
+from workers.state.ledger import params_hash
 
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
@@ -28,8 +26,8 @@ TRACE_MAX_EVENTS = 50
 
 
 def params_digest(redacted_params: Any) -> str:
-    canonical = json.dumps(redacted_params, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    """What the audit trail shows of the params: a prefix of their hash, taken after redaction."""
+    return params_hash(redacted_params)[:16]
 
 
 class Audit:
@@ -41,9 +39,6 @@ class Audit:
         self._client = client
         self._process = process
         self._batcher = batcher
-
-    def event(self, stage: str, intent_id: str, *, level: str = "full", **fields: Any) -> None:
-        self.events(intent_id, [(stage, fields)], level=level)
 
     def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full",
                agent: str | None = None) -> None:

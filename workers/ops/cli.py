@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
 from connectors.catalog import Catalog, build
 from connectors.loader import CatalogError, load_directory
+from workers.ops.table import print_table
 from workers.settings import Settings, SettingsError
+from workers.state.client import connect_redis
 
 EXIT_PROBLEMS = 1
 EXIT_CONFIG = 2
@@ -40,6 +43,26 @@ def _load_catalog(directory: str) -> Catalog:
         click.echo("Run `reach validate` for the full list.", err=True)
         sys.exit(EXIT_CONFIG)
     return catalog
+
+
+def _catalog_if_any(settings: Settings, without: str) -> Catalog | None:
+    """The catalog when $REACH_CATALOG (default ./catalog) is a directory; None when not, saying on
+    stderr what the command does ``without`` it."""
+    if Path(settings.catalog_dir).is_dir():
+        return _load_catalog(settings.catalog_dir)
+    click.echo(f"no catalog at {settings.catalog_dir!r} (REACH_CATALOG): {without}", err=True)
+    return None
+
+
+def _unreachable(settings: Settings, exc: Exception) -> NoReturn:
+    """Say which service did not answer, where, and exit 2."""
+    from workers.ops.fleet import Unreachable, redact_url
+
+    where = {"Redis": settings.redis_url, "RabbitMQ": settings.broker_url}
+    service = exc.service if isinstance(exc, Unreachable) else "RabbitMQ"
+    click.echo(f"cannot read the fleet's state: {exc} (at {redact_url(where[service])}; "
+               f"set REACH_BROKER_URL and REACH_REDIS_URL)", err=True)
+    sys.exit(EXIT_CONFIG)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,16 +109,7 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
     rows = [(r.qualified, r.action.permission, r.action.method + " " + r.action.template,
              ", ".join(f"{n}{'*' if f.required else ''}" for n, f in r.action.input.items()),
              r.action.description or "") for r in refs]
-    _print_table(("action", "permission", "call", "params (* required)", "description"), rows)
-
-
-def _print_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in row) for row in rows]
-    widths = [min(48, max(len(r[i]) for r in cells)) for i in range(len(header))]
-    for n, row in enumerate(cells):
-        click.echo("  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip())
-        if n == 0:
-            click.echo("  ".join("-" * w for w in widths))
+    print_table(("action", "permission", "call", "params (* required)", "description"), rows)
 
 
 @main.command()
@@ -114,6 +128,10 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
           print_only: bool, skip_broker_policy: bool) -> None:
     """Declare the topology, and bound what agents may leave on the broker (idempotent).
 
+    With a catalog ($REACH_CATALOG) every connector's queue is declared too; without, the base
+    topology only (reach.intents, reach.receipts, reach.dispatch, reach.dlq): each pool declares
+    its connector's queue when it starts.
+
     The bounds: the operator policy reach-agent-queues on ^amq\\.gen- queues (expiry, length)
     and the vhost's queue limit, set with rabbitmqctl. Where it cannot be run (a remote broker),
     setup prints the commands to run instead and exits 1.
@@ -123,10 +141,17 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
     from urllib.parse import urlsplit
 
     from kombu import Connection
+    from kombu.exceptions import OperationalError
 
     from workers.ops.agents import AgentUserError, apply_broker_policy, vhost_of
-    from workers.ops.broker_policy import (AGENT_QUEUE_POLICY, AgentQueuePolicy, management_api_requests, policy_command,
-                                       vhost_limits_command)
+    from workers.ops.broker_policy import (
+        AGENT_QUEUE_POLICY,
+        AgentQueuePolicy,
+        management_api_requests,
+        policy_command,
+        vhost_limits_command,
+    )
+    from workers.ops.fleet import redact_url
     from workers.ops.runner import dead_letter_bounds
     from workers.transport.topology import declare_all
 
@@ -153,10 +178,22 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
         for request in management_api_requests(vhost, policy, max_queues, f"http://{host}:15672"):
             click.echo("# or: " + request)
         return
-    catalog = _load_catalog(settings.catalog_dir)
-    with Connection(settings.broker_url, connect_timeout=10) as conn:
-        names = declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
-    click.echo("declared: reach.intents (exchange), reach.receipts (exchange), " + ", ".join(names))
+    catalog = _catalog_if_any(settings, "declaring the base topology")
+    conn = Connection(settings.broker_url, connect_timeout=10)
+    try:
+        with conn:
+            conn.ensure_connection(max_retries=1)
+            names = declare_all(conn, catalog.connectors if catalog else [], dead_letter_bounds(settings))
+    except (OperationalError, *conn.connection_errors, *conn.channel_errors) as exc:
+        # refused, access refused, no such vhost: the broker's own words say which
+        click.echo(f"cannot declare the topology on RabbitMQ at {redact_url(settings.broker_url)}: "
+                   f"{type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo("declared: reach.intents (exchange), reach.receipts (exchange), reach.dispatch (exchange), "
+               + ", ".join(names))
+    if catalog is None:
+        click.echo("connector queues (reach.connector.NAME) are declared by their pools (`reach worker NAME`) "
+                   "when they start", err=True)
     if skip_broker_policy:
         click.echo(f"broker policy skipped: agents' amq.gen-* queues are bounded only if {AGENT_QUEUE_POLICY} "
                    f"is applied elsewhere (`reach setup --print` shows how)", err=True)
@@ -216,15 +253,23 @@ def beat() -> None:
     run_beat(settings, _load_catalog(settings.catalog_dir))
 
 
-def _redis_client(settings: Settings) -> Any:
-    import redis
+def _known_connector(settings: Settings, client: Any, connector: str) -> None:
+    """Exit 2 unless ``connector`` is in the catalog, or (no catalog) has left state in Redis."""
+    from redis import RedisError
 
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    from workers.ops.fleet import Unreachable, discover_connectors
 
-
-def _known_connector(catalog: Catalog, connector: str) -> None:
-    if connector not in catalog.connectors:
-        click.echo(f"no connector named {connector!r} (known: {', '.join(sorted(catalog.connectors)) or 'none'})", err=True)
+    catalog = _catalog_if_any(settings, "looking the connector up in Redis")
+    if catalog is not None:
+        known = sorted(catalog.connectors)
+    else:
+        try:
+            known = discover_connectors(client)
+        except RedisError as exc:
+            _unreachable(settings, Unreachable("Redis", exc))
+    if connector not in known:
+        where = "" if catalog is not None else " in Redis"
+        click.echo(f"no connector named {connector!r}{where} (known: {', '.join(known) or 'none'})", err=True)
         sys.exit(EXIT_CONFIG)
 
 
@@ -235,8 +280,9 @@ def pause(connector: str) -> None:
     from workers.state.control import set_paused
 
     settings = _settings()
-    _known_connector(_load_catalog(settings.catalog_dir), connector)
-    set_paused(_redis_client(settings), connector, True)
+    client = connect_redis(settings)
+    _known_connector(settings, client, connector)
+    set_paused(client, connector, True)
     click.echo(f"{connector}: paused (its pools stop consuming within a second; `reach resume {connector}` undoes it)")
 
 
@@ -247,8 +293,9 @@ def resume(connector: str) -> None:
     from workers.state.control import set_paused
 
     settings = _settings()
-    _known_connector(_load_catalog(settings.catalog_dir), connector)
-    set_paused(_redis_client(settings), connector, False)
+    client = connect_redis(settings)
+    _known_connector(settings, client, connector)
+    set_paused(client, connector, False)
     click.echo(f"{connector}: resumed")
 
 
@@ -257,22 +304,25 @@ def resume(connector: str) -> None:
 def status(as_json: bool) -> None:
     """Per connector: queue depth, consumers, in-flight, breaker, health, paused, last error.
 
-    Exits 2 when the broker or Redis cannot be reached.
+    The connectors are the catalog's ($REACH_CATALOG) when there is one; without, those that
+    left state in Redis (pools, health probes, breakers, pauses). Needs only REACH_BROKER_URL and
+    REACH_REDIS_URL. Exits 2 when the broker or Redis cannot be reached.
     """
-    from workers.ops.fleet import fleet_status
+    from workers.ops.fleet import Unreachable, fleet_status
 
     settings = _settings()
-    catalog = _load_catalog(settings.catalog_dir)
+    catalog = _catalog_if_any(settings, "showing the connectors found in Redis")
     try:
-        rows = fleet_status(catalog, settings.broker_url, _redis_client(settings))
-    except Exception as exc:
-        click.echo(f"cannot read the fleet's state: {type(exc).__name__}: {exc} "
-                   f"(broker {_redact(settings.broker_url)}, redis {_redact(settings.redis_url)})", err=True)
-        sys.exit(EXIT_CONFIG)
+        rows = fleet_status(None if catalog is None else catalog.connectors, settings.broker_url,
+                            connect_redis(settings))
+    except Unreachable as exc:
+        _unreachable(settings, exc)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    _print_table(("connector", "queued", "consumers", "in-flight", "workers", "breaker", "health", "paused", "last error"),
+    if not rows and catalog is None:
+        click.echo("no connectors found in Redis: no pool has run against it yet", err=True)
+    print_table(("connector", "queued", "consumers", "in-flight", "workers", "breaker", "health", "paused", "last error"),
                  [(r.connector, "-" if r.queue_depth is None else r.queue_depth, "-" if r.consumers is None else r.consumers,
                    r.in_flight, r.workers, r.breaker, r.health, "yes" if r.paused else "no", r.last_error or "-")
                   for r in rows])
@@ -286,7 +336,7 @@ def trace(intent_id: str, agent: str | None) -> None:
     from workers.observability.audit import read_trace, trace_agents
 
     settings = _settings()
-    client = _redis_client(settings)
+    client = connect_redis(settings)
     if agent is None:
         agents = trace_agents(client, intent_id)
         if not agents:
@@ -325,7 +375,7 @@ def dlq_list(limit: int) -> None:
     if not letters:
         click.echo("reach.dlq is empty")
         return
-    _print_table(("message id", "received", "agent", "connector", "reason", "preview"),
+    print_table(("message id", "received", "agent", "connector", "reason", "preview"),
                  [(d.message_id or "-", d.received_at or "-", d.agent or "-", d.connector or "-", d.reason, d.preview)
                   for d in letters])
 
@@ -338,14 +388,14 @@ def dlq_replay(ids: tuple[str, ...]) -> None:
     A letter whose sensitive params were redacted is not replayed (the system would get the
     placeholder): it stays in reach.dlq, is reported, and the exit code is 1.
     """
-    from workers.transport.app import JobMessages, create_app
     from workers.ops.fleet import replay_dead_letters
+    from workers.transport.app import JobMessages, create_app
     from workers.transport.topology import connector_queue
 
     settings = _settings()
     # only for the reach.execute message template, as the router builds it (no params in headers)
     jobs = JobMessages(create_app(settings, [connector_queue("_replay")]))
-    done = replay_dead_letters(settings.broker_url, _redis_client(settings), set(ids) if ids else None, jobs)
+    done = replay_dead_letters(settings.broker_url, connect_redis(settings), set(ids) if ids else None, jobs)
     for message_id, why in done.kept:
         click.echo(f"not replayed {message_id or '(no message id)'}: {why}")
     missing = set(ids) - set(done.replayed) - {message_id for message_id, _ in done.kept}
@@ -380,6 +430,7 @@ def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str 
          wait: bool, timeout: float) -> None:
     """Publish an intent from the shell; with --wait, print its receipt (exit 1 unless it succeeded)."""
     from producers.client import ReachClient, ReachError, ReceiptTimeout
+    from workers.ops.fleet import redact_url
 
     settings = _settings()
     values = dict(_parse_param(p) for p in params)
@@ -389,7 +440,7 @@ def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str 
         # logged in as the agent itself: send user_id, so REACH_REQUIRE_USER_ID fleets accept it
         client = ReachClient(agent, settings.broker_url, authenticated=urlsplit(settings.broker_url).username == agent)
     except Exception as exc:  # connection refused, auth: say so plainly
-        click.echo(f"cannot reach the broker at {_redact(settings.broker_url)}: {exc}", err=True)
+        click.echo(f"cannot reach the broker at {redact_url(settings.broker_url)}: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     with client:
         try:
@@ -421,15 +472,6 @@ def demo(keep_running: bool) -> None:
 from workers.ops.agents import agent_user  # noqa: E402
 
 main.add_command(agent_user, "agent-user")
-
-
-def _redact(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,6 @@ their receipts as a table, and stops everything it started.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -14,16 +13,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 from producers.client import ReachClient, ReceiptTimeout
 from producers.wire import Receipt
+from workers.ops.demo_assets import CATALOG_DIR
+from workers.ops.demo_assets.ticket_system import TicketSystem
+from workers.ops.fleet import Unreachable, redact_url
+from workers.ops.table import print_table
 from workers.settings import Settings
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONNECTOR = "local_ticket_system"
 
 
@@ -34,14 +36,6 @@ def _reachable(url: str, default_port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _load_ticket_system() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reach_demo_ticket_system", EXAMPLES / "ticket_system.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -69,44 +63,46 @@ def _row(n: int, who: str, what: str, receipt: Receipt | None) -> tuple[str, ...
     return (str(n), who, what, receipt.status, code, outcome)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    header = ("#", "agent", "intent", "status", "code", "result")
-    cells = [header, *rows]
-    widths = [min(60, max(len(r[i]) for r in cells)) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def declare_topology(settings: Settings) -> None:
-    from kombu import Connection
+    """Declare what the demo's clients and fleet use, so it runs on a broker that never saw the fleet.
 
-    from connectors.loader import load_directory
+    Raises:
+        Unreachable: The broker refused the connection or the declarations.
+    """
+    from kombu import Connection
+    from kombu.exceptions import OperationalError
+
     from connectors.catalog import build
+    from connectors.loader import load_directory
     from workers.ops.runner import dead_letter_bounds
     from workers.transport.topology import declare_all
 
-    catalog, _ = build(load_directory(EXAMPLES / "catalog"))
-    with Connection(settings.broker_url, connect_timeout=10) as conn:
-        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+    catalog, _ = build(load_directory(CATALOG_DIR))
+    conn = Connection(settings.broker_url, connect_timeout=10)
+    try:
+        with conn:
+            conn.ensure_connection(max_retries=1)
+            declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+    except (OperationalError, *conn.connection_errors, *conn.channel_errors) as exc:
+        # access refused, no such vhost: the broker's own words say which
+        raise Unreachable("RabbitMQ", exc) from exc
 
 
 def run_demo(settings: Settings, keep_running: bool = False) -> int:
     """Returns the process exit code: 0 when every receipt was what the script expects."""
     for name, url, port in (("RabbitMQ", settings.broker_url, 5672), ("Redis", settings.redis_url, 6379)):
         if not _reachable(url, port):
-            print(f"{name} is not reachable at {url}. `bash .ci/demo` installs and starts it for you.", file=sys.stderr)
+            print(f"{name} is not reachable at {url}: start it, or set REACH_BROKER_URL / REACH_REDIS_URL "
+                  "(in a checkout, `bash .ci/demo` installs and starts both).", file=sys.stderr)
             return 2
-    if not (EXAMPLES / "catalog").is_dir():
-        print(f"the demo needs the repository's examples/ folder (looked in {EXAMPLES})", file=sys.stderr)
+    try:
+        declare_topology(settings)  # the clients check the exchanges exist before the router is up
+    except Unreachable as exc:
+        print(f"cannot declare the fleet's topology: {exc} (at {redact_url(settings.broker_url)})", file=sys.stderr)
         return 2
-    declare_topology(settings)  # a broker that has never seen the fleet has no exchanges for the clients yet
-    tickets = _load_ticket_system().TicketSystem(0).start()
+    tickets = TicketSystem(0).start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
-    env = dict(os.environ, REACH_CATALOG=str(EXAMPLES / "catalog"), TICKETS_URL=tickets.url,
+    env = dict(os.environ, REACH_CATALOG=str(CATALOG_DIR), TICKETS_URL=tickets.url,
                REACH_BROKER_URL=settings.broker_url, REACH_REDIS_URL=settings.redis_url)
     env.pop("REACH_METRICS_PORT", None)
     procs: list[subprocess.Popen[bytes]] = []
@@ -125,7 +121,7 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         print("stopped the router, the pool and the ticket system")
 
 
-def _script(settings: Settings, tickets: Any, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool) -> int:
+def _script(settings: Settings, tickets: TicketSystem, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool) -> int:
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
     qa = ReachClient("ticket_qa_bot", settings.broker_url)
     try:
@@ -160,16 +156,18 @@ def _script(settings: Settings, tickets: Any, procs: list[subprocess.Popen[bytes
         run(qa, f"query_ticket tid={tid}", "succeeded", "query_ticket", {"tid": tid})
         run(qa, "query_ticket tid=TK-9999", "DOWNSTREAM_NOT_FOUND", "local_ticket_system__query_ticket", {"tid": "TK-9999"})
         run(desk, "delete_everything", "UNKNOWN_ACTION", "delete_everything", {})
-        # a malformed message: not JSON at all, identified by its agent_id header
-        desk.publish_raw(b"{this is not json", headers={"agent_id": "ticket_desk_bot"}, message_id="demo-malformed-1")
+        # a malformed message: not JSON at all, identified by its agent_id header; a new id each run,
+        # since the fleet answers an intent id once a day (a second demo would wait in vain)
+        malformed_id = f"demo-malformed-{uuid.uuid4().hex[:12]}"
+        desk.publish_raw(b"{this is not json", headers={"agent_id": "ticket_desk_bot"}, message_id=malformed_id)
         try:
-            malformed: Receipt | None = desk.wait("demo-malformed-1", timeout=20)
+            malformed: Receipt | None = desk.wait(malformed_id, timeout=20)
         except ReceiptTimeout:
             malformed = None
         results.append(("ticket_desk_bot", "{this is not json", malformed, "INVALID_INTENT"))
 
-        rows = [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)]
-        print(_table(rows))
+        print_table(("#", "agent", "intent", "status", "code", "result"),
+                    [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)], max_width=60)
         ok = all(r is not None and (r.status == expect or (r.error and r.error.code.value == expect))
                  for _, _, r, expect in results)
         calls = tickets.requests()
@@ -179,7 +177,7 @@ def _script(settings: Settings, tickets: Any, procs: list[subprocess.Popen[bytes
         print("\nall receipts as expected" if ok else "\nSOME RECEIPTS WERE NOT AS EXPECTED")
         if keep_running:
             print(f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
-                  f"  REACH_CATALOG={EXAMPLES / 'catalog'} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
+                  f"  REACH_CATALOG={CATALOG_DIR} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
                   "Ctrl-C stops everything.")
             try:
                 while all(p.poll() is None for p in procs):

@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from kombu import Connection, Producer
 
-from connectors.catalog import Catalog
+from producers.wire import INTENT_ROUTING_KEY
 from workers.state import keys
 from workers.transport.app import JobMessages
-from workers.state.breaker import RedisBreakerStorage
+from workers.transport.job import Job, JobDecodeError, parse_job_json
+from workers.state.breaker import breaker_state
 from workers.state.control import is_paused, live_workers
 from workers.state.health import HealthBoard
-from workers.state.ledger import _text
+from workers.state.client import text as _text
 from workers.observability.redaction import REDACTED_HEADER, contains_redacted
 from workers.transport.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
@@ -23,7 +26,7 @@ from workers.transport.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE,
 NOT_REPLAYED_NOT_KEPT = "its body was not kept (oversize or unparsable: see x-reach-body-bytes and -sha256)"
 NOT_REPLAYED_REDACTED = ("its sensitive params were redacted when it was dead-lettered; "
                          "ask the agent to send the intent again")
-NOT_REPLAYED_NOT_A_JOB = "its body is not a job (a JSON object); it cannot be sent to its connector's pool"
+NOT_REPLAYED_NOT_A_JOB = "its body is not a job this version can run; it cannot be sent to its connector's pool"
 
 
 
@@ -43,34 +46,77 @@ class ConnectorStatus:
         return self.__dict__.copy()
 
 
-def fleet_status(catalog: Catalog, broker_url: str, client: redis.Redis) -> list[ConnectorStatus]:
-    """Raises the broker's or Redis's connection error when either cannot be reached."""
-    client.ping()
-    board = HealthBoard(client)
-    rows = []
-    with Connection(broker_url, connect_timeout=5) as conn:
+class Unreachable(Exception):
+    """RabbitMQ or Redis did not answer: ``service`` says which, the cause why."""
+
+    def __init__(self, service: str, cause: Exception) -> None:
+        super().__init__(f"{service} did not answer: {type(cause).__name__}: {cause}")
+        self.service = service
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
+
+
+def discover_connectors(client: redis.Redis) -> list[str]:
+    """Connectors that left state in Redis: pools' status, health marks, breakers, pauses, last
+    errors (what ``reach status`` shows when no catalog names the connectors)."""
+    found = set()
+    for prefix in keys.CONNECTOR_PREFIXES:
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            name = keys.connector_of(key)
+            if name:
+                found.add(name)
+    return sorted(found)
+
+
+def fleet_status(connectors: Iterable[str] | None, broker_url: str, client: redis.Redis) -> list[ConnectorStatus]:
+    """One row per connector: those named, or (None) those found in Redis.
+
+    Raises:
+        Unreachable: Redis or the broker cannot be reached.
+    """
+    try:
+        client.ping()
+        names = sorted(connectors) if connectors is not None else discover_connectors(client)
+    except redis.RedisError as exc:
+        raise Unreachable("Redis", exc) from exc
+    conn = Connection(broker_url, connect_timeout=5)
+    try:
         conn.ensure_connection(max_retries=1)
+    except Exception as exc:  # kombu's OperationalError, or the socket's own
+        conn.release()
+        raise Unreachable("RabbitMQ", exc) from exc
+    with conn:
         channel = conn.channel()
-        for name in sorted(catalog.connectors):
+        depths: dict[str, tuple[int | None, int | None]] = {}
+        for name in names:
             try:
                 declared = channel.queue_declare(connector_queue(name).name, passive=True)
-                depth, consumers = int(declared.message_count), int(declared.consumer_count)
+                depths[name] = int(declared.message_count), int(declared.consumer_count)
             except conn.channel_errors:
-                depth = consumers = None  # never declared: no pool has started yet
+                depths[name] = (None, None)  # never declared: no pool has started yet
                 channel = conn.channel()
-            workers = live_workers(client, name)
-            raw_error = client.get(keys.last_error(name))
-            last_error = ""
-            if raw_error:
-                err = json.loads(raw_error)
-                ago = int(time.time() - err["at"])
-                last_error = f"{err['code']} {ago}s ago: {err['message']}"
-            rows.append(ConnectorStatus(
-                connector=name, queue_depth=depth, consumers=consumers,
-                in_flight=sum(int(w.get("in_flight", 0)) for w in workers), workers=len(workers),
-                breaker=RedisBreakerStorage(client, name).state, health=board.status(name),
-                paused=is_paused(client, name), last_error=last_error))
-    return rows
+    try:
+        return [_status(client, name, *depths[name]) for name in names]
+    except redis.RedisError as exc:
+        raise Unreachable("Redis", exc) from exc
+
+
+def _status(client: redis.Redis, name: str, depth: int | None, consumers: int | None) -> ConnectorStatus:
+    workers = live_workers(client, name)
+    raw_error = client.get(keys.last_error(name))
+    last_error = ""
+    if raw_error:
+        err = json.loads(raw_error)
+        last_error = f"{err['code']} {int(time.time() - err['at'])}s ago: {err['message']}"
+    return ConnectorStatus(
+        connector=name, queue_depth=depth, consumers=consumers,
+        in_flight=sum(int(w.get("in_flight", 0)) for w in workers), workers=len(workers),
+        breaker=breaker_state(client, name), health=HealthBoard(client).status(name),
+        paused=is_paused(client, name), last_error=last_error)
 
 
 @dataclass(frozen=True)
@@ -168,14 +214,13 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
             letter = _dead_letter(message)
             if ids is not None and letter.message_id not in ids:
                 continue  # stays unacked: returned to the queue when the channel closes
-            job: Any = None
+            job: Job | None = None
             if letter.connector:
                 try:
-                    job = json.loads(letter.body)
-                except (ValueError, RecursionError):
-                    pass
-                if not isinstance(job, dict):
-                    kept.append((letter.message_id, NOT_REPLAYED_NOT_A_JOB))
+                    job = parse_job_json(letter.body)  # the model the pools run it with
+                except JobDecodeError as exc:
+                    why = NOT_REPLAYED_REDACTED if was_redacted(letter) else f"{NOT_REPLAYED_NOT_A_JOB} ({exc.reason})"
+                    kept.append((letter.message_id, why))
                     continue  # unacked: returned
             if _text(letter.headers.get("x-reach-body-kept")) == "none":
                 kept.append((letter.message_id, NOT_REPLAYED_NOT_KEPT))
@@ -186,13 +231,13 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
             if letter.message_id:
                 client.delete(keys.sent(letter.agent or None, letter.message_id),
                               keys.deliveries(letter.agent or None, letter.message_id))
-            if letter.connector:
-                _publish_job(producer, jobs, job, letter.connector, letter.message_id)
+            if job is not None:
+                _publish_job(producer, jobs, job, letter.connector)
             else:
                 # also a letter with x-reach-queue only (not a job, found on a pool's queue): the
                 # router reads it as an intent, never a pool as a job
                 agent = letter.agent
-                producer.publish(letter.body, exchange=INTENTS_EXCHANGE, routing_key="intent",
+                producer.publish(letter.body, exchange=INTENTS_EXCHANGE, routing_key=INTENT_ROUTING_KEY,
                                  content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                                  message_id=letter.message_id or None,
                                  headers={"agent_id": agent} if agent else {})
@@ -202,12 +247,11 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
     return Replay(replayed, kept)
 
 
-def _publish_job(producer: Producer, jobs: JobMessages, job: dict[str, Any], connector: str, message_id: str) -> None:
+def _publish_job(producer: Producer, jobs: JobMessages, job: Job, connector: str) -> None:
     """As the router dispatches (confirmed, persistent, on reach.dispatch); the queue is declared
     as the pools declare it, so a letter for a connector whose pool never started is not lost."""
     queue = connector_queue(connector)
-    intent_id = str(job.get("intent_id") or message_id or "replay")
-    body, headers, properties = jobs.build(job, f"{intent_id}:{time.time_ns()}")
+    body, headers, properties = jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
     producer.publish(body, exchange=DISPATCH_EXCHANGE.name, routing_key=queue.name, headers=headers,
                      content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                      declare=[queue], **properties)

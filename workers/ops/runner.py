@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any
 
-import redis
 from celery import signals
 
 from connectors.adapters.http import HttpAdapter
@@ -21,8 +20,8 @@ from workers.state.control import PoolStatus
 from workers.transport.pause import install_pause_watcher
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
-from workers.pool.runtime import PoolOptions, PoolRuntime
-from workers.pool.runtime import consumer_class as pool_consumer_class
+from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
+from workers.pool.consumer import consumer_class as pool_consumer_class
 from workers.transport.publisher import BatchPublisher, Publisher
 from workers.state.guards import RedisGuards
 from workers.state.ratelimit import RedisRateLimiter, parse_rate
@@ -32,12 +31,9 @@ from workers.settings import Settings
 from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
 from workers.observability.tracing import configure_tracing
 from workers.state.batcher import Batcher
+from workers.state.client import connect_redis
 
 log = logging.getLogger("reach")
-
-
-def _redis(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30)
 
 
 def quiet_per_intent_logs(level: str) -> None:
@@ -86,7 +82,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
     publisher = Publisher(app.producer_pool)
     publisher.prewarm(settings.router_threads)  # one connection per routing thread
-    redis_client = _redis(settings)
+    redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
     router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, max_depth=settings.max_depth,
@@ -130,18 +126,19 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         sys.exit(2)
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
-    redis_client = _redis(settings)
+    redis_client = connect_redis(settings)
     batcher = Batcher(redis_client)
     publisher = BatchPublisher(app.producer_pool, batcher)  # it writes receipts' sent marks
     publisher.prewarm()  # its connection open before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     heartbeat = Heartbeat(redis_client).start()
     status = PoolStatus(redis_client, name, heartbeat.worker_id)
-    runtime = PoolRuntime(connector, catalog, adapter, sink,
-                          ledger=Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
-                          breaker=SharedBreaker(redis_client, name, connector.breaker), redis_client=redis_client,
-                          publisher=publisher, audit=Audit(redis_client, f"pool:{name}", batcher=batcher), status=status,
-                          batcher=batcher, options=PoolOptions(max_deliveries=settings.max_deliveries))
+    runtime = PoolRuntime(
+        connector, catalog, adapter,
+        state=PoolState(redis_client, batcher, Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
+                        SharedBreaker(redis_client, name, connector.breaker), status),
+        output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{name}", batcher=batcher)),
+        options=PoolOptions(max_deliveries=settings.max_deliveries))
     app.conf.worker_consumer = pool_consumer_class(runtime, threads)
     install_pause_watcher(app, redis_client, name, queue.name, status, on_change=_probe_detail)
     configure_tracing(f"reach-pool-{name}")
@@ -172,7 +169,7 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
         except MissingSecret as exc:
             print(f"reach beat: {exc}", file=sys.stderr)
             sys.exit(2)
-    beat = Beat(list(catalog.connectors.values()), HealthBoard(_redis(settings)), heartbeat=probes.PROBE.beat)
+    beat = Beat(list(catalog.connectors.values()), HealthBoard(connect_redis(settings)), heartbeat=probes.PROBE.beat)
     signal.signal(signal.SIGTERM, lambda *_: beat.stop())
     signal.signal(signal.SIGINT, lambda *_: beat.stop())
     probes.PROBE.ready = True

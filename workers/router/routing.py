@@ -30,9 +30,10 @@ from kombu.message import Message
 from connectors.catalog import ActionRef, Catalog, Refusal
 from connectors.hours import parse_window
 from connectors.schema import suggestion_for
-from producers.wire import ErrorCode, Receipt
+from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS, ErrorCode, Receipt
 from workers.observability import metrics
 from workers.transport.app import JobMessages
+from workers.transport.job import Job
 from workers.state.breaker import AlwaysAvailable
 from workers.transport.consuming import sender_key, threaded_consumer
 from workers.transport.inbound import OVERSIZE, UNREADABLE
@@ -47,7 +48,6 @@ from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ,
 from workers.observability.tracing import span, traceparent_for
 
 log = logging.getLogger("reach.router")
-LIST_TOOLS = "reach.list_tools"
 # rejections that mean the sender got something wrong; they count against its invalid allowance
 COUNTED_AS_INVALID = frozenset({ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED,
                                 ErrorCode.VALIDATION_FAILED})
@@ -62,8 +62,11 @@ class Dispatch:
     """A checked intent on its way to ``queue``; ``job`` is the pool task's only argument."""
 
     queue: str
-    job: dict[str, Any]
-    intent_id: str
+    job: Job
+
+    @property
+    def intent_id(self) -> str:
+        return self.job.intent_id
 
 
 @dataclass(frozen=True)
@@ -190,23 +193,22 @@ class Router:
         if intent.deadline is not None and intent.deadline.timestamp() <= now:
             return refuse(ErrorCode.DEADLINE_EXCEEDED, f"the deadline {intent.deadline.isoformat()} has passed",
                           "Send a new intent with a later deadline if the action is still wanted.", ref=ref)
-        job = {
-            "v": 1,
-            "intent_id": intent.intent_id,
-            "agent_id": agent_id,
-            "connector": ref.connector.name,
-            "action": ref.action.action,
-            "params": params,
-            "idempotency_key": intent.idempotency_key or intent.intent_id,
-            "reply_to": intent.reply_to or agent_id,
-            "deadline": intent.deadline.timestamp() if intent.deadline else None,
-            "trace_id": parsed.trace_id,
-            "traceparent": traceparent_for(parsed.trace_id, parsed.traceparent),
-            "format": parsed.format,
-            "received_at": received_at,
-            "dispatched_at": now,
-        }
-        return Dispatch(connector_queue_name(ref.connector.name), job, intent.intent_id)
+        job = Job(
+            intent_id=intent.intent_id,
+            agent_id=agent_id,
+            connector=ref.connector.name,
+            action=ref.action.action,
+            params=params,
+            idempotency_key=intent.idempotency_key or intent.intent_id,
+            reply_to=intent.reply_to or agent_id,
+            deadline=intent.deadline.timestamp() if intent.deadline else None,
+            trace_id=parsed.trace_id,
+            traceparent=traceparent_for(parsed.trace_id, parsed.traceparent),
+            format=parsed.format,
+            received_at=received_at,
+            dispatched_at=now,
+        )
+        return Dispatch(connector_queue_name(ref.connector.name), job)
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()
@@ -303,27 +305,7 @@ class RouterRuntime:
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
-            job = decision.job
-            with span("reach.route", job["traceparent"], start_time=raw.received_at,
-                      attributes={"reach.connector": job["connector"], "reach.action": job["action"]}) as route:
-                if route is not None and route.is_recording():
-                    # the pool's spans become children of this one
-                    context = route.get_span_context()
-                    job = {**job, "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"}
-                body, headers, properties = self.jobs.build(job, f"{decision.intent_id}:{time.time_ns()}")
-                self.publisher.publish(body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers,
-                                       **properties)
-            metrics.INTENTS_DISPATCHED.labels(connector=job["connector"]).inc()
-            ref = self.router.catalog.refs[(job["connector"], job["action"])]
-            binding = self.router.catalog.binding(job["agent_id"], job["connector"])
-            redacted = redact_params(job["params"], ref.action.input)
-            common = {"agent": job["agent_id"], "action": job["action"], "connector": job["connector"],
-                      "trace_id": job["trace_id"]}
-            self.audit.events(decision.intent_id, [
-                ("received", {**received, **common, "format": job["format"]}),
-                ("dispatched", {**common, "param_keys": sorted(redacted), "params_digest": params_digest(redacted),
-                                "route_ms": round((time.time() - raw.received_at) * 1000, 3)}),
-            ], level=binding.audit_level if binding else "full", agent=job["agent_id"])
+            self._dispatch(decision, received, raw.received_at)
             return
         receipt = decision.receipt
         self.sink.send(receipt, decision.routing_key)
@@ -343,6 +325,29 @@ class RouterRuntime:
         # after the receipt: a receipt that cannot be sent must not leave a letter per attempt
         if decision.dead_letter_reason is not None:
             self._dead_letter(raw, decision, decision.dead_letter_reason)
+
+    def _dispatch(self, decision: Dispatch, received: dict[str, Any], received_at: float) -> None:
+        """Publish the job to its connector's queue (confirmed), then write its audit stages."""
+        job = decision.job
+        with span("reach.route", job.traceparent, start_time=received_at,
+                  attributes={"reach.connector": job.connector, "reach.action": job.action}) as route:
+            if route is not None and route.is_recording():
+                # the pool's spans become children of this one
+                context = route.get_span_context()
+                job = job.model_copy(update={"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"})
+            body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
+            self.publisher.publish(body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers,
+                                   **properties)
+        metrics.INTENTS_DISPATCHED.labels(connector=job.connector).inc()
+        ref = self.router.catalog.refs[(job.connector, job.action)]
+        binding = self.router.catalog.binding(job.agent_id, job.connector)
+        redacted = redact_params(job.params, ref.action.input)
+        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
+        self.audit.events(job.intent_id, [
+            ("received", {**received, **common, "format": job.format}),
+            ("dispatched", {**common, "param_keys": sorted(redacted), "params_digest": params_digest(redacted),
+                            "route_ms": round((time.time() - received_at) * 1000, 3)}),
+        ], level=binding.audit_level if binding else "full", agent=job.agent_id)
 
     def _dead_letter(self, raw: RawMessage, decision: Answer, reason: str) -> None:
         """Keep the message in reach.dlq for operators, without anything sensitive: an oversize

@@ -5,13 +5,11 @@ The states and their meaning are pybreaker's (closed / open / half-open, ``fail_
 process-wide lock for the whole call (a threads pool would make one call at a time) and its
 transitions span several storage operations, so processes race (INCR then GET, every process
 probing when half-open). Here every transition is one Lua script, and half-open lets at most
-``trials`` calls through at a time. ``RedisBreakerStorage`` exposes the same state to pybreaker
-for anyone who wants its API on top.
+``trials`` calls through at a time.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import pybreaker
@@ -19,6 +17,7 @@ import redis
 
 from connectors.spec import BreakerSpec
 from workers.state import keys
+from workers.state.client import text
 
 OPEN, CLOSED, HALF_OPEN = pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN
 
@@ -92,7 +91,7 @@ return {state, left, health}
 
 def permit_from(result: Any) -> Permit:
     allowed, state, retry_after, trial = result
-    return Permit(bool(allowed), _text(state), int(retry_after), bool(trial))
+    return Permit(bool(allowed), text(state), int(retry_after), bool(trial))
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,6 @@ class SharedBreaker:
         self._trials = trials
         self._lease_ms = int(trial_lease_seconds * 1000)
         self._acquire = client.register_script(_ACQUIRE)
-        self._record = client.register_script(_RECORD)
-        self._peek = client.register_script(_PEEK)
 
     @property
     def reset_ms(self) -> int:
@@ -133,74 +130,18 @@ class SharedBreaker:
         return permit_from(self._acquire(keys=keys, args=args))
 
     def record_into(self, pipe: Any, kind: str) -> None:
+        """Queue an outcome, ``success`` or ``failure``, on a pipeline (its result: the new state)."""
         pipe.eval(_RECORD, 1, self.key, kind, self._spec.fail_max)
-
-    def success(self) -> str:
-        return _text(self._record(keys=[self.key], args=["success", self._spec.fail_max]))
-
-    def failure(self) -> str:
-        return _text(self._record(keys=[self.key], args=["failure", self._spec.fail_max]))
 
     def peek_into(self, pipe: redis.client.Pipeline) -> None:
         """Queue the peek on a pipeline (its result: [state, retry_after_ms, health])."""
         pipe.eval(_PEEK, 2, self.key, keys.health(self.connector), self.reset_ms)
 
-    def peek(self) -> tuple[str, int, str]:
-        """(breaker state, ms until it may half-open, health: up | down | unknown)."""
-        state, left, health = self._peek(keys=[self.key, keys.health(self.connector)], args=[self.reset_ms])
-        return _text(state), int(left), _text(health)
 
-
-class RedisBreakerStorage(pybreaker.CircuitBreakerStorage):
-    """pybreaker's storage interface over the same Redis hash (reads; writes go through Lua)."""
-
-    def __init__(self, client: redis.Redis, connector: str) -> None:
-        super().__init__(connector)
-        self._client = client
-        self._key = keys.breaker(connector)
-
-    @property
-    def state(self) -> str:
-        return _text(self._client.hget(self._key, "state")) or CLOSED
-
-    @state.setter
-    def state(self, state: str) -> None:
-        self._client.hset(self._key, "state", state)
-
-    def increment_counter(self) -> None:
-        self._client.hincrby(self._key, "failures", 1)
-
-    def reset_counter(self) -> None:
-        self._client.hset(self._key, "failures", 0)
-
-    def increment_success_counter(self) -> None:
-        self._client.hincrby(self._key, "successes", 1)
-
-    def reset_success_counter(self) -> None:
-        self._client.hset(self._key, "successes", 0)
-
-    @property
-    def counter(self) -> int:
-        return int(self._client.hget(self._key, "failures") or 0)
-
-    @property
-    def success_counter(self) -> int:
-        return int(self._client.hget(self._key, "successes") or 0)
-
-    @property
-    def opened_at(self) -> datetime | None:
-        raw = self._client.hget(self._key, "opened_at")
-        return None if raw is None else datetime.fromtimestamp(int(raw) / 1000, timezone.utc)
-
-    @opened_at.setter
-    def opened_at(self, when: datetime) -> None:
-        self._client.hset(self._key, "opened_at", int(when.timestamp() * 1000))
-
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
+def breaker_state(client: redis.Redis, connector: str) -> str:
+    """The breaker's state as stored (closed | open | half-open), for ``reach status``. An open
+    breaker whose reset timeout has passed still says open until a call asks for a trial."""
+    return text(client.hget(keys.breaker(connector), "state")) or CLOSED
 
 
 class AlwaysAvailable:

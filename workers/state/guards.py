@@ -8,6 +8,7 @@ import redis
 
 from connectors.spec import ConnectorSpec
 from workers.state.breaker import OPEN, SharedBreaker
+from workers.state.client import text
 from workers.state.ratelimit import Rate, RateLimiter, RedisRateLimiter, Verdict
 
 Unavailable = tuple[str, int] | None  # (reason, retry_after_ms)
@@ -53,16 +54,12 @@ class RedisGuards:
         if rate is not None:
             verdict = self._limiter.verdict(results[0])
         state, left, health = results[-1]
-        state, health = _text(state), _text(health)
+        state, health = text(state), text(health)
         if state == OPEN and int(left) > 0:
             return verdict, (f"the circuit breaker of {connector} is open after repeated failures", int(left))
         if health == "down":
             return verdict, (f"{connector} failed its health checks", int(self._interval.get(connector, 10.0) * 1000))
         return verdict, None
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = ["Guards", "RedisGuards", "SeparateGuards"]

@@ -126,3 +126,17 @@ def alive(worker_id: str) -> str:
 
 def abandoned(attempt: str) -> str:
     return ABANDONED_PREFIX + attempt
+
+
+# the keys a connector's pools, probes and operators leave, by which ``reach status`` finds the
+# connectors of a fleet when no catalog names them
+CONNECTOR_PREFIXES = (WORKERS_PREFIX, HEALTH_PREFIX, BREAKER_PREFIX, PAUSED_PREFIX, LAST_ERROR_PREFIX)
+
+
+def connector_of(key: str | bytes) -> str | None:
+    """The connector a key with one of ``CONNECTOR_PREFIXES`` belongs to (None for other keys)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    for prefix in CONNECTOR_PREFIXES:
+        if text.startswith(prefix) and len(text) > len(prefix):
+            return text[len(prefix):]
+    return None

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 
 from workers.state import keys
+from workers.state.client import text
 
 if TYPE_CHECKING:
     from workers.state.batcher import Batcher
@@ -112,7 +113,9 @@ return 0
 ABANDON_RETRY_SECONDS = 600.0
 
 
-def payload_hash(params: dict[str, Any]) -> str:
+def params_hash(params: Any) -> str:
+    """SHA-256 (hex) of the params' canonical JSON: the ledger tells a reused idempotency key by
+    it, and the audit trail shows a prefix of it for the redacted params (the one hashing of params)."""
     canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -188,7 +191,7 @@ class Ledger:
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
         state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,
                                                                        self._ttl_ms, attempt])
-        return Claim(_text(state), _text(receipt), _text(holder))  # type: ignore[arg-type]
+        return Claim(text(state), text(receipt), text(holder))  # type: ignore[arg-type]
 
     def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str, attempt: str,
               max_deliveries: int, breaker_key: str | None = None, batcher: Batcher | None = None) -> Begin:
@@ -203,7 +206,7 @@ class Ledger:
         else:
             result = self._begin(keys=keys, args=args)
         state, receipt, holder, deliveries, sending, permit = result
-        return Begin(_text(state), _text(receipt), _text(holder), int(deliveries), bool(int(sending)),  # type: ignore[arg-type]
+        return Begin(text(state), text(receipt), text(holder), int(deliveries), bool(int(sending)),  # type: ignore[arg-type]
                      bool(int(permit)))
 
     def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
@@ -277,13 +280,7 @@ class Ledger:
             state, receipt = self._client.hmget(key, "state", "receipt")
             if state is None:
                 return Claim("claimed")  # released: the caller may claim again
-            if _text(state) == "completed":
-                return Claim("completed", _text(receipt))
+            if text(state) == "completed":
+                return Claim("completed", text(receipt))
             time.sleep(interval)
         return None
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
+from producers.wire import INTENT_ROUTING_KEY, INTENTS_EXCHANGE_NAME, RECEIPTS_EXCHANGE_NAME
+
 log = logging.getLogger("reach.topology")
 
-INTENTS_EXCHANGE = Exchange("reach.intents", "direct", durable=True)
-INTENTS_QUEUE = Queue("reach.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True)
-RECEIPTS_EXCHANGE = Exchange("reach.receipts", "topic", durable=True)
+INTENTS_EXCHANGE = Exchange(INTENTS_EXCHANGE_NAME, "direct", durable=True)
+INTENTS_QUEUE = Queue("reach.intents", INTENTS_EXCHANGE, routing_key=INTENT_ROUTING_KEY, durable=True)
+RECEIPTS_EXCHANGE = Exchange(RECEIPTS_EXCHANGE_NAME, "topic", durable=True)
 # router -> pools only; agents get no permission on it (Celery also refuses to route through "")
 DISPATCH_EXCHANGE = Exchange("reach.dispatch", "direct", durable=True)
 # the default exchange routes by queue name; kombu skips binding when the exchange name is ""

@@ -1,0 +1,70 @@
+"""The job: what the router hands a connector's pool for one checked intent.
+
+One frozen, versioned model on both sides of ``reach.dispatch`` (and in ``reach dlq replay``).
+Its JSON is the pool task's only argument; the keys are the ones routers have always written,
+so a pool reads jobs queued by a router of the previous version. A change that a pool of the
+previous version could not read is a new ``v``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+JOB_VERSION: Literal[1] = 1
+
+
+class Job(BaseModel):
+    """One checked intent on its way to the pool of ``connector``.
+
+    Times are epoch seconds; ``deadline`` None means none was given.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = JOB_VERSION
+    intent_id: str = Field(min_length=1)
+    agent_id: str = Field(min_length=1)
+    connector: str = Field(min_length=1)
+    action: str = Field(min_length=1)
+    params: dict[str, Any]
+    idempotency_key: str = Field(min_length=1)  # the intent's own, or its intent id
+    reply_to: str = Field(min_length=1)  # the receipt's routing key on reach.receipts
+    deadline: float | None
+    trace_id: str
+    traceparent: str | None
+    format: str  # the intent's wire format (for the audit trail)
+    received_at: float
+    dispatched_at: float
+
+
+class JobDecodeError(ValueError):
+    """A task argument that is not a job this pool can run; ``doc`` is it when it was an object."""
+
+    def __init__(self, reason: str, doc: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.doc = doc
+
+
+def parse_job(doc: Any) -> Job:
+    """The job in ``doc`` (a task argument, or a dead letter's body); raises JobDecodeError
+    with the validation's reason, short enough for a dead letter's header."""
+    if not isinstance(doc, dict):
+        raise JobDecodeError("the task's argument is not a job object")
+    try:
+        return Job.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(job)'}: {e['msg']}"
+                             for e in exc.errors(include_url=False, include_input=False)[:5])
+        raise JobDecodeError(f"not a valid job (v{JOB_VERSION}): {problems}"[:1000], doc) from exc
+
+
+def parse_job_json(body: bytes | str) -> Job:
+    """A job from JSON text (a dead letter's body)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise JobDecodeError("the body is not JSON") from exc
+    return parse_job(doc)
