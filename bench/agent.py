@@ -13,11 +13,11 @@ AMQP side: plain py-amqp, publisher confirms pipelined (up to ``window`` unconfi
 handled as they arrive), persistent JSON messages exactly as an agent in any language would
 send them. Latency is publish -> receipt delivered to this process (time.perf_counter()).
 """
+
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from typing import Any
@@ -42,8 +42,7 @@ def _summary(values: list[float]) -> dict[str, float | None]:
         k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
         return round(s[k], 3)
 
-    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": round(s[-1], 3),
-            "mean": round(sum(s) / len(s), 3)}
+    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "max": round(s[-1], 3), "mean": round(sum(s) / len(s), 3)}
 
 
 def _steady_rate(times: list[float]) -> float | None:
@@ -62,10 +61,14 @@ class AmqpAgent:
 
         parts = urlsplit(spec["broker_url"])
         vhost = unquote(parts.path[1:]) if parts.path not in ("", "/") else "/"
-        self.conn = amqp.Connection(host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
-                                    userid=unquote(parts.username or "guest"),
-                                    password=unquote(parts.password or "guest"), virtual_host=vhost,
-                                    connect_timeout=10, heartbeat=0)
+        self.conn = amqp.Connection(
+            host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
+            userid=unquote(parts.username or "guest"),
+            password=unquote(parts.password or "guest"),
+            virtual_host=vhost,
+            connect_timeout=10,
+            heartbeat=0,
+        )
         self.conn.connect()
         self.amqp = amqp
         self.ch = self.conn.channel()
@@ -134,12 +137,13 @@ class AmqpAgent:
     def _drain(self, timeout: float) -> None:
         try:
             self.conn.drain_events(timeout=max(timeout, 0.0001))
-        except socket.timeout:
+        except TimeoutError:
             pass
 
     def _publish(self, intent_id: str, body: bytes) -> None:
-        msg = self.amqp.Message(body, content_type="application/json", content_encoding="utf-8",
-                                delivery_mode=2, message_id=intent_id)
+        msg = self.amqp.Message(
+            body, content_type="application/json", content_encoding="utf-8", delivery_mode=2, message_id=intent_id
+        )
         self.sent_at[intent_id] = time.perf_counter()
         self.sent_wall[intent_id] = time.time()
         self.ch.basic_publish(msg, exchange=self.exchange, routing_key=self.routing_key)
@@ -170,8 +174,13 @@ class AmqpAgent:
         for i in range(n):
             agent = agents[i % len(agents)]
             intent_id = f"{prefix}-{i}"
-            doc = {"intent_id": intent_id, "agent_id": agent, "action": spec["action"],
-                   "params": dict(spec["params"], title=f"bench {i}"), "reply_to": f"{agent}.{suffix}"}
+            doc = {
+                "intent_id": intent_id,
+                "agent_id": agent,
+                "action": spec["action"],
+                "params": dict(spec["params"], title=f"bench {i}"),
+                "reply_to": f"{agent}.{suffix}",
+            }
             bodies.append((intent_id, json.dumps(doc, separators=(",", ":")).encode()))
         _emit({"event": "started"})
         cpu0, t0 = _cpu(), time.perf_counter()
@@ -206,11 +215,21 @@ class AmqpAgent:
         last = max(arrival_times) if arrival_times else t_end
         duplicates = sum(len(v) - 1 for v in self.arrivals.values())
         return {
-            "event": "done", "n": n, "mode": mode, "rate": rate or None,
-            "published": len(self.sent_at), "unconfirmed": len(self.pending), "nacked": self.nacked,
-            "receipts": len(firsts), "missing": n - len(firsts) if wait_receipts else None, "duplicates": duplicates,
-            "stray": self.stray, "statuses": dict(self.statuses), "codes": dict(self.codes),
-            "publish_s": round(t_published - t0, 4), "confirm_s": round(t_confirmed - t0, 4),
+            "event": "done",
+            "n": n,
+            "mode": mode,
+            "rate": rate or None,
+            "published": len(self.sent_at),
+            "unconfirmed": len(self.pending),
+            "nacked": self.nacked,
+            "receipts": len(firsts),
+            "missing": n - len(firsts) if wait_receipts else None,
+            "duplicates": duplicates,
+            "stray": self.stray,
+            "statuses": dict(self.statuses),
+            "codes": dict(self.codes),
+            "publish_s": round(t_published - t0, 4),
+            "confirm_s": round(t_confirmed - t0, 4),
             "elapsed_s": round((last if firsts else t_end) - t0, 4),
             "overall_rate": round(len(firsts) / (last - t0), 1) if firsts and last > t0 else None,
             "steady_rate": _steady_rate(arrival_times),
@@ -218,9 +237,17 @@ class AmqpAgent:
             "latency_ms": _summary(latencies),
             # the slowest intents: latency ms, sent at (s into the phase; a stall shows as a cluster),
             # and where the fleet says the time went (its receipt's queue_ms, downstream_ms, latency_ms)
-            "slowest": sorted(((round((firsts[k] - self.sent_at[k]) * 1000, 2), round(self.sent_at[k] - t0, 3),
-                                *[(self.execution.get(k) or {}).get(f) for f in ("queue_ms", "downstream_ms", "latency_ms")])
-                               for k in firsts), reverse=True)[:8],
+            "slowest": sorted(
+                (
+                    (
+                        round((firsts[k] - self.sent_at[k]) * 1000, 2),
+                        round(self.sent_at[k] - t0, 3),
+                        *[(self.execution.get(k) or {}).get(f) for f in ("queue_ms", "downstream_ms", "latency_ms")],
+                    )
+                    for k in firsts
+                ),
+                reverse=True,
+            )[:8],
             "stages_ms": self._stages(),
             "agent_cpu_ms": round(cpu * 1000, 2),
             # every latency, when asked: percentiles over several phases pooled (bench/isolation.py)
@@ -236,8 +263,13 @@ class AmqpAgent:
 
         if not self.execution:
             return None
-        stages: dict[str, list[float]] = {"to_router": [], "in_fleet": [], "queue": [], "downstream": [],
-                                          "to_agent": []}
+        stages: dict[str, list[float]] = {
+            "to_router": [],
+            "in_fleet": [],
+            "queue": [],
+            "downstream": [],
+            "to_agent": [],
+        }
         for intent_id, ex in self.execution.items():
             try:
                 received = datetime.fromisoformat(str(ex["received_at"]).replace("Z", "+00:00")).timestamp()
@@ -261,8 +293,9 @@ class HttpAgent:
     def __init__(self, spec: dict[str, Any]) -> None:
         import httpx
 
-        self.client = httpx.Client(timeout=10.0, trust_env=False,
-                                   limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        self.client = httpx.Client(
+            timeout=10.0, trust_env=False, limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        )
         self.url = spec["url"]
 
     def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -292,10 +325,19 @@ class HttpAgent:
         t_end = time.perf_counter()
         cpu = _cpu() - cpu0
         return {
-            "event": "done", "n": n, "mode": mode, "rate": rate or None, "receipts": n - errors, "missing": errors,
-            "duplicates": 0, "statuses": {"succeeded": n - errors}, "codes": {},
-            "elapsed_s": round(t_end - t0, 4), "overall_rate": round(n / (t_end - t0), 1),
-            "steady_rate": _steady_rate(done), "latency_ms": _summary(latencies),
+            "event": "done",
+            "n": n,
+            "mode": mode,
+            "rate": rate or None,
+            "receipts": n - errors,
+            "missing": errors,
+            "duplicates": 0,
+            "statuses": {"succeeded": n - errors},
+            "codes": {},
+            "elapsed_s": round(t_end - t0, 4),
+            "overall_rate": round(n / (t_end - t0), 1),
+            "steady_rate": _steady_rate(done),
+            "latency_ms": _summary(latencies),
             "agent_cpu_ms": round(cpu * 1000, 2),
         }
 

@@ -18,6 +18,7 @@ action starts with ``bench_slow.`` to ``bare.connector.slow``, everything else t
     python bench/bare.py connector    # env BARE_BROKER_URL, BARE_DOWNSTREAM_URL, BARE_CONCURRENCY,
                                       #     BARE_CONNECTOR (fast, the default, or slow)
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from celery import Celery
 from celery.worker.consumer import Consumer
@@ -34,8 +36,10 @@ from kombu import Exchange, Queue
 INTENTS_EXCHANGE = Exchange("bare.intents", "direct", durable=True)
 INTENTS_QUEUE = Queue("bare.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True)
 DISPATCH_EXCHANGE = Exchange("bare.dispatch", "direct", durable=True)
-CONNECTOR_QUEUES = {name: Queue(f"bare.connector.{name}", DISPATCH_EXCHANGE, routing_key=f"bare.connector.{name}",
-                                 durable=True) for name in ("fast", "slow")}
+CONNECTOR_QUEUES = {
+    name: Queue(f"bare.connector.{name}", DISPATCH_EXCHANGE, routing_key=f"bare.connector.{name}", durable=True)
+    for name in ("fast", "slow")
+}
 CONNECTOR_QUEUE = CONNECTOR_QUEUES["fast"]
 SLOW_ACTION_PREFIX = "bench_slow."  # the isolation section's slow system (bench/catalogs.py SLOW)
 RECEIPTS_EXCHANGE = Exchange("bare.receipts", "topic", durable=True)
@@ -81,8 +85,21 @@ def declare(app: Celery) -> None:
 
 
 def _worker_args(pool: str, concurrency: int, queue: str, name: str) -> list[str]:
-    return ["worker", "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}.{os.getpid()}@%h",
-            "--without-mingle", "--without-gossip", "-l", os.environ.get("BARE_LOG_LEVEL", "INFO")]
+    return [
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-Q",
+        queue,
+        "-n",
+        f"{name}.{os.getpid()}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "-l",
+        os.environ.get("BARE_LOG_LEVEL", "INFO"),
+    ]
 
 
 def run_router(broker_url: str) -> None:
@@ -91,12 +108,16 @@ def run_router(broker_url: str) -> None:
 
     def handle(message: Any) -> None:
         intent = json.loads(message.body)
-        job = {"intent_id": intent["intent_id"], "agent_id": intent.get("agent_id"), "action": intent.get("action"),
-               "params": intent.get("params") or {}, "reply_to": intent.get("reply_to") or intent.get("agent_id"),
-               "received_at": time.time()}
+        job = {
+            "intent_id": intent["intent_id"],
+            "agent_id": intent.get("agent_id"),
+            "action": intent.get("action"),
+            "params": intent.get("params") or {},
+            "reply_to": intent.get("reply_to") or intent.get("agent_id"),
+            "received_at": time.time(),
+        }
         queue = CONNECTOR_QUEUES["slow"] if str(job["action"]).startswith(SLOW_ACTION_PREFIX) else CONNECTOR_QUEUE
-        app.send_task(TASK, args=[job], queue=queue, task_id=f"{job['intent_id']}:{time.time_ns()}",
-                      retry=True)
+        app.send_task(TASK, args=[job], queue=queue, task_id=f"{job['intent_id']}:{time.time_ns()}", retry=True)
         message.ack()
 
     class BareRouterConsumer(Consumer):
@@ -112,29 +133,49 @@ def run_connector(broker_url: str, downstream_url: str, concurrency: int, queue:
 
     app = make_app(broker_url, queue)
     declare(app)
-    client = httpx.Client(timeout=httpx.Timeout(15.0, connect=5.0), trust_env=False, follow_redirects=False,
-                          limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+    client = httpx.Client(
+        timeout=httpx.Timeout(15.0, connect=5.0),
+        trust_env=False,
+        follow_redirects=False,
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+    )
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
 
     @app.task(name=TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
     def execute(job: dict[str, Any]) -> None:
         response = client.post(downstream_url, content=json.dumps(job["params"]).encode(), headers=headers)
         ok = response.status_code < 400
-        receipt = {"intent_id": job["intent_id"], "agent_id": job["agent_id"], "action": job["action"],
-                   "status": "succeeded" if ok else "failed", "success": ok, "data": response.json() if ok else None,
-                   "error": None if ok else {"code": f"HTTP_{response.status_code}"},
-                   "execution": {"latency_ms": round((time.time() - job["received_at"]) * 1000, 3)}}
+        receipt = {
+            "intent_id": job["intent_id"],
+            "agent_id": job["agent_id"],
+            "action": job["action"],
+            "status": "succeeded" if ok else "failed",
+            "success": ok,
+            "data": response.json() if ok else None,
+            "error": None if ok else {"code": f"HTTP_{response.status_code}"},
+            "execution": {"latency_ms": round((time.time() - job["received_at"]) * 1000, 3)},
+        }
         with app.producer_pool.acquire(block=True, timeout=30) as producer:
-            producer.publish(json.dumps(receipt).encode(), exchange=RECEIPTS_EXCHANGE, routing_key=job["reply_to"],
-                             content_type="application/json", content_encoding="utf-8", delivery_mode=2,
-                             correlation_id=job["intent_id"], retry=True)
+            producer.publish(
+                json.dumps(receipt).encode(),
+                exchange=RECEIPTS_EXCHANGE,
+                routing_key=job["reply_to"],
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                correlation_id=job["intent_id"],
+                retry=True,
+            )
 
     app.worker_main(_worker_args("threads", concurrency, queue.name, "bare-connector"))
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("BARE_LOG_LEVEL", "INFO"), stream=sys.stdout,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("BARE_LOG_LEVEL", "INFO"),
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     broker = os.environ["BARE_BROKER_URL"]
     role = sys.argv[1] if len(sys.argv) > 1 else ""
     if role == "router":
@@ -143,7 +184,11 @@ if __name__ == "__main__":
         connector = os.environ.get("BARE_CONNECTOR", "fast")
         if connector not in CONNECTOR_QUEUES:
             sys.exit(f"BARE_CONNECTOR must be one of {sorted(CONNECTOR_QUEUES)}, not {connector!r}")
-        run_connector(broker, os.environ["BARE_DOWNSTREAM_URL"], int(os.environ.get("BARE_CONCURRENCY", "20")),
-                      CONNECTOR_QUEUES[connector])
+        run_connector(
+            broker,
+            os.environ["BARE_DOWNSTREAM_URL"],
+            int(os.environ.get("BARE_CONCURRENCY", "20")),
+            CONNECTOR_QUEUES[connector],
+        )
     else:
         sys.exit("usage: bare.py router|connector")

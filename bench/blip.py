@@ -13,6 +13,7 @@ received (more than N = a duplicated effect), the most the connector queue held 
 the router dispatched intents again), duplicate deliveries the pool absorbed, and the longest
 stretch without progress. Exit status 1 when an intent was lost or executed twice.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import catalogs  # noqa: E402
-from common import (Agent, Procs, Vhost, downstream_stats, ensure_services, queue_state,  # noqa: E402
-                    start_downstream, start_private_redis, tmpdir)
+from common import (
+    Agent,
+    Procs,
+    Vhost,
+    downstream_stats,
+    ensure_services,
+    queue_state,  # noqa: E402
+    start_downstream,
+    start_private_redis,
+    tmpdir,
+)
 from reachfleet import ReachFleet  # noqa: E402
 
 from workers.state import keys  # noqa: E402
@@ -47,8 +57,9 @@ def main() -> int:
 
         redis_url, _ = start_private_redis(procs)
         downstream, _ = start_downstream(procs)
-        fleet = ReachFleet(procs, catalogs.write(work / "catalog", catalogs.main_catalog(downstream)), vhost.url,
-                           redis_url)
+        fleet = ReachFleet(
+            procs, catalogs.write(work / "catalog", catalogs.main_catalog(downstream)), vhost.url, redis_url
+        )
         fleet.start_router()
         fleet.start_pool(catalogs.FAST)
         fleet.wait_consuming("reach.intents")
@@ -56,9 +67,20 @@ def main() -> int:
         agent = Agent(procs, "agent")
         agent.connect_amqp(vhost.url, "reach.intents", "reach.receipts", "*.blip")
         prefix = f"blip{os.getpid()}"
-        res = agent.run(None, mode="burst", n=n, wait_receipts=False, timeout=60,
-                        intent={"action": "create_ticket", "params": catalogs.PARAMS, "agents": [catalogs.AGENT],
-                                "id_prefix": prefix, "reply_suffix": "blip"})
+        res = agent.run(
+            None,
+            mode="burst",
+            n=n,
+            wait_receipts=False,
+            timeout=60,
+            intent={
+                "action": "create_ticket",
+                "params": catalogs.PARAMS,
+                "agents": [catalogs.AGENT],
+                "id_prefix": prefix,
+                "reply_suffix": "blip",
+            },
+        )
         print(f"published {res['published']} intents, {res['unconfirmed']} unconfirmed", flush=True)
         time.sleep(2)
         client = redis.Redis.from_url(redis_url)
@@ -66,10 +88,14 @@ def main() -> int:
         def stored() -> int:
             return sum(1 for _ in client.scan_iter(keys.receipt(catalogs.AGENT, f"{prefix}-*"), count=1000))
 
-        print(f"before the blip: {stored()} receipts; reach.intents {queue_state(vhost.url, 'reach.intents')}, "
-              f"{FAST_QUEUE} {queue_state(vhost.url, FAST_QUEUE)} (ready, consumers)", flush=True)
-        subprocess.run(["rabbitmqctl", "close_all_connections", "-p", vhost.name, "bench blip"], capture_output=True,
-                       timeout=60)
+        print(
+            f"before the blip: {stored()} receipts; reach.intents {queue_state(vhost.url, 'reach.intents')}, "
+            f"{FAST_QUEUE} {queue_state(vhost.url, FAST_QUEUE)} (ready, consumers)",
+            flush=True,
+        )
+        subprocess.run(
+            ["rabbitmqctl", "close_all_connections", "-p", vhost.name, "bench blip"], capture_output=True, timeout=60
+        )
         t0 = time.time()
         peak, last_count, last_progress, longest_stall = 0, -1, t0, 0.0
         while time.time() - t0 < 300:
@@ -80,8 +106,11 @@ def main() -> int:
             if count != last_count:
                 longest_stall = max(longest_stall, now - last_progress)
                 last_count, last_progress = count, now
-            print(f"  t+{now - t0:5.1f} s  receipts {count:5d}  reach.intents {queue_state(vhost.url, 'reach.intents')}"
-                  f"  {FAST_QUEUE} ({depth}, ...)", flush=True)
+            print(
+                f"  t+{now - t0:5.1f} s  receipts {count:5d}  reach.intents {queue_state(vhost.url, 'reach.intents')}"
+                f"  {FAST_QUEUE} ({depth}, ...)",
+                flush=True,
+            )
             if count >= n:
                 break
             time.sleep(2)
@@ -99,8 +128,10 @@ def main() -> int:
         pool_restarts = pool_log.count("Connection to broker lost")
         print(f"\nreceipts stored {sum(statuses.values())} of {n} after {time.time() - t0:.1f} s: {statuses}")
         print(f"downstream calls {calls} for {n} intents" + ("  <- DUPLICATED EFFECTS" if calls > n else ""))
-        print(f"the connector queue held up to {peak} messages for {n} intents"
-              + (f"  <- about {peak - n}+ dispatched again" if peak > n else ""))
+        print(
+            f"the connector queue held up to {peak} messages for {n} intents"
+            + (f"  <- about {peak - n}+ dispatched again" if peak > n else "")
+        )
         print(f"duplicate deliveries the pool absorbed (already-sent receipts): {absorbed}")
         print(f"consumer restarts after connection loss: router {router_restarts}, pool {pool_restarts}")
         print(f"longest stretch without a new receipt: {longest_stall:.1f} s")

@@ -6,6 +6,7 @@ a declared output, an idempotency header, a binding with a generous rate limit a
 always-open time window, full audit. Scale catalogs add generated connectors and actions
 (100 actions per connector) and agents; the intents still target that one action.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +37,7 @@ CREATE_TICKET = """\
 """
 
 # the params every benchmark intent carries (title is made unique per intent by the agent)
-PARAMS = {"title": "bench", "description": "printer on fire", "priority": "high", "customer_id": "C0042",
-          "quantity": 3}
+PARAMS = {"title": "bench", "description": "printer on fire", "priority": "high", "customer_id": "C0042", "quantity": 3}
 
 
 def _connector(name: str, endpoint: str, actions: str, concurrency: int = 20) -> str:
@@ -88,13 +88,19 @@ def _agent(name: str, bindings: list[tuple[str, list[str]]]) -> str:
 def main_catalog(endpoint: str, concurrency: int = 20, slow_endpoint: str | None = None) -> str:
     """bench_fast (the measured connector) and bench_slow (2 s per call: under /slow of its own
     system ``slow_endpoint``, or of ``endpoint`` when none is given)."""
-    return "---\n".join([
-        _connector(FAST, endpoint, CREATE_TICKET.format(timeout="5s"), concurrency),
-        _connector(SLOW, (slow_endpoint or endpoint).rstrip("/") + "/slow", CREATE_TICKET.format(timeout="10s"),
-                   concurrency),
-        _agent(AGENT, [(FAST, ["create_ticket"])]),
-        _agent(SLOW_AGENT, [(SLOW, ["create_ticket"])]),
-    ])
+    return "---\n".join(
+        [
+            _connector(FAST, endpoint, CREATE_TICKET.format(timeout="5s"), concurrency),
+            _connector(
+                SLOW,
+                (slow_endpoint or endpoint).rstrip("/") + "/slow",
+                CREATE_TICKET.format(timeout="10s"),
+                concurrency,
+            ),
+            _agent(AGENT, [(FAST, ["create_ticket"])]),
+            _agent(SLOW_AGENT, [(SLOW, ["create_ticket"])]),
+        ]
+    )
 
 
 def scale_catalog(endpoint: str, actions: int, agents: int, concurrency: int = 20) -> tuple[str, list[str]]:
@@ -102,8 +108,9 @@ def scale_catalog(endpoint: str, actions: int, agents: int, concurrency: int = 2
     bound to bench_fast and to one generated connector. Returns (YAML, agent names)."""
     docs = []
     first = min(actions, ACTIONS_PER_CONNECTOR) - 1
-    docs.append(_connector(FAST, endpoint, CREATE_TICKET.format(timeout="5s") + _generated_actions("fast", first),
-                           concurrency))
+    docs.append(
+        _connector(FAST, endpoint, CREATE_TICKET.format(timeout="5s") + _generated_actions("fast", first), concurrency)
+    )
     left = actions - 1 - first
     generated = []
     i = 0

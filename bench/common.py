@@ -1,5 +1,6 @@
 """Shared plumbing for the benchmarks: services, an isolated vhost and Redis, processes we start
 (and only those), CPU and memory from /proc, the agent driver, percentiles and tables."""
+
 from __future__ import annotations
 
 import json
@@ -41,14 +42,15 @@ def loadavg() -> list[float]:
 
 # -- /proc ------------------------------------------------------------------------------------
 
+
 def _stat(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # comm may hold spaces and parentheses: split after the last ')'
-    rest = raw[raw.rindex(")") + 2:].split()
-    return [raw[:raw.index(" ")], raw[raw.index("(") + 1:raw.rindex(")")], *rest]
+    rest = raw[raw.rindex(")") + 2 :].split()
+    return [raw[: raw.index(" ")], raw[raw.index("(") + 1 : raw.rindex(")")], *rest]
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -88,7 +90,7 @@ def cpu_seconds(pid: int, tree: bool = True) -> float:
 
 def rss_mb(pid: int, tree: bool = False) -> float:
     total = 0
-    for p in (tree_pids(pid) if tree else [pid]):
+    for p in tree_pids(pid) if tree else [pid]:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -172,6 +174,7 @@ class CpuMeter:
 
 # -- services ---------------------------------------------------------------------------------
 
+
 def ensure_services() -> tuple[str, str]:
     """RabbitMQ and Redis up (bash .ci/services.sh, which reuses REACH_* URLs that answer)."""
     out = subprocess.run(["bash", str(REPO / ".ci" / "services.sh")], capture_output=True, text=True, timeout=600)
@@ -197,8 +200,12 @@ class Vhost:
             raise SystemExit("rabbitmqctl is needed to create the benchmark's own vhost")
         subprocess.run(["rabbitmqctl", "add_vhost", self.name], check=True, capture_output=True, timeout=60)
         self.created = True
-        subprocess.run(["rabbitmqctl", "set_permissions", "-p", self.name, self.user, ".*", ".*", ".*"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", self.name, self.user, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         return self
 
     def delete(self) -> None:
@@ -244,6 +251,7 @@ def purge(broker_url: str, *names: str) -> None:
 
 # -- processes we start -----------------------------------------------------------------------
 
+
 @dataclass
 class Proc:
     name: str
@@ -271,13 +279,20 @@ class Procs:
     log_dir: Path
     items: dict[str, Proc] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout_pipe: bool = False,
-              cwd: Path = REPO) -> Proc:
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout_pipe: bool = False, cwd: Path = REPO
+    ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         out = subprocess.PIPE if stdout_pipe else open(log_path, "ab")
-        popen = subprocess.Popen(argv, env=env or dict(os.environ), stdout=out, stderr=open(log_path, "ab") if stdout_pipe
-                                 else subprocess.STDOUT, stdin=subprocess.PIPE if stdout_pipe else subprocess.DEVNULL,
-                                 start_new_session=True, cwd=cwd)
+        popen = subprocess.Popen(
+            argv,
+            env=env or dict(os.environ),
+            stdout=out,
+            stderr=open(log_path, "ab") if stdout_pipe else subprocess.STDOUT,
+            stdin=subprocess.PIPE if stdout_pipe else subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+        )
         proc = Proc(name, popen, log_path, argv, env, cwd)
         self.items[name] = proc
         return proc
@@ -328,9 +343,26 @@ def start_private_redis(procs: Procs) -> tuple[str, int]:
     no other tenant's keys, and its CPU is the benchmark's alone. It works in the run's log
     directory, so a dump.rdb left in the current directory is never loaded."""
     port = free_port()
-    proc = procs.start("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                 "--appendonly", "no", "--daemonize", "no", "--databases", "2",
-                                 "--dir", str(procs.log_dir)])
+    proc = procs.start(
+        "redis",
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--databases",
+            "2",
+            "--dir",
+            str(procs.log_dir),
+        ],
+    )
     deadline = time.time() + 20
     while time.time() < deadline:
         try:
@@ -373,6 +405,7 @@ def redis_calls(url: str) -> dict[str, int]:
 
 # -- the agent process --------------------------------------------------------------------------
 
+
 class BrokerGone(RuntimeError):
     """The broker closed the agent's connection mid-phase (another tenant restarted it, say)."""
 
@@ -402,10 +435,17 @@ class Agent:
             raise RuntimeError(f"agent {self.name}: {doc['error']}")
         return doc
 
-    def connect_amqp(self, broker_url: str, exchange: str, receipts_exchange: str, bind_key: str,
-                     routing_key: str = "intent") -> None:
-        self._connect_cmd = {"cmd": "amqp", "broker_url": broker_url, "exchange": exchange, "routing_key": routing_key,
-                             "receipts_exchange": receipts_exchange, "bind_key": bind_key}
+    def connect_amqp(
+        self, broker_url: str, exchange: str, receipts_exchange: str, bind_key: str, routing_key: str = "intent"
+    ) -> None:
+        self._connect_cmd = {
+            "cmd": "amqp",
+            "broker_url": broker_url,
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "receipts_exchange": receipts_exchange,
+            "bind_key": bind_key,
+        }
         self._send(self._connect_cmd)
         self._read()
 
@@ -451,6 +491,7 @@ class Agent:
 
 # -- figures ------------------------------------------------------------------------------------
 
+
 def median(values: list[float | None]) -> float | None:
     vals = sorted(v for v in values if v is not None)
     if not vals:
@@ -470,8 +511,12 @@ def percentile(values: list[float], p: float) -> float | None:
 def calibrate() -> float:
     """Milliseconds for a fixed piece of pure-Python work (json round trips): how fast this machine
     is right now. Printed at start and end; compare runs by it."""
-    doc = {"intent_id": "x" * 32, "agent_id": "bench", "action": "create_ticket",
-           "params": {"title": "t", "description": "d", "priority": "high", "n": 3}}
+    doc = {
+        "intent_id": "x" * 32,
+        "agent_id": "bench",
+        "action": "create_ticket",
+        "params": {"title": "t", "description": "d", "priority": "high", "n": 3},
+    }
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
@@ -500,9 +545,15 @@ def tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-_BROKER_LOSS = ("Cannot connect to amqp", "Couldn't ack", "could not complete a routing decision",
-                "Error cleaning up after event loop", "RestartFreqExceeded", "Connection to broker lost",
-                "connection already closed")
+_BROKER_LOSS = (
+    "Cannot connect to amqp",
+    "Couldn't ack",
+    "could not complete a routing decision",
+    "Error cleaning up after event loop",
+    "RestartFreqExceeded",
+    "Connection to broker lost",
+    "connection already closed",
+)
 
 
 def scan_log(text: str) -> dict[str, Any]:
@@ -513,6 +564,11 @@ def scan_log(text: str) -> dict[str, Any]:
     broker = [e for e in errors if any(marker in e for marker in _BROKER_LOSS)]
     errors = [e for e in errors if e not in broker]
     warnings = [line for line in records if re.search(r"\bWARNING\b", line)]
-    return {"errors": len(errors), "broker_errors": len(broker), "warnings": len(warnings),
-            "first_errors": [e[:300] for e in errors[:5]], "first_broker_errors": [e[:300] for e in broker[:3]],
-            "first_warnings": [w[:300] for w in warnings[:3]]}
+    return {
+        "errors": len(errors),
+        "broker_errors": len(broker),
+        "warnings": len(warnings),
+        "first_errors": [e[:300] for e in errors[:5]],
+        "first_broker_errors": [e[:300] for e in broker[:3]],
+        "first_warnings": [w[:300] for w in warnings[:3]],
+    }

@@ -10,6 +10,7 @@ Stdlib only, one process, one thread. It answers quickly so that it is not what 
 
     python bench/downstream.py [PORT] [--slow SECONDS]    # prints "READY <port>" when listening
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,8 +65,11 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                     STATS["slow"] += 1
                     await asyncio.sleep(SLOW_SECONDS)
                 STATS["requests"] += 1
-                writer.write(_response(201, {"ticket_id": f"TK-{STATS['requests']:06d}", "status": "open",
-                                             "method": method.decode()}))
+                writer.write(
+                    _response(
+                        201, {"ticket_id": f"TK-{STATS['requests']:06d}", "status": "open", "method": method.decode()}
+                    )
+                )
             if close:
                 return
             if writer.transport.get_write_buffer_size() > 65536:
@@ -86,7 +90,7 @@ if __name__ == "__main__":
     if "--slow" in args:
         i = args.index("--slow")
         SLOW_SECONDS = float(args[i + 1])
-        del args[i:i + 2]
+        del args[i : i + 2]
     try:
         asyncio.run(_main(int(args[0]) if args else 0))
     except KeyboardInterrupt:

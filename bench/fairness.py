@@ -21,13 +21,12 @@ repetition runs both routers on the same machine state, one after the other:
 Everything on 127.0.0.1 in a RabbitMQ vhost and a redis-server of the run's own (bench/common.py);
 results in bench/results/fairness.json, medians over the repetitions on stdout.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -40,16 +39,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import catalogs  # noqa: E402
-from common import (PYTHON, RESULTS, Procs, Vhost, calibrate, ensure_services, fmt, loadavg, log, median,  # noqa: E402
-                    percentile, queue_state, scan_log, start_downstream, start_private_redis, table, tmpdir)
+from common import (
+    PYTHON,
+    RESULTS,
+    Procs,
+    Vhost,
+    calibrate,
+    ensure_services,
+    fmt,
+    loadavg,
+    log,
+    median,  # noqa: E402
+    percentile,
+    queue_state,
+    scan_log,
+    start_downstream,
+    start_private_redis,
+    table,
+    tmpdir,
+)
 from reachfleet import ReachFleet  # noqa: E402
 
 FLOODER = "flood_agent"
 PROBE = catalogs.AGENT
 PROBE_KEY = f"{PROBE}.fair"
-MODES = {"fifo": {"REACH_ROUTER_FAIR": "0", "REACH_ROUTER_PREFETCH": "32"}, "fair": {},
-         # not run by default: how much a prefetch past the whole flood adds (--modes fifo,fair,fair-p5000)
-         "fair-p5000": {"REACH_ROUTER_PREFETCH": "5000"}}
+MODES = {
+    "fifo": {"REACH_ROUTER_FAIR": "0", "REACH_ROUTER_PREFETCH": "32"},
+    "fair": {},
+    # not run by default: how much a prefetch past the whole flood adds (--modes fifo,fair,fair-p5000)
+    "fair-p5000": {"REACH_ROUTER_PREFETCH": "5000"},
+}
 SCENARIOS = ("none", "valid", "invalid")
 
 
@@ -63,20 +82,30 @@ agent_app:
       rate_limit: 10/sec
       audit_level: full
 """
-    return "---\n".join([catalogs._connector(catalogs.FAST, endpoint, catalogs.CREATE_TICKET.format(timeout="5s")),
-                         catalogs._agent(PROBE, [(catalogs.FAST, ["create_ticket"])]), flood_binding])
+    return "---\n".join(
+        [
+            catalogs._connector(catalogs.FAST, endpoint, catalogs.CREATE_TICKET.format(timeout="5s")),
+            catalogs._agent(PROBE, [(catalogs.FAST, ["create_ticket"])]),
+            flood_binding,
+        ]
+    )
 
 
 # -- AMQP, plain py-amqp (as an agent in any language would publish) -----------------------------
+
 
 def _connect(broker_url: str) -> Any:
     import amqp
 
     parts = urlsplit(broker_url)
-    conn = amqp.Connection(host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
-                           userid=unquote(parts.username or "guest"), password=unquote(parts.password or "guest"),
-                           virtual_host=unquote(parts.path[1:]) if parts.path not in ("", "/") else "/",
-                           connect_timeout=10, heartbeat=0)
+    conn = amqp.Connection(
+        host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
+        userid=unquote(parts.username or "guest"),
+        password=unquote(parts.password or "guest"),
+        virtual_host=unquote(parts.path[1:]) if parts.path not in ("", "/") else "/",
+        connect_timeout=10,
+        heartbeat=0,
+    )
     conn.connect()
     return conn
 
@@ -84,7 +113,7 @@ def _connect(broker_url: str) -> Any:
 def _drain(conn: Any, timeout: float) -> None:
     try:
         conn.drain_events(timeout=max(timeout, 0.0001))
-    except socket.timeout:
+    except TimeoutError:
         pass
 
 
@@ -121,21 +150,39 @@ def flood_child(broker_url: str, kind: str, n: int, timeout: float) -> None:
     for i in range(n):
         intent_id = f"flood-{run}-{i}"
         if kind == "valid":
-            doc = {"intent_id": intent_id, "agent_id": FLOODER, "action": "create_ticket",
-                   "params": dict(catalogs.PARAMS, title=f"flood {i}")}
+            doc = {
+                "intent_id": intent_id,
+                "agent_id": FLOODER,
+                "action": "create_ticket",
+                "params": dict(catalogs.PARAMS, title=f"flood {i}"),
+            }
             bodies.append((intent_id, json.dumps(doc, separators=(",", ":")).encode(), {}))
         else:
-            bodies.append((intent_id, b'{"action": "create_ticket", "params": {"title": ' + str(i).encode(),
-                           {"agent_id": FLOODER}))
+            bodies.append(
+                (
+                    intent_id,
+                    b'{"action": "create_ticket", "params": {"title": ' + str(i).encode(),
+                    {"agent_id": FLOODER},
+                )
+            )
     print(json.dumps({"event": "ready"}), flush=True)
     sys.stdin.readline()  # go
     t0 = time.time()
     for tag, (intent_id, body, headers) in enumerate(bodies, start=1):
         while len(pending) >= 256:
             _drain(conn, 1.0)
-        ch.basic_publish(amqp.Message(body, content_type="application/json", content_encoding="utf-8",
-                                      delivery_mode=2, message_id=intent_id, application_headers=headers),
-                         exchange="reach.intents", routing_key="intent")
+        ch.basic_publish(
+            amqp.Message(
+                body,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                message_id=intent_id,
+                application_headers=headers,
+            ),
+            exchange="reach.intents",
+            routing_key="intent",
+        )
         pending.add(tag)
     deadline = time.time() + timeout
     while pending and time.time() < deadline:
@@ -143,8 +190,18 @@ def flood_child(broker_url: str, kind: str, n: int, timeout: float) -> None:
     confirmed = time.time()
     while got["n"] < n and time.time() < deadline:
         _drain(conn, 0.5)
-    print(json.dumps({"event": "done", "start": t0, "confirmed": confirmed, "end": got["last"] or time.time(),
-                      "receipts": got["n"]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "done",
+                "start": t0,
+                "confirmed": confirmed,
+                "end": got["last"] or time.time(),
+                "receipts": got["n"],
+            }
+        ),
+        flush=True,
+    )
     conn.close()
 
 
@@ -185,12 +242,21 @@ class Probe:
     def send_one(self) -> None:
         self.seq += 1
         intent_id = f"probe-{uuid.uuid4().hex[:8]}-{self.seq}"
-        doc = {"intent_id": intent_id, "agent_id": PROBE, "action": "create_ticket",
-               "params": dict(catalogs.PARAMS, title=f"probe {self.seq}"), "reply_to": PROBE_KEY}
+        doc = {
+            "intent_id": intent_id,
+            "agent_id": PROBE,
+            "action": "create_ticket",
+            "params": dict(catalogs.PARAMS, title=f"probe {self.seq}"),
+            "reply_to": PROBE_KEY,
+        }
         self.sent[intent_id] = (time.time(), time.perf_counter())
-        self.ch.basic_publish(self.amqp.Message(json.dumps(doc).encode(), content_type="application/json",
-                                                delivery_mode=2, message_id=intent_id),
-                              exchange="reach.intents", routing_key="intent")
+        self.ch.basic_publish(
+            self.amqp.Message(
+                json.dumps(doc).encode(), content_type="application/json", delivery_mode=2, message_id=intent_id
+            ),
+            exchange="reach.intents",
+            routing_key="intent",
+        )
 
     def pace(self, interval: float, until: Any) -> None:
         """Send every ``interval`` s while ``until()`` is false, receipts read in between."""
@@ -217,13 +283,20 @@ class Probe:
     def figures(self, start: float, end: float, timeout_ms: float) -> dict[str, Any]:
         chosen = [k for k, (wall, _) in self.sent.items() if start <= wall <= end]
         lat = [self.latency_ms.get(k, timeout_ms) for k in chosen]  # a lost receipt counts as the timeout
-        return {"n": len(chosen), "missing": sum(1 for k in chosen if k not in self.latency_ms),
-                "p50": percentile(lat, 50), "p95": percentile(lat, 95), "max": round(max(lat), 1) if lat else None,
-                "statuses": dict(self.statuses),
-                # (s after A's first publish, ms, of which ms before the router took it): where in
-                # the flood the slow ones were, and whether they waited in the broker or the router
-                "samples": [(round(self.sent[k][0] - start, 3), round(ms, 1), self.to_router_ms.get(k))
-                            for k, ms in zip(chosen, lat)]}
+        return {
+            "n": len(chosen),
+            "missing": sum(1 for k in chosen if k not in self.latency_ms),
+            "p50": percentile(lat, 50),
+            "p95": percentile(lat, 95),
+            "max": round(max(lat), 1) if lat else None,
+            "statuses": dict(self.statuses),
+            # (s after A's first publish, ms, of which ms before the router took it): where in
+            # the flood the slow ones were, and whether they waited in the broker or the router
+            "samples": [
+                (round(self.sent[k][0] - start, 3), round(ms, 1), self.to_router_ms.get(k))
+                for k, ms in zip(chosen, lat)
+            ],
+        }
 
 
 def run_scenario(procs: Procs, broker_url: str, probe: Probe, scenario: str, flood_n: int) -> dict[str, Any]:
@@ -234,9 +307,11 @@ def run_scenario(procs: Procs, broker_url: str, probe: Probe, scenario: str, flo
         probe.pace(0.05, lambda: time.time() > t_end)
         probe.settle(30)
         return {**probe.figures(start, t_end, 30_000), "flood_s": None}
-    child = procs.start(f"flood-{scenario}-{uuid.uuid4().hex[:4]}",
-                        [PYTHON, __file__, "--flood-child", scenario, "--flood", str(flood_n), "--broker", broker_url],
-                        stdout_pipe=True)
+    child = procs.start(
+        f"flood-{scenario}-{uuid.uuid4().hex[:4]}",
+        [PYTHON, __file__, "--flood-child", scenario, "--flood", str(flood_n), "--broker", broker_url],
+        stdout_pipe=True,
+    )
     assert child.popen.stdout is not None and child.popen.stdin is not None
     ready = json.loads(child.popen.stdout.readline() or b"{}")
     assert ready.get("event") == "ready", child.log_text()[-2000:]
@@ -272,8 +347,12 @@ def run_scenario(procs: Procs, broker_url: str, probe: Probe, scenario: str, flo
     if not done:
         raise RuntimeError(f"flood {scenario} did not finish: {child.log_text()[-2000:]}")
     figures = probe.figures(done["start"], done["end"], 30_000)
-    return {**figures, "flood_s": round(done["end"] - done["start"], 2), "flood_receipts": done["receipts"],
-            "flood_publish_s": round(done["confirmed"] - done["start"], 2)}
+    return {
+        **figures,
+        "flood_s": round(done["end"] - done["start"], 2),
+        "flood_receipts": done["receipts"],
+        "flood_publish_s": round(done["confirmed"] - done["start"], 2),
+    }
 
 
 def wait_idle(broker_url: str, timeout: float = 120.0) -> None:
@@ -305,8 +384,15 @@ def main() -> None:
     procs = Procs(work)
     vhost = Vhost(shared_broker, f"reach-fair-{uuid.uuid4().hex[:8]}").create()
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    meta = {"started": started, "nproc": os.cpu_count(), "load_start": loadavg(), "calibration_ms_start": calibrate(),
-            "flood": args.flood, "reps": args.reps, "modes": {m: MODES[m] for m in modes}}
+    meta = {
+        "started": started,
+        "nproc": os.cpu_count(),
+        "load_start": loadavg(),
+        "calibration_ms_start": calibrate(),
+        "flood": args.flood,
+        "reps": args.reps,
+        "modes": {m: MODES[m] for m in modes},
+    }
     results: dict[str, dict[str, list[dict[str, Any]]]] = {m: {s: [] for s in scenarios} for m in modes}
     logs: dict[str, Any] = {}
     try:
@@ -314,7 +400,7 @@ def main() -> None:
         endpoint, _ = start_downstream(procs)
         catalog_dir = catalogs.write(work / "catalog", catalog(endpoint))
         for rep in range(args.reps):
-            for mode in (modes if rep % 2 == 0 else list(reversed(modes))):
+            for mode in modes if rep % 2 == 0 else list(reversed(modes)):
                 fleet = ReachFleet(procs, catalog_dir, vhost.url, redis_url, prefix=f"{mode}{rep}")
                 fleet.env.update(MODES[mode])
                 fleet.start_pool(catalogs.FAST)
@@ -329,9 +415,11 @@ def main() -> None:
                         wait_idle(vhost.url)
                         figures = run_scenario(procs, vhost.url, probe, scenario, args.flood)
                         results[mode][scenario].append(figures)
-                        log(f"rep {rep + 1} {mode:4} {scenario:7}: B p50 {figures['p50']} p95 {figures['p95']} "
+                        log(
+                            f"rep {rep + 1} {mode:4} {scenario:7}: B p50 {figures['p50']} p95 {figures['p95']} "
                             f"max {figures['max']} ms (n {figures['n']}, missing {figures['missing']}); "
-                            f"flood {figures.get('flood_s')} s")
+                            f"flood {figures.get('flood_s')} s"
+                        )
                 finally:
                     probe.conn.close()
                     logs[f"{mode}{rep}"] = scan_log(procs.items[f"{mode}{rep}-router"].log_text())
@@ -340,16 +428,30 @@ def main() -> None:
         procs.stop_all()
         vhost.delete()
     meta.update(load_end=loadavg(), calibration_ms_end=calibrate())
-    summary = {m: {s: {k: median([r[k] for r in results[m][s]]) for k in ("p50", "p95", "max", "flood_s")}
-                   for s in scenarios} for m in modes}
+    summary = {
+        m: {s: {k: median([r[k] for r in results[m][s]]) for k in ("p50", "p95", "max", "flood_s")} for s in scenarios}
+        for m in modes
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fairness.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": results,
-                                                        "router_logs": logs}, indent=1))
-    rows = [[f"{m} / {s}", fmt(summary[m][s]["p50"]), fmt(summary[m][s]["p95"]), fmt(summary[m][s]["max"]),
-             fmt(summary[m][s]["flood_s"], 2), " / ".join(fmt(r["p95"]) or "-" for r in results[m][s])]
-            for m in modes for s in scenarios]
-    print(f"B's receipt latency (ms), medians of {args.reps}; flood of {args.flood}; load {meta['load_start']} -> "
-          f"{meta['load_end']}, calibration {meta['calibration_ms_start']} -> {meta['calibration_ms_end']} ms")
+    (RESULTS / "fairness.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "runs": results, "router_logs": logs}, indent=1)
+    )
+    rows = [
+        [
+            f"{m} / {s}",
+            fmt(summary[m][s]["p50"]),
+            fmt(summary[m][s]["p95"]),
+            fmt(summary[m][s]["max"]),
+            fmt(summary[m][s]["flood_s"], 2),
+            " / ".join(fmt(r["p95"]) or "-" for r in results[m][s]),
+        ]
+        for m in modes
+        for s in scenarios
+    ]
+    print(
+        f"B's receipt latency (ms), medians of {args.reps}; flood of {args.flood}; load {meta['load_start']} -> "
+        f"{meta['load_end']}, calibration {meta['calibration_ms_start']} -> {meta['calibration_ms_end']} ms"
+    )
     print(table(["router / flood", "p50", "p95", "max", "flood s", "p95 of each rep"], rows))
 
 

@@ -7,6 +7,7 @@ running RabbitMQ (vhost "/") and Redis (database 15), and starts bench/downstrea
 
     .venv/bin/python bench/hotpath.py [--n 2000] [--profile router|pool] [--top 25]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,26 +26,26 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import catalogs  # noqa: E402
 import redis  # noqa: E402
 from kombu import Connection  # noqa: E402
 
-import catalogs  # noqa: E402
 from connectors.adapters.http import HttpAdapter  # noqa: E402
 from connectors.catalog import build  # noqa: E402
 from connectors.loader import load_directory  # noqa: E402
-from workers.transport.app import create_app  # noqa: E402
 from workers.observability.audit import Audit  # noqa: E402
+from workers.pool.runtime import PoolOutput, PoolRuntime, PoolState  # noqa: E402
+from workers.router.intake import RawMessage  # noqa: E402
+from workers.router.routing import Dispatch, Router, RouterRuntime  # noqa: E402
+from workers.settings import Settings  # noqa: E402
+from workers.state.batcher import Batcher  # noqa: E402
 from workers.state.breaker import SharedBreaker  # noqa: E402
 from workers.state.guards import RedisGuards  # noqa: E402
 from workers.state.ledger import Heartbeat, Ledger  # noqa: E402
-from workers.router.intake import RawMessage  # noqa: E402
-from workers.pool.runtime import PoolOutput, PoolRuntime, PoolState  # noqa: E402
+from workers.transport.app import create_app  # noqa: E402
 from workers.transport.publisher import BatchPublisher, Publisher  # noqa: E402
 from workers.transport.receipts import ReceiptSink  # noqa: E402
-from workers.router.routing import Dispatch, Router, RouterRuntime  # noqa: E402
-from workers.settings import Settings  # noqa: E402
 from workers.transport.topology import connector_queue, declare_all  # noqa: E402
-from workers.state.batcher import Batcher  # noqa: E402
 
 
 def main() -> int:
@@ -72,21 +73,37 @@ def main() -> int:
     pool_publisher = BatchPublisher(app.producer_pool, batcher)  # one batching thread for the pool
     sink = ReceiptSink(publisher, client, 600)
     pool_sink = ReceiptSink(pool_publisher, client, 600)
-    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes,
-                    guards=RedisGuards(client, dict(catalog.connectors), {}))
+    router = Router(
+        catalog, max_intent_bytes=settings.max_intent_bytes, guards=RedisGuards(client, dict(catalog.connectors), {})
+    )
     runtime = RouterRuntime(router, app, sink, publisher, Audit(client, "router", batcher=batcher))
     spec = catalog.connectors[catalogs.FAST]
     heartbeat = Heartbeat(client).start()
-    pool = PoolRuntime(spec, catalog, HttpAdapter(spec, max_connections=max(1, args.threads)),
-                       state=PoolState(client, batcher, Ledger(client, heartbeat, 600),
-                                       SharedBreaker(client, catalogs.FAST, spec.breaker)),
-                       output=PoolOutput(pool_sink, pool_publisher, Audit(client, "pool", batcher=batcher)))
+    pool = PoolRuntime(
+        spec,
+        catalog,
+        HttpAdapter(spec, max_connections=max(1, args.threads)),
+        state=PoolState(
+            client, batcher, Ledger(client, heartbeat, 600), SharedBreaker(client, catalogs.FAST, spec.breaker)
+        ),
+        output=PoolOutput(pool_sink, pool_publisher, Audit(client, "pool", batcher=batcher)),
+    )
 
     def raw() -> RawMessage:
-        intent = {"intent_id": str(uuid.uuid4()), "agent_id": catalogs.AGENT, "action": f"{catalogs.FAST}.create_ticket",
-                  "params": {**catalogs.PARAMS, "title": uuid.uuid4().hex[:12]}}
-        return RawMessage(body=json.dumps(intent).encode(), headers={}, user_id=None, message_id=None,
-                          content_type="application/json", received_at=time.time())
+        intent = {
+            "intent_id": str(uuid.uuid4()),
+            "agent_id": catalogs.AGENT,
+            "action": f"{catalogs.FAST}.create_ticket",
+            "params": {**catalogs.PARAMS, "title": uuid.uuid4().hex[:12]},
+        }
+        return RawMessage(
+            body=json.dumps(intent).encode(),
+            headers={},
+            user_id=None,
+            message_id=None,
+            content_type="application/json",
+            received_at=time.time(),
+        )
 
     # jobs come from the router's decisions, exactly as the pool gets them
     raws = [raw() for _ in range(args.n + 200)]

@@ -20,11 +20,13 @@ neighbour than the median of three p99s of 1,000), p99 with / without (target <=
 fleet), and each repetition's own p99 beside them. The fleet's figures are at the top level of the
 result, the baseline's under "bare". Run as a section of bench/run.py (``--only isolation``).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import catalogs
 from common import Agent, BrokerGone, CpuMeter, log, percentile, purge, queue_state
@@ -71,9 +73,16 @@ def _publish_backlog(ctx: Any, pipe: Pipeline, agent: Agent) -> dict[str, Any]:
     cfg = ctx.cfg
     for attempt in range(3):
         try:
-            return agent.run(None, mode="burst", n=cfg["backlog"], wait_receipts=False, timeout=60,
-                             intent=ctx.intent(pipe.variant, [catalogs.SLOW_AGENT],
-                                               action=f"{catalogs.SLOW}.create_ticket", suffix="sink"))
+            return agent.run(
+                None,
+                mode="burst",
+                n=cfg["backlog"],
+                wait_receipts=False,
+                timeout=60,
+                intent=ctx.intent(
+                    pipe.variant, [catalogs.SLOW_AGENT], action=f"{catalogs.SLOW}.create_ticket", suffix="sink"
+                ),
+            )
         except BrokerGone as exc:
             ctx.notes.append(f"isolation backlog ({pipe.variant}): broker connection lost ({exc}); published again")
             if attempt == 2:
@@ -90,17 +99,25 @@ def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict
     ctx.phase(v, "burst", 50, label="isolation warm-up", meter=CpuMeter({}))
     res = ctx.phase(v, "paced", n, rate=100, label=f"isolation without backlog rep {rep + 1}", samples=True)
     out["without"].append(res)
-    log(f"isolation {v} rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
+    log(
+        f"isolation {v} rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms"
+    )
     backlog = _publish_backlog(ctx, pipe, agent)
     routed_s = _wait_router_drained(ctx, pipe)
     depth_before = queue_state(ctx.broker_url, pipe.slow_queue)[0]
     res = ctx.phase(v, "paced", n, rate=100, label=f"isolation with backlog rep {rep + 1}", samples=True)
     depth_after = queue_state(ctx.broker_url, pipe.slow_queue)[0]
-    res.update(slow_depth_before=depth_before, slow_depth_after=depth_after, backlog_published_s=backlog["publish_s"],
-               backlog_routed_s=round(routed_s, 2))
+    res.update(
+        slow_depth_before=depth_before,
+        slow_depth_after=depth_after,
+        backlog_published_s=backlog["publish_s"],
+        backlog_routed_s=round(routed_s, 2),
+    )
     out["with"].append(res)
-    log(f"isolation {v} rep {rep + 1} with backlog ({depth_before} -> {depth_after} waiting): "
-        f"p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms")
+    log(
+        f"isolation {v} rep {rep + 1} with backlog ({depth_before} -> {depth_after} waiting): "
+        f"p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms"
+    )
     if depth_after <= 0:
         ctx.problems.append(f"isolation ({v}): the slow backlog ran out before the 'with' phase ended")
     purge(ctx.broker_url, pipe.slow_queue)
@@ -110,12 +127,16 @@ def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict
 def _summary(out: dict[str, Any]) -> dict[str, Any]:
     pooled = {phase: [v for r in out[phase] for v in r.pop("samples_ms", [])] for phase in ("without", "with")}
     p99_without, p99_with = percentile(pooled["without"], 99), percentile(pooled["with"], 99)
-    out.update(fast_p99_without_ms=p99_without, fast_p99_with_ms=p99_with,
-               fast_p50_without_ms=percentile(pooled["without"], 50), fast_p50_with_ms=percentile(pooled["with"], 50),
-               samples=(len(pooled["without"]), len(pooled["with"])),
-               rep_p99_ms={phase: [r["latency_ms"]["p99"] for r in out[phase]] for phase in ("without", "with")},
-               ratio=round(p99_with / p99_without, 3) if p99_with and p99_without else None,
-               slow_depth=[(r["slow_depth_before"], r["slow_depth_after"]) for r in out["with"]])
+    out.update(
+        fast_p99_without_ms=p99_without,
+        fast_p99_with_ms=p99_with,
+        fast_p50_without_ms=percentile(pooled["without"], 50),
+        fast_p50_with_ms=percentile(pooled["with"], 50),
+        samples=(len(pooled["without"]), len(pooled["with"])),
+        rep_p99_ms={phase: [r["latency_ms"]["p99"] for r in out[phase]] for phase in ("without", "with")},
+        ratio=round(p99_with / p99_without, 3) if p99_with and p99_without else None,
+        slow_depth=[(r["slow_depth_before"], r["slow_depth_after"]) for r in out["with"]],
+    )
     return out
 
 
@@ -128,11 +149,29 @@ def run(ctx: Any, fleet: ReachFleet, bare: bool = True) -> dict[str, Any]:
         fleet.wait_consuming(SLOW_QUEUE)
         return fleet.pid(catalogs.SLOW)
 
-    pipes = [Pipeline("fleet", "reach.intents", "reach.intents", "reach.receipts", SLOW_QUEUE, start_fleet_slow,
-                      lambda: fleet.stop(catalogs.SLOW))]
+    pipes = [
+        Pipeline(
+            "fleet",
+            "reach.intents",
+            "reach.intents",
+            "reach.receipts",
+            SLOW_QUEUE,
+            start_fleet_slow,
+            lambda: fleet.stop(catalogs.SLOW),
+        )
+    ]
     if bare:
-        pipes.append(Pipeline("bare", "bare.intents", "bare.intents", "bare.receipts", BARE_SLOW_QUEUE,
-                              lambda: ctx.start_bare_slow(), lambda: ctx.procs.stop_many(["bare-connector-slow"])))
+        pipes.append(
+            Pipeline(
+                "bare",
+                "bare.intents",
+                "bare.intents",
+                "bare.receipts",
+                BARE_SLOW_QUEUE,
+                lambda: ctx.start_bare_slow(),
+                lambda: ctx.procs.stop_many(["bare-connector-slow"]),
+            )
+        )
     agents: dict[str, Agent] = {}
     for pipe in pipes:
         meter = ctx.meters[pipe.variant]
@@ -141,8 +180,9 @@ def run(ctx: Any, fleet: ReachFleet, bare: bool = True) -> dict[str, Any]:
         ctx.no_drain.add(pipe.slow_queue)
         agents[pipe.variant] = Agent(ctx.procs, f"agent-backlog-{pipe.variant}")
         # nobody binds the slow receipts' routing key: they are published (and confirmed) and dropped
-        agents[pipe.variant].connect_amqp(ctx.broker_url, pipe.intents_exchange, pipe.receipts_exchange,
-                                          "nobody.listens")
+        agents[pipe.variant].connect_amqp(
+            ctx.broker_url, pipe.intents_exchange, pipe.receipts_exchange, "nobody.listens"
+        )
     n = int(100 * cfg["iso_seconds"])
     outs = {p.variant: {"backlog": cfg["backlog"], "rate": 100, "n": n, "without": [], "with": []} for p in pipes}
     for rep in range(cfg["iso_reps"]):

@@ -9,6 +9,7 @@ Two recordings, each during a burst of its own (not one of the measured repetiti
      (handling an intent), where it goes, waits included — synchronous Redis round trips and
      publisher confirms show up here, not in the on-CPU view.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common import REPO, RESULTS, log
 
@@ -85,11 +87,20 @@ def _key(frame: str, with_line: bool = False) -> str:
     return f"{m.group('func')} ({where})"
 
 
-_BUCKETS = (("redis/", "redis-py (Redis round trips)"), ("httpx/", "httpx/httpcore/h11 (HTTP call)"),
-            ("httpcore/", "httpx/httpcore/h11 (HTTP call)"), ("h11/", "httpx/httpcore/h11 (HTTP call)"),
-            ("kombu/", "kombu/py-amqp (AMQP)"), ("amqp/", "kombu/py-amqp (AMQP)"), ("celery/", "celery"),
-            ("pydantic", "pydantic"), ("prometheus_client/", "prometheus_client"),
-            ("opentelemetry/", "opentelemetry"), ("logging/", "logging"), ("json/", "json"))
+_BUCKETS = (
+    ("redis/", "redis-py (Redis round trips)"),
+    ("httpx/", "httpx/httpcore/h11 (HTTP call)"),
+    ("httpcore/", "httpx/httpcore/h11 (HTTP call)"),
+    ("h11/", "httpx/httpcore/h11 (HTTP call)"),
+    ("kombu/", "kombu/py-amqp (AMQP)"),
+    ("amqp/", "kombu/py-amqp (AMQP)"),
+    ("celery/", "celery"),
+    ("pydantic", "pydantic"),
+    ("prometheus_client/", "prometheus_client"),
+    ("opentelemetry/", "opentelemetry"),
+    ("logging/", "logging"),
+    ("json/", "json"),
+)
 
 
 def _bucket(frames: list[str]) -> str:
@@ -97,7 +108,7 @@ def _bucket(frames: list[str]) -> str:
     frames count for whoever called them, except logging and json)."""
     for frame in reversed(frames):
         k = _key(frame)
-        where = k[k.rfind("(") + 1:]
+        where = k[k.rfind("(") + 1 :]
         for prefix, name in _BUCKETS:
             if where.startswith(prefix):
                 return name
@@ -151,13 +162,21 @@ def summarize(path: Path, main_thread_only: bool = False, top: int = 20, project
         return [(k, round(100 * v / total, 1)) for k, v in counter.most_common(top)]
 
     project_inclusive = Counter({k: v for k, v in inclusive.items() if _is_project(k)})
-    return {"samples": total, "self": pct(self_time), "inclusive": pct(inclusive),
-            "project_inclusive": pct(project_inclusive), "project_leaf": pct(own), "by_package": pct(packages)}
+    return {
+        "samples": total,
+        "self": pct(self_time),
+        "inclusive": pct(inclusive),
+        "project_inclusive": pct(project_inclusive),
+        "project_leaf": pct(own),
+        "by_package": pct(packages),
+    }
 
 
 def _record(spy: str, pid: int, out: Path, fmt: str, mode: str) -> subprocess.Popen[bytes]:
     argv = [spy, "record", "--nonblocking", "-r", "100", "-f", fmt, "-o", str(out), "--pid", str(pid), mode]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(str(out) + ".log", "wb"), start_new_session=True)
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=open(str(out) + ".log", "wb"), start_new_session=True
+    )
 
 
 def _finish(procs: list[subprocess.Popen[bytes]], outputs: list[Path] | None = None) -> None:
@@ -183,19 +202,27 @@ def run(router_pid: int, pool_pid: int, burst: Callable[[], dict[str, Any]]) -> 
         return {"skipped": "py-spy not installed"}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
-    files = {"router_cpu": RESULTS / "router.cpu.txt", "pool_cpu": RESULTS / "pool.cpu.txt",
-             "router_wall": RESULTS / "router.wall.txt", "pool_wall": RESULTS / "pool.wall.txt"}
+    files = {
+        "router_cpu": RESULTS / "router.cpu.txt",
+        "pool_cpu": RESULTS / "pool.cpu.txt",
+        "router_wall": RESULTS / "router.wall.txt",
+        "pool_wall": RESULTS / "pool.wall.txt",
+    }
     log("profiling 1/2: on-CPU (--gil): raw stacks and flame graphs of the router and the pool")
-    procs = [_record(spy, router_pid, files["router_cpu"], "raw", mode="--gil"),
-             _record(spy, pool_pid, files["pool_cpu"], "raw", mode="--gil"),
-             _record(spy, router_pid, RESULTS / "router.svg", "flamegraph", mode="--gil"),
-             _record(spy, pool_pid, RESULTS / "pool.svg", "flamegraph", mode="--gil")]
+    procs = [
+        _record(spy, router_pid, files["router_cpu"], "raw", mode="--gil"),
+        _record(spy, pool_pid, files["pool_cpu"], "raw", mode="--gil"),
+        _record(spy, router_pid, RESULTS / "router.svg", "flamegraph", mode="--gil"),
+        _record(spy, pool_pid, RESULTS / "pool.svg", "flamegraph", mode="--gil"),
+    ]
     time.sleep(1.0)
     out["burst_cpu"] = _brief(burst())
     _finish(procs, [files["router_cpu"], files["pool_cpu"], RESULTS / "router.svg", RESULTS / "pool.svg"])
     log("profiling 2/2: wall clock (--idle, all threads)")
-    procs = [_record(spy, router_pid, files["router_wall"], "raw", mode="--idle"),
-             _record(spy, pool_pid, files["pool_wall"], "raw", mode="--idle")]
+    procs = [
+        _record(spy, router_pid, files["router_wall"], "raw", mode="--idle"),
+        _record(spy, pool_pid, files["pool_wall"], "raw", mode="--idle"),
+    ]
     time.sleep(1.0)
     out["burst_wall"] = _brief(burst())
     _finish(procs, [files["router_wall"], files["pool_wall"]])
@@ -205,8 +232,9 @@ def run(router_pid: int, pool_pid: int, burst: Callable[[], dict[str, Any]]) -> 
         else:
             log_path = Path(str(path) + ".log")
             out[name] = {"error": log_path.read_text(errors="replace")[-500:] if log_path.exists() else "no output"}
-    out["files"] = [str(p.relative_to(REPO)) for p in (RESULTS / "router.svg", RESULTS / "pool.svg", *files.values())
-                    if p.exists()]
+    out["files"] = [
+        str(p.relative_to(REPO)) for p in (RESULTS / "router.svg", RESULTS / "pool.svg", *files.values()) if p.exists()
+    ]
     return out
 
 
@@ -218,10 +246,12 @@ def render(prof: dict[str, Any], top: int = 12) -> str:
     if "skipped" in prof:
         return f"profiling skipped: {prof['skipped']}"
     lines = []
-    titles = {"router_cpu": "router, on-CPU (py-spy --gil)",
-              "pool_cpu": "pool, on-CPU (py-spy --gil)",
-              "router_wall": "router, wall clock inside the project's code, waits included (py-spy --idle)",
-              "pool_wall": "pool, wall clock inside the project's code, waits included (py-spy --idle)"}
+    titles = {
+        "router_cpu": "router, on-CPU (py-spy --gil)",
+        "pool_cpu": "pool, on-CPU (py-spy --gil)",
+        "router_wall": "router, wall clock inside the project's code, waits included (py-spy --idle)",
+        "pool_wall": "pool, wall clock inside the project's code, waits included (py-spy --idle)",
+    }
     for name, title in titles.items():
         s = prof.get(name) or {}
         if "samples" not in s:

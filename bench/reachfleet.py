@@ -2,6 +2,7 @@
 workers.ops.cli router`` and ``python -m workers.ops.cli worker NAME`` subprocesses, each in its own
 session, with REACH_CATALOG, REACH_BROKER_URL, REACH_REDIS_URL, REACH_LOG_LEVEL=INFO and a
 REACH_METRICS_PORT of its own."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,14 @@ class ReachFleet:
         self.procs = procs
         self.catalog_dir = catalog_dir
         self.broker_url = broker_url
-        self.env = dict(os.environ, REACH_CATALOG=str(catalog_dir), REACH_BROKER_URL=broker_url,
-                        REACH_REDIS_URL=redis_url, REACH_LOG_LEVEL="INFO", PYTHONUNBUFFERED="1")
+        self.env = dict(
+            os.environ,
+            REACH_CATALOG=str(catalog_dir),
+            REACH_BROKER_URL=broker_url,
+            REACH_REDIS_URL=redis_url,
+            REACH_LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
         self.prefix = prefix
         self.metrics_ports: dict[str, int] = {}
         self.names: list[str] = []
@@ -27,8 +34,12 @@ class ReachFleet:
         port = free_port()
         self.metrics_ports[name] = port
         proc_name = f"{self.prefix}-{name}"
-        self.procs.start(proc_name, [PYTHON, "-m", "workers.ops.cli", *args], env=dict(self.env, REACH_METRICS_PORT=str(port)),
-                         cwd=REPO)
+        self.procs.start(
+            proc_name,
+            [PYTHON, "-m", "workers.ops.cli", *args],
+            env=dict(self.env, REACH_METRICS_PORT=str(port)),
+            cwd=REPO,
+        )
         self.names.append(proc_name)
 
     def start_router(self) -> None:

@@ -14,6 +14,7 @@ CPU ms per intent per process; c/b and c-a; isolation (bench/isolation.py) and s
 Results: a table on stdout, bench/results/latest.json. Everything on 127.0.0.1, in a RabbitMQ vhost
 and a redis-server of the run's own; only processes this run started are stopped (by process group).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,25 +35,72 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import catalogs  # noqa: E402
-from common import (RESULTS, Agent, BrokerGone, CpuMeter, redis_calls, Procs, Vhost, calibrate, downstream_stats, ensure_services,  # noqa: E402
-                    find_listener_pid, find_pids, fmt, loadavg, log, median, queue_state, rss_mb, scan_log,
-                    start_downstream, start_private_redis, table, tmpdir)
+from common import (
+    RESULTS,
+    Agent,
+    BrokerGone,
+    CpuMeter,
+    Procs,
+    Vhost,
+    calibrate,
+    downstream_stats,
+    ensure_services,  # noqa: E402
+    find_listener_pid,
+    find_pids,
+    fmt,
+    loadavg,
+    log,
+    median,
+    queue_state,
+    redis_calls,
+    rss_mb,
+    scan_log,
+    start_downstream,
+    start_private_redis,
+    table,
+    tmpdir,
+)
 from reachfleet import ReachFleet  # noqa: E402
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "full": dict(reps=3, burst_n=2000, warmup=200, paced=[(100, 10.0), (200, 6.0)], idle_s=1.0,
-                 iso_reps=3, iso_seconds=10.0, backlog=1000,
-                 scale_grid=[(10, 10), (1000, 10), (10000, 10), (10, 500), (10000, 500)],
-                 scale_n=1500, profile=True, profile_n=2000),
-    "quick": dict(reps=1, burst_n=500, warmup=50, paced=[(100, 3.0), (200, 2.0)], idle_s=0.5,
-                  iso_reps=1, iso_seconds=3.0, backlog=500,
-                  scale_grid=[(10, 10), (1000, 500)], scale_n=300, profile=False, profile_n=1500),
+    "full": dict(
+        reps=3,
+        burst_n=2000,
+        warmup=200,
+        paced=[(100, 10.0), (200, 6.0)],
+        idle_s=1.0,
+        iso_reps=3,
+        iso_seconds=10.0,
+        backlog=1000,
+        scale_grid=[(10, 10), (1000, 10), (10000, 10), (10, 500), (10000, 500)],
+        scale_n=1500,
+        profile=True,
+        profile_n=2000,
+    ),
+    "quick": dict(
+        reps=1,
+        burst_n=500,
+        warmup=50,
+        paced=[(100, 3.0), (200, 2.0)],
+        idle_s=0.5,
+        iso_reps=1,
+        iso_seconds=3.0,
+        backlog=500,
+        scale_grid=[(10, 10), (1000, 500)],
+        scale_n=300,
+        profile=False,
+        profile_n=1500,
+    ),
 }
 VARIANTS = ("direct", "bare", "fleet")
 SHARED = {"rabbitmq"}  # processes other tenants use too: their idle rate is subtracted ("net")
 PROC_ORDER = ("agent", "router", "pool", "rabbitmq", "redis", "downstream")
-TARGETS = {"throughput_ratio_min": 0.9, "added_p99_ms_max": 15.0, "isolation_ratio_max": 1.2,
-           "scale_flat_max_ratio": 1.25}
+TARGETS = {
+    "throughput_ratio_min": 0.9,
+    "added_p99_ms_max": 15.0,
+    "isolation_ratio_max": 1.2,
+    "scale_flat_max_ratio": 1.25,
+}
 
 
 @dataclass
@@ -84,8 +132,11 @@ class Ctx:
     def start_bare_slow(self) -> int:
         """The bare pipeline's connector for the slow system (the isolation section's baseline)."""
         env = dict(self.bare_env, BARE_CONNECTOR="slow", BARE_DOWNSTREAM_URL=self.slow_url + "/slow/tickets")
-        proc = self.procs.start("bare-connector-slow", [sys.executable, str(Path(__file__).resolve().parent / "bare.py"),
-                                                        "connector"], env=env)
+        proc = self.procs.start(
+            "bare-connector-slow",
+            [sys.executable, str(Path(__file__).resolve().parent / "bare.py"), "connector"],
+            env=env,
+        )
         t0 = time.time()
         while queue_state(self.broker_url, "bare.connector.slow")[1] <= 0:
             self.procs.check_alive("bare-connector-slow")
@@ -102,8 +153,11 @@ class Ctx:
         deadline = time.time() + timeout
         for name, proc in list(self.procs.items.items()):
             if not proc.alive() and not name.startswith("agent-"):
-                crit = [line[:300] for line in proc.log_text().splitlines()
-                        if re.search(r"CRITICAL|Unrecoverable|Error:", line)][:3]
+                crit = [
+                    line[:300]
+                    for line in proc.log_text().splitlines()
+                    if re.search(r"CRITICAL|Unrecoverable|Error:", line)
+                ][:3]
                 msg = f"{name} exited with {proc.popen.returncode} after the broker connection was lost: {crit}"
                 if name.startswith("bare-"):
                     # the baseline has no guardrails by design; restarting it is all there is to do
@@ -125,23 +179,43 @@ class Ctx:
             time.sleep(0.5)
         time.sleep(1.0)
 
-    def intent(self, variant: str, agents: list[str] | None = None, action: str = "create_ticket",
-               suffix: str | None = None) -> dict[str, Any]:
-        return {"action": action, "params": catalogs.PARAMS, "agents": agents or [catalogs.AGENT],
-                "id_prefix": f"{self.run_id}-{variant}-{uuid.uuid4().hex[:8]}",
-                "reply_suffix": suffix or {"bare": "rb", "fleet": "rf"}.get(variant, "x")}
+    def intent(
+        self, variant: str, agents: list[str] | None = None, action: str = "create_ticket", suffix: str | None = None
+    ) -> dict[str, Any]:
+        return {
+            "action": action,
+            "params": catalogs.PARAMS,
+            "agents": agents or [catalogs.AGENT],
+            "id_prefix": f"{self.run_id}-{variant}-{uuid.uuid4().hex[:8]}",
+            "reply_suffix": suffix or {"bare": "rb", "fleet": "rf"}.get(variant, "x"),
+        }
 
-    def phase(self, variant: str, mode: str, n: int, rate: float | None = None, label: str = "",
-              agents: list[str] | None = None, meter: CpuMeter | None = None, check: bool = True,
-              samples: bool = False) -> dict[str, Any]:
+    def phase(
+        self,
+        variant: str,
+        mode: str,
+        n: int,
+        rate: float | None = None,
+        label: str = "",
+        agents: list[str] | None = None,
+        meter: CpuMeter | None = None,
+        check: bool = True,
+        samples: bool = False,
+    ) -> dict[str, Any]:
         """One phase of ``variant``'s agent; ``samples``: its result carries every latency (samples_ms)."""
         timeout = 30 + (n / rate if rate else n / 80)
         interrupted = False
         for attempt in range(3):
             try:
-                res = self.agents[variant].run(meter if meter is not None else self.meters.get(variant), mode=mode,
-                                               n=n, rate=rate, timeout=timeout, intent=self.intent(variant, agents),
-                                               samples=samples)
+                res = self.agents[variant].run(
+                    meter if meter is not None else self.meters.get(variant),
+                    mode=mode,
+                    n=n,
+                    rate=rate,
+                    timeout=timeout,
+                    intent=self.intent(variant, agents),
+                    samples=samples,
+                )
                 break
             except BrokerGone as exc:
                 # another tenant restarted RabbitMQ (the crash-safety tests do): reconnect, let the
@@ -201,13 +275,25 @@ def cpu_total(cpu: dict[str, float]) -> float:
 
 # -- setup ---------------------------------------------------------------------------------
 
+
 def machine() -> dict[str, Any]:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal"))
-    return {"nproc": os.cpu_count(), "cpu_model": model, "ram_gb": round(mem_kb / 1024 / 1024, 1),
-            "kernel": platform.release()}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "ram_gb": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+    }
 
 
 def versions() -> dict[str, str]:
@@ -218,8 +304,9 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     try:
-        out["rabbitmq"] = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True,
-                                         timeout=30).stdout.strip()
+        out["rabbitmq"] = subprocess.run(
+            ["rabbitmqctl", "version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     try:
@@ -242,16 +329,21 @@ def code_state() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
-                                  timeout=30).stdout
+            return subprocess.run(
+                ["git", *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, timeout=30
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
 
     diff = git("diff", "HEAD", "--", "workers", "connectors", "producers")
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "uncommitted_fleet_changes": git("diff", "HEAD", "--stat", "--", "workers", "connectors",
-                                             "producers").strip().splitlines()[-1:] or None,
-            "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:10] if diff else None}
+    return {
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "uncommitted_fleet_changes": git("diff", "HEAD", "--stat", "--", "workers", "connectors", "producers")
+        .strip()
+        .splitlines()[-1:]
+        or None,
+        "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:10] if diff else None,
+    }
 
 
 def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
@@ -263,15 +355,19 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     if ctx.args.redis_url:
         ctx.redis_url = ctx.args.redis_url
         from urllib.parse import urlsplit
+
         ctx.redis_pid = find_listener_pid(urlsplit(ctx.redis_url).port or 6379, "redis-server")
         SHARED.add("redis")
     else:
         ctx.redis_url, ctx.redis_pid = start_private_redis(ctx.procs)
     from urllib.parse import urlsplit
-    ctx.beam_pid = find_listener_pid(urlsplit(shared_broker).port or 5672, "beam.smp") or \
-        next(iter(find_pids("beam.smp")), None)
+
+    ctx.beam_pid = find_listener_pid(urlsplit(shared_broker).port or 5672, "beam.smp") or next(
+        iter(find_pids("beam.smp")), None
+    )
     if not ctx.args.redis_url:
         import redis
+
         client = redis.Redis.from_url(ctx.redis_url, socket_timeout=5)
         ctx.redis_mem0 = int(client.info("memory")["used_memory"])
         client.close()
@@ -280,17 +376,24 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     # ahead of) the fast system's requests in one shared event loop
     ctx.slow_url, _ = start_downstream(ctx.procs, name="downstream-slow")
     slow_url = ctx.slow_url
-    log(f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url} (slow: {slow_url}), "
-        f"beam.smp pid {ctx.beam_pid}")
+    log(
+        f"vhost {vhost.name}, redis {ctx.redis_url}, downstream {ctx.downstream_url} (slow: {slow_url}), "
+        f"beam.smp pid {ctx.beam_pid}"
+    )
 
-    catalog_dir = catalogs.write(ctx.work / "catalog-main", catalogs.main_catalog(ctx.downstream_url,
-                                                                                  slow_endpoint=slow_url))
+    catalog_dir = catalogs.write(
+        ctx.work / "catalog-main", catalogs.main_catalog(ctx.downstream_url, slow_endpoint=slow_url)
+    )
     fleet = ReachFleet(ctx.procs, catalog_dir, ctx.broker_url, ctx.redis_url)
     fleet.start_router()
     fleet.start_pool(catalogs.FAST)
-    ctx.bare_env = bare_env = dict(os.environ, BARE_BROKER_URL=ctx.broker_url,
-                                   BARE_DOWNSTREAM_URL=ctx.downstream_url + "/tickets", BARE_CONCURRENCY="20",
-                                   PYTHONUNBUFFERED="1")
+    ctx.bare_env = bare_env = dict(
+        os.environ,
+        BARE_BROKER_URL=ctx.broker_url,
+        BARE_DOWNSTREAM_URL=ctx.downstream_url + "/tickets",
+        BARE_CONCURRENCY="20",
+        PYTHONUNBUFFERED="1",
+    )
     py = sys.executable
     bench = Path(__file__).resolve().parent
     ctx.procs.start("bare-router", [py, str(bench / "bare.py"), "router"], env=bare_env)
@@ -307,8 +410,12 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     log(f"fleet and bare pipeline consuming after {time.time() - t0:.1f} s")
     ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST, "bare.intents", "bare.connector.fast"]
 
-    pids = {"fleet_router": fleet.pid("router"), "fleet_pool": fleet.pid(catalogs.FAST),
-            "bare_router": ctx.procs.items["bare-router"].pid, "bare_pool": ctx.procs.items["bare-connector"].pid}
+    pids = {
+        "fleet_router": fleet.pid("router"),
+        "fleet_pool": fleet.pid(catalogs.FAST),
+        "bare_router": ctx.procs.items["bare-router"].pid,
+        "bare_pool": ctx.procs.items["bare-connector"].pid,
+    }
     for variant in VARIANTS:
         ctx.agents[variant] = Agent(ctx.procs, f"agent-{variant}")
     ctx.agents["direct"].connect_http(ctx.downstream_url + "/tickets")
@@ -329,6 +436,7 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
 
 # -- the side-by-side sections -------------------------------------------------------------------
 
+
 def throughput(ctx: Ctx) -> dict[str, Any]:
     cfg = ctx.cfg
     out: dict[str, Any] = {v: {"reps": []} for v in VARIANTS}
@@ -340,21 +448,27 @@ def throughput(ctx: Ctx) -> dict[str, Any]:
             if before is not None:
                 after = redis_calls(ctx.redis_url)
                 n_done = res.get("receipts") or 1
-                res["redis_calls_per_intent"] = {k: round((after[k] - before.get(k, 0)) / n_done, 2)
-                                                 for k in sorted(after) if after[k] - before.get(k, 0) > 0}
+                res["redis_calls_per_intent"] = {
+                    k: round((after[k] - before.get(k, 0)) / n_done, 2)
+                    for k in sorted(after)
+                    if after[k] - before.get(k, 0) > 0
+                }
             res["cpu_ms_per_intent"] = per_intent_cpu(res, idle)
             res["idle_cpu_rate"] = {k: round(v, 4) for k, v in idle.items()}
             out[variant]["reps"].append(res)
-            log(f"throughput rep {rep + 1} {variant:6s}: steady {res.get('steady_rate')}/s, overall "
+            log(
+                f"throughput rep {rep + 1} {variant:6s}: steady {res.get('steady_rate')}/s, overall "
                 f"{res.get('overall_rate')}/s, receipts {res.get('receipts')}/{res['n']}, "
-                f"load {loadavg()[0]}")
+                f"load {loadavg()[0]}"
+            )
     for variant in VARIANTS:
         reps = out[variant]["reps"]
         out[variant]["steady_rate"] = median([r.get("steady_rate") for r in reps])
         out[variant]["overall_rate"] = median([r.get("overall_rate") for r in reps])
         names = sorted({k for r in reps for k in r["cpu_ms_per_intent"]})
-        out[variant]["cpu_ms_per_intent"] = {k: round(median([r["cpu_ms_per_intent"].get(k) for r in reps]) or 0, 4)
-                                             for k in names}
+        out[variant]["cpu_ms_per_intent"] = {
+            k: round(median([r["cpu_ms_per_intent"].get(k) for r in reps]) or 0, 4) for k in names
+        }
         if reps and "redis_calls_per_intent" in reps[-1]:
             out[variant]["redis_calls_per_intent"] = reps[-1]["redis_calls_per_intent"]
     return out
@@ -371,8 +485,10 @@ def latency(ctx: Ctx) -> dict[str, Any]:
                 res["cpu_ms_per_intent"] = per_intent_cpu(res)
                 block[variant]["reps"].append(res)
                 lat = res["latency_ms"]
-                log(f"paced {rate}/s rep {rep + 1} {variant:6s}: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
-                    f"receipts {res.get('receipts')}/{n}")
+                log(
+                    f"paced {rate}/s rep {rep + 1} {variant:6s}: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
+                    f"receipts {res.get('receipts')}/{n}"
+                )
         for variant in VARIANTS:
             reps = block[variant]["reps"]
             block[variant]["p50_ms"] = median([r["latency_ms"]["p50"] for r in reps])
@@ -383,8 +499,12 @@ def latency(ctx: Ctx) -> dict[str, Any]:
 
 
 def memory(ctx: Ctx, pids: dict[str, int]) -> dict[str, float]:
-    names = {"fleet_router": "fleet-router", "fleet_pool": f"fleet-{catalogs.FAST}", "bare_router": "bare-router",
-             "bare_pool": "bare-connector"}
+    names = {
+        "fleet_router": "fleet-router",
+        "fleet_pool": f"fleet-{catalogs.FAST}",
+        "bare_router": "bare-router",
+        "bare_pool": "bare-connector",
+    }
     out = {k: rss_mb(ctx.procs.items[n].pid if n in ctx.procs.items else pids[k]) for k, n in names.items()}
     for variant, agent in ctx.agents.items():
         out[f"agent_{variant}"] = rss_mb(agent.proc.pid)
@@ -413,57 +533,100 @@ def redis_footprint(ctx: Ctx) -> dict[str, Any]:
     finally:
         client.close()
     n = ctx.succeeded.get("fleet", 0) or 1
-    return {"intents": n, "keys": keys, "keys_per_intent": round(keys / n, 2),
-            "used_memory_mb": round(info["used_memory"] / 1e6, 1),
-            "bytes_per_intent": round((info["used_memory"] - ctx.redis_mem0) / n),
-            "keys_by_prefix": dict(sorted(sample.items(), key=lambda kv: -kv[1]))}
+    return {
+        "intents": n,
+        "keys": keys,
+        "keys_per_intent": round(keys / n, 2),
+        "used_memory_mb": round(info["used_memory"] / 1e6, 1),
+        "bytes_per_intent": round((info["used_memory"] - ctx.redis_mem0) / n),
+        "keys_by_prefix": dict(sorted(sample.items(), key=lambda kv: -kv[1])),
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
+
 
 def render(results: dict[str, Any]) -> str:
     lines = []
     meta = results["meta"]
     lines.append(f"agent-reach benchmarks ({meta['mode']}) — {meta['started']}")
     m = meta["machine"]
-    lines.append(f"machine: {m['nproc']} cores, {m['cpu_model']}, {m['ram_gb']} GB RAM; "
-                 f"load average {meta['load_start']} at start, {meta['load_end']} at end; "
-                 f"calibration {meta['calibration_ms_start']} ms at start, {meta['calibration_ms_end']} ms at end "
-                 "(fixed pure-Python work: higher = slower/busier machine)")
+    lines.append(
+        f"machine: {m['nproc']} cores, {m['cpu_model']}, {m['ram_gb']} GB RAM; "
+        f"load average {meta['load_start']} at start, {meta['load_end']} at end; "
+        f"calibration {meta['calibration_ms_start']} ms at start, {meta['calibration_ms_end']} ms at end "
+        "(fixed pure-Python work: higher = slower/busier machine)"
+    )
     v = meta.get("versions", {})
     lines.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     code = meta.get("code") or {}
-    lines.append(f"code: commit {code.get('commit')}" + (f", uncommitted fleet changes {code['uncommitted_fleet_changes']}"
-                                                          f" (diff {code['diff_sha1']})"
-                                                          if code.get("uncommitted_fleet_changes") else ""))
+    lines.append(
+        f"code: commit {code.get('commit')}"
+        + (
+            f", uncommitted fleet changes {code['uncommitted_fleet_changes']} (diff {code['diff_sha1']})"
+            if code.get("uncommitted_fleet_changes")
+            else ""
+        )
+    )
     tp = results.get("throughput")
     if tp:
         lines.append("")
-        lines.append(f"max sustained throughput (burst of {meta['config']['burst_n']} intents, pipelined confirms; "
-                     f"receipts/s between the 10th and 90th percentile arrival; median of {meta['config']['reps']})")
+        lines.append(
+            f"max sustained throughput (burst of {meta['config']['burst_n']} intents, pipelined confirms; "
+            f"receipts/s between the 10th and 90th percentile arrival; median of {meta['config']['reps']})"
+        )
         rows = []
         for variant in VARIANTS:
             t = tp[variant]
             cpu = t["cpu_ms_per_intent"]
-            rows.append([variant, fmt(t["steady_rate"], 0), " ".join(fmt(r.get("steady_rate"), 0) or "-"
-                                                                    for r in t["reps"]),
-                         *[fmt(cpu.get(p + "_net", cpu.get(p)), 3) if (p + "_net" in cpu or p in cpu) else None
-                           for p in PROC_ORDER], fmt(cpu_total(cpu), 3)])
-        lines.append(table(["variant", "intents/s", "reps", "agent", "router", "pool", "rabbitmq*", "redis",
-                            "downstream", "CPU ms/intent total"], rows))
-        lines.append("  CPU columns: ms of CPU per intent during the burst (/proc utime+stime); rabbitmq* is net of its "
-                     "idle rate measured just before (other tenants share the broker)")
+            rows.append(
+                [
+                    variant,
+                    fmt(t["steady_rate"], 0),
+                    " ".join(fmt(r.get("steady_rate"), 0) or "-" for r in t["reps"]),
+                    *[
+                        fmt(cpu.get(p + "_net", cpu.get(p)), 3) if (p + "_net" in cpu or p in cpu) else None
+                        for p in PROC_ORDER
+                    ],
+                    fmt(cpu_total(cpu), 3),
+                ]
+            )
+        lines.append(
+            table(
+                [
+                    "variant",
+                    "intents/s",
+                    "reps",
+                    "agent",
+                    "router",
+                    "pool",
+                    "rabbitmq*",
+                    "redis",
+                    "downstream",
+                    "CPU ms/intent total",
+                ],
+                rows,
+            )
+        )
+        lines.append(
+            "  CPU columns: ms of CPU per intent during the burst (/proc utime+stime); rabbitmq* is net of its "
+            "idle rate measured just before (other tenants share the broker)"
+        )
         calls = tp["fleet"].get("redis_calls_per_intent")
         if calls:
             trips = calls.get("(round trips)")
-            lines.append(f"  fleet: Redis round trips per intent ~{trips} (socket reads Redis processed); commands per intent "
-                         f"{round(sum(v for k, v in calls.items() if k not in ('info', 'hello', 'ping', '(round trips)')), 1)}"
-                         " (Lua-internal ones included): " + ", ".join(f"{k} {v}" for k, v in calls.items()
-                                                                        if k != "(round trips)"))
+            lines.append(
+                f"  fleet: Redis round trips per intent ~{trips} (socket reads Redis processed); commands per intent "
+                f"{round(sum(v for k, v in calls.items() if k not in ('info', 'hello', 'ping', '(round trips)')), 1)}"
+                " (Lua-internal ones included): "
+                + ", ".join(f"{k} {v}" for k, v in calls.items() if k != "(round trips)")
+            )
     lat = results.get("latency")
     if lat:
         lines.append("")
-        lines.append(f"end-to-end latency, publish -> receipt at the agent (ms; median over {meta['config']['reps']} reps)")
+        lines.append(
+            f"end-to-end latency, publish -> receipt at the agent (ms; median over {meta['config']['reps']} reps)"
+        )
         rows = []
         rates = list(lat)
         for variant in VARIANTS:
@@ -480,54 +643,98 @@ def render(results: dict[str, Any]) -> str:
         reps = lat["100"]["fleet"]["reps"]
         stages = [r.get("stages_ms") for r in reps if r.get("stages_ms")]
         if stages:
-            names = {"to_router": "agent publish -> router reads it", "in_fleet": "router reads -> receipt built",
-                     "queue": "  of which: waiting in the connector queue", "downstream": "  of which: the HTTP call",
-                     "to_agent": "receipt built -> agent has it"}
-            rows = [[label, fmt(median([s[k]["p50"] for s in stages if k in s]), 2),
-                     fmt(median([s[k]["p99"] for s in stages if k in s]), 2)] for k, label in names.items()
-                    if any(k in s for s in stages)]
+            names = {
+                "to_router": "agent publish -> router reads it",
+                "in_fleet": "router reads -> receipt built",
+                "queue": "  of which: waiting in the connector queue",
+                "downstream": "  of which: the HTTP call",
+                "to_agent": "receipt built -> agent has it",
+            }
+            rows = [
+                [
+                    label,
+                    fmt(median([s[k]["p50"] for s in stages if k in s]), 2),
+                    fmt(median([s[k]["p99"] for s in stages if k in s]), 2),
+                ]
+                for k, label in names.items()
+                if any(k in s for s in stages)
+            ]
             lines.append("  fleet at 100/s, where the time goes (from the receipts' execution fields; ms):")
             lines.append("  " + table(["stage", "p50", "p99"], rows).replace("\n", "\n  "))
     r = results.get("ratios")
     if r:
         lines.append("")
-        lines.append(f"c/b throughput: {fmt(r.get('throughput_c_over_b'), 3)} (target >= {TARGETS['throughput_ratio_min']})"
-                     f";  c-a at 100/s: p50 +{fmt(r.get('added_p50_ms_100'), 2)} ms, p99 +{fmt(r.get('added_p99_ms_100'), 2)} ms"
-                     f" (target p99 <= {TARGETS['added_p99_ms_max']} ms);  c-b at 100/s: p50 +{fmt(r.get('fleet_minus_bare_p50_ms_100'), 2)}"
-                     f" ms, p99 +{fmt(r.get('fleet_minus_bare_p99_ms_100'), 2)} ms")
+        lines.append(
+            f"c/b throughput: {fmt(r.get('throughput_c_over_b'), 3)} (target >= {TARGETS['throughput_ratio_min']})"
+            f";  c-a at 100/s: p50 +{fmt(r.get('added_p50_ms_100'), 2)} ms, p99 +{fmt(r.get('added_p99_ms_100'), 2)} ms"
+            f" (target p99 <= {TARGETS['added_p99_ms_max']} ms);  c-b at 100/s: p50 +{fmt(r.get('fleet_minus_bare_p50_ms_100'), 2)}"
+            f" ms, p99 +{fmt(r.get('fleet_minus_bare_p99_ms_100'), 2)} ms"
+        )
     iso = results.get("isolation")
     if iso and "fast_p99_without_ms" in iso:
         lines.append("")
-        lines.append(f"isolation: fast connector at paced 100/s beside bench_slow (2 s per call, backlog {iso['backlog']}): "
-                     f"p99 {fmt(iso['fast_p99_without_ms'], 2)} ms without, {fmt(iso['fast_p99_with_ms'], 2)} ms with the backlog"
-                     f" -> ratio {fmt(iso['ratio'], 2)} (target <= {TARGETS['isolation_ratio_max']}); p50 "
-                     f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; intents pooled over "
-                     f"{len(iso['without'])} repetitions {iso.get('samples')}; each repetition's p99 {iso.get('rep_p99_ms')}; "
-                     f"slow queue depth during 'with': {iso.get('slow_depth')}")
+        lines.append(
+            f"isolation: fast connector at paced 100/s beside bench_slow (2 s per call, backlog {iso['backlog']}): "
+            f"p99 {fmt(iso['fast_p99_without_ms'], 2)} ms without, {fmt(iso['fast_p99_with_ms'], 2)} ms with the backlog"
+            f" -> ratio {fmt(iso['ratio'], 2)} (target <= {TARGETS['isolation_ratio_max']}); p50 "
+            f"{fmt(iso['fast_p50_without_ms'], 2)} / {fmt(iso['fast_p50_with_ms'], 2)} ms; intents pooled over "
+            f"{len(iso['without'])} repetitions {iso.get('samples')}; each repetition's p99 {iso.get('rep_p99_ms')}; "
+            f"slow queue depth during 'with': {iso.get('slow_depth')}"
+        )
         bare_iso = iso.get("bare")
         if bare_iso and bare_iso.get("ratio") is not None:
-            lines.append(f"  baseline, the bare pipeline in the same repetitions: p99 {fmt(bare_iso['fast_p99_without_ms'], 2)} ms "
-                         f"without, {fmt(bare_iso['fast_p99_with_ms'], 2)} ms with -> ratio {fmt(bare_iso['ratio'], 2)}; "
-                         f"p50 {fmt(bare_iso['fast_p50_without_ms'], 2)} / {fmt(bare_iso['fast_p50_with_ms'], 2)} ms; "
-                         f"each repetition's p99 {bare_iso.get('rep_p99_ms')}")
+            lines.append(
+                f"  baseline, the bare pipeline in the same repetitions: p99 {fmt(bare_iso['fast_p99_without_ms'], 2)} ms "
+                f"without, {fmt(bare_iso['fast_p99_with_ms'], 2)} ms with -> ratio {fmt(bare_iso['ratio'], 2)}; "
+                f"p50 {fmt(bare_iso['fast_p50_without_ms'], 2)} / {fmt(bare_iso['fast_p50_with_ms'], 2)} ms; "
+                f"each repetition's p99 {bare_iso.get('rep_p99_ms')}"
+            )
     sc = results.get("scale")
     if sc and sc.get("rows"):
         lines.append("")
         lines.append(f"scale: router CPU per intent vs catalog size (burst of {sc['n']} intents, agents round-robin)")
-        rows = [[s["actions"], s["agents"], fmt(s["router_cpu_ms"], 3), fmt(s["pool_cpu_ms"], 3),
-                 fmt(s["steady_rate"], 0), s["rss_mb"]["router"], s["rss_mb"]["pool"], fmt(s["startup_s"], 1),
-                 fmt(s.get("catalog_mb"), 1)]
-                for s in sc["rows"]]
-        lines.append(table(["actions", "agents", "router ms/intent", "pool ms/intent", "intents/s", "router RSS MB",
-                            "pool RSS MB", "start-up s", "catalog MB"], rows))
-        lines.append(f"  router CPU per intent, largest / smallest catalog: {fmt(sc.get('flat_ratio'), 2)} "
-                     f"(flat if <= {TARGETS['scale_flat_max_ratio']})")
+        rows = [
+            [
+                s["actions"],
+                s["agents"],
+                fmt(s["router_cpu_ms"], 3),
+                fmt(s["pool_cpu_ms"], 3),
+                fmt(s["steady_rate"], 0),
+                s["rss_mb"]["router"],
+                s["rss_mb"]["pool"],
+                fmt(s["startup_s"], 1),
+                fmt(s.get("catalog_mb"), 1),
+            ]
+            for s in sc["rows"]
+        ]
+        lines.append(
+            table(
+                [
+                    "actions",
+                    "agents",
+                    "router ms/intent",
+                    "pool ms/intent",
+                    "intents/s",
+                    "router RSS MB",
+                    "pool RSS MB",
+                    "start-up s",
+                    "catalog MB",
+                ],
+                rows,
+            )
+        )
+        lines.append(
+            f"  router CPU per intent, largest / smallest catalog: {fmt(sc.get('flat_ratio'), 2)} "
+            f"(flat if <= {TARGETS['scale_flat_max_ratio']})"
+        )
     rf = results.get("redis_footprint")
     if rf:
         lines.append("")
-        lines.append(f"Redis footprint of the fleet: {rf['keys_per_intent']} keys and ~{rf['bytes_per_intent']} bytes per intent "
-                     f"({rf['keys']} keys, {rf['used_memory_mb']} MB after {rf['intents']} intents; TTL 24 h by default); "
-                     "keys by prefix: " + ", ".join(f"{k} {v}" for k, v in rf["keys_by_prefix"].items()))
+        lines.append(
+            f"Redis footprint of the fleet: {rf['keys_per_intent']} keys and ~{rf['bytes_per_intent']} bytes per intent "
+            f"({rf['keys']} keys, {rf['used_memory_mb']} MB after {rf['intents']} intents; TTL 24 h by default); "
+            "keys by prefix: " + ", ".join(f"{k} {v}" for k, v in rf["keys_by_prefix"].items())
+        )
     mem = results.get("memory")
     if mem:
         lines.append("")
@@ -535,6 +742,7 @@ def render(results: dict[str, Any]) -> str:
     prof = results.get("profile")
     if prof:
         import profiling
+
         lines.append("")
         lines.append("py-spy (fleet at max throughput; files in bench/results/):")
         lines.append(profiling.render(prof))
@@ -564,44 +772,64 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
     r = results.get("ratios") or {}
     if r.get("throughput_c_over_b") is not None:
         v = r["throughput_c_over_b"]
-        out["c throughput >= 0.9 x b"] = {"met": v >= TARGETS["throughput_ratio_min"],
-                                          "value": v, "text": f"{v:.3f} x"}
+        out["c throughput >= 0.9 x b"] = {"met": v >= TARGETS["throughput_ratio_min"], "value": v, "text": f"{v:.3f} x"}
     if r.get("added_p99_ms_100") is not None:
         v = r["added_p99_ms_100"]
-        out["c - a p99 at 100/s <= 15 ms"] = {"met": v <= TARGETS["added_p99_ms_max"], "value": v,
-                                              "text": f"+{v:.2f} ms"}
+        out["c - a p99 at 100/s <= 15 ms"] = {
+            "met": v <= TARGETS["added_p99_ms_max"],
+            "value": v,
+            "text": f"+{v:.2f} ms",
+        }
     iso = results.get("isolation") or {}
     if iso.get("ratio") is not None:
-        out["fast p99 with slow backlog <= 1.2 x without"] = {"met": iso["ratio"] <= TARGETS["isolation_ratio_max"],
-                                                              "value": iso["ratio"], "text": f"{iso['ratio']:.2f} x"}
+        out["fast p99 with slow backlog <= 1.2 x without"] = {
+            "met": iso["ratio"] <= TARGETS["isolation_ratio_max"],
+            "value": iso["ratio"],
+            "text": f"{iso['ratio']:.2f} x",
+        }
     sc = results.get("scale") or {}
     if sc.get("flat_ratio") is not None:
-        out["router cost flat across catalog sizes"] = {"met": sc["flat_ratio"] <= TARGETS["scale_flat_max_ratio"],
-                                                        "value": sc["flat_ratio"],
-                                                        "text": f"largest/smallest {sc['flat_ratio']:.2f} x"}
+        out["router cost flat across catalog sizes"] = {
+            "met": sc["flat_ratio"] <= TARGETS["scale_flat_max_ratio"],
+            "value": sc["flat_ratio"],
+            "text": f"largest/smallest {sc['flat_ratio']:.2f} x",
+        }
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small counts, under a minute")
-    parser.add_argument("--only", default="main,isolation,scale,profile",
-                        help="comma-separated sections: main (throughput + latency), isolation, scale, profile")
+    parser.add_argument(
+        "--only",
+        default="main,isolation,scale,profile",
+        help="comma-separated sections: main (throughput + latency), isolation, scale, profile",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip py-spy")
-    parser.add_argument("--redis-url", help="use this Redis (a database of the run's own) instead of a private "
-                                            "redis-server; its CPU is then measured net of its idle rate")
+    parser.add_argument(
+        "--redis-url",
+        help="use this Redis (a database of the run's own) instead of a private "
+        "redis-server; its CPU is then measured net of its idle rate",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs even when clean")
     parser.add_argument("--output", default=str(RESULTS / "latest.json"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one setting of the run's config for a focused look, e.g. "
-                             "--set iso_reps=3 --set iso_seconds=10 (a number; see CONFIGS)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting of the run's config for a focused look, e.g. "
+        "--set iso_reps=3 --set iso_seconds=10 (a number; see CONFIGS)",
+    )
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[mode])
     for item in args.set:
         key, _, value = item.partition("=")
         if key not in cfg or not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
-            parser.error(f"--set {item}: {key!r} is not a numeric setting ({', '.join(k for k, v in cfg.items() if isinstance(v, (int, float)) and not isinstance(v, bool))})")
+            parser.error(
+                f"--set {item}: {key!r} is not a numeric setting ({', '.join(k for k, v in cfg.items() if isinstance(v, (int, float)) and not isinstance(v, bool))})"
+            )
         try:
             cfg[key] = type(cfg[key])(value)
         except ValueError:
@@ -615,12 +843,20 @@ def main() -> int:
     procs = Procs(work)
     ctx = Ctx(args, cfg, run_id, procs, work)
     started = time.time()
-    results: dict[str, Any] = {"meta": {
-        "mode": mode, "command": "bench/run.py" + (" --quick" if args.quick else "") +
-        (f" --only {args.only}" if args.only != parser.get_default("only") else "") +
-        "".join(f" --set {item}" for item in args.set),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "load_start": loadavg(),
-        "calibration_ms_start": calibrate(), "config": {k: v for k, v in cfg.items()}}}
+    results: dict[str, Any] = {
+        "meta": {
+            "mode": mode,
+            "command": "bench/run.py"
+            + (" --quick" if args.quick else "")
+            + (f" --only {args.only}" if args.only != parser.get_default("only") else "")
+            + "".join(f" --set {item}" for item in args.set),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "machine": machine(),
+            "load_start": loadavg(),
+            "calibration_ms_start": calibrate(),
+            "config": {k: v for k, v in cfg.items()},
+        }
+    }
     log(f"{mode} run {run_id}; load average {results['meta']['load_start']}; logs in {work}")
     fleet = None
     try:
@@ -634,9 +870,12 @@ def main() -> int:
             results["throughput"] = throughput(ctx)
             if "profile" in sections:
                 import profiling
+
                 results["profile"] = profiling.run(
-                    pids["fleet_router"], pids["fleet_pool"],
-                    lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})))
+                    pids["fleet_router"],
+                    pids["fleet_pool"],
+                    lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})),
+                )
             results["latency"] = latency(ctx)
             tp, lat = results["throughput"], results["latency"]
             b, c = tp["bare"]["steady_rate"], tp["fleet"]["steady_rate"]
@@ -654,15 +893,19 @@ def main() -> int:
             results["fleet_metrics"] = {"router": fleet.metrics("router"), "pool": fleet.metrics(catalogs.FAST)}
         elif "profile" in sections:
             import profiling
+
             results["profile"] = profiling.run(
-                pids["fleet_router"], pids["fleet_pool"],
-                lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})))
+                pids["fleet_router"],
+                pids["fleet_pool"],
+                lambda: ctx.phase("fleet", "burst", cfg["profile_n"], label="profile burst", meter=CpuMeter({})),
+            )
         # the direct agent is done, and the bare pipeline once isolation (its baseline) has run:
         # free their CPU for what follows
         ctx.agents.pop("direct").quit()
         procs.stop_many(["agent-direct"])
         if "isolation" in sections:
             import isolation
+
             results["isolation"] = isolation.run(ctx, fleet)
         ctx.agents.pop("bare").quit()
         procs.stop_many(["bare-router", "bare-connector", "agent-bare"])
@@ -671,30 +914,49 @@ def main() -> int:
         if "scale" in sections:
             fleet.stop_all()
             import scale
+
             results["scale"] = scale.run(ctx)
         # cross-checks: queues drained, nothing dead-lettered, the system saw exactly one call per receipt
-        queues = {q: queue_state(ctx.broker_url, q)[0] for q in
-                  ("reach.intents", "reach.connector.bench_fast", "reach.dlq", "bare.intents", "bare.connector.fast",
-                   "bare.connector.slow")}
+        queues = {
+            q: queue_state(ctx.broker_url, q)[0]
+            for q in (
+                "reach.intents",
+                "reach.connector.bench_fast",
+                "reach.dlq",
+                "bare.intents",
+                "bare.connector.fast",
+                "bare.connector.slow",
+            )
+        }
         stats = downstream_stats(ctx.downstream_url)
-        checks: dict[str, Any] = {"queues_ready_at_end": queues, "downstream": stats,
-                                  "receipts_succeeded": ctx.expected_calls, "fleet_logs": fleet_logs}
+        checks: dict[str, Any] = {
+            "queues_ready_at_end": queues,
+            "downstream": stats,
+            "receipts_succeeded": ctx.expected_calls,
+            "fleet_logs": fleet_logs,
+        }
         for q, depth in queues.items():
             if depth > 0:
                 ctx.problems.append(f"{q} still holds {depth} message(s) at the end")
         fast_calls = stats.get("requests", 0) - stats.get("slow", 0)
         if fast_calls != ctx.expected_calls and ctx.notes:
-            ctx.notes.append(f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
-                             "receipts; phases cut short by a broker restart are not counted")
+            ctx.notes.append(
+                f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
+                "receipts; phases cut short by a broker restart are not counted"
+            )
         elif fast_calls != ctx.expected_calls:
-            ctx.problems.append(f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
-                                "receipts (direct calls included)")
+            ctx.problems.append(
+                f"the downstream answered {fast_calls} fast calls for {ctx.expected_calls} succeeded "
+                "receipts (direct calls included)"
+            )
         for name, scan in fleet_logs.items():
             if scan["errors"]:
                 ctx.problems.append(f"{name} logged {scan['errors']} error line(s), e.g. {scan['first_errors'][:2]}")
             if scan.get("broker_errors"):
-                ctx.notes.append(f"{name} logged {scan['broker_errors']} broker-connection error line(s) while the broker "
-                                 "was restarted by another tenant (reconnected)")
+                ctx.notes.append(
+                    f"{name} logged {scan['broker_errors']} broker-connection error line(s) while the broker "
+                    "was restarted by another tenant (reconnected)"
+                )
         checks["problems"] = ctx.problems
         checks["notes"] = ctx.notes
         results["checks"] = checks
@@ -707,6 +969,7 @@ def main() -> int:
             pass
         else:
             import traceback
+
             traceback.print_exc()
     finally:
         for agent in ctx.agents.values():

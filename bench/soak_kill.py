@@ -15,6 +15,7 @@ write): lost intents (no receipt), duplicate receipts, duplicated effects (a pay
 twice), unknown outcomes, other failures, kills, pools that died on start, and throughput.
 Exit status 1 when anything was lost or duplicated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,9 @@ agent_app:
 class Killer(threading.Thread):
     """Kills the pool's process group every few seconds and starts it again."""
 
-    def __init__(self, fleet: Fleet, system: CountingSystem, name: str, every: float, until: float,
-                 wait_heartbeat: bool) -> None:
+    def __init__(
+        self, fleet: Fleet, system: CountingSystem, name: str, every: float, until: float, wait_heartbeat: bool
+    ) -> None:
         super().__init__(daemon=True, name="killer")
         self.fleet, self.system, self.name, self.every, self.until = fleet, system, name, every, until
         self.in_flight_at_kills: list[int] = []
@@ -152,7 +154,9 @@ def soak(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     per_intent = Counter(r.intent_id for r in receipts)
     executions = system.executions()
     outcomes = Counter(r.error.code.value if r.error else r.status for r in receipts)
-    unknown_never_sent = sum(1 for r in receipts if r.status == "unknown" and not system.requests("POST", titles[r.intent_id]))
+    unknown_never_sent = sum(
+        1 for r in receipts if r.status == "unknown" and not system.requests("POST", titles[r.intent_id])
+    )
     latencies = sorted(r.execution.latency_ms for r in receipts)
     return {
         "mode": mode,
@@ -185,8 +189,11 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.3, help="seconds the downstream takes per write")
     parser.add_argument("--idle", type=float, default=15.0, help="stop waiting after this long without a receipt")
     parser.add_argument("--mode", choices=["header", "plain", "both"], default="both")
-    parser.add_argument("--restart-after-heartbeat", action="store_true",
-                        help="restart only after the dead pool's 3 s heartbeat expired (the slow-restart case)")
+    parser.add_argument(
+        "--restart-after-heartbeat",
+        action="store_true",
+        help="restart only after the dead pool's 3 s heartbeat expired (the slow-restart case)",
+    )
     args = parser.parse_args()
     results = [soak(mode, args) for mode in (["header", "plain"] if args.mode == "both" else [args.mode])]
     for result in results:

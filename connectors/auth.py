@@ -3,13 +3,13 @@
 Secrets are read once when the pool starts (a missing one stops the pool with a clear message)
 and are never logged, put in receipts or repr'd.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Mapping
-from typing import Generator
+from collections.abc import Generator, Mapping
 
 import httpx
 
@@ -58,7 +58,9 @@ class ClientCredentialsAuth(httpx.Auth):
     requires_response_body = False
     refresh_margin = 30.0  # seconds before expiry
 
-    def __init__(self, token_url: str, client_id: str, client_secret: str, scope: str | None, timeout: float = 10.0) -> None:
+    def __init__(
+        self, token_url: str, client_id: str, client_secret: str, scope: str | None, timeout: float = 10.0
+    ) -> None:
         self._token_url = token_url
         self._client_id = client_id
         self._client_secret = client_secret
@@ -75,7 +77,9 @@ class ClientCredentialsAuth(httpx.Auth):
         data = {"grant_type": "client_credentials"}
         if self._scope:
             data["scope"] = self._scope
-        response = httpx.post(self._token_url, data=data, auth=(self._client_id, self._client_secret), timeout=self._timeout)
+        response = httpx.post(
+            self._token_url, data=data, auth=(self._client_id, self._client_secret), timeout=self._timeout
+        )
         if response.status_code != 200:
             raise TokenError(f"the token endpoint answered HTTP {response.status_code}")
         try:

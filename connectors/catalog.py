@@ -3,6 +3,7 @@
 Everything per-intent is a dict lookup here; nothing scans the catalog or builds models while
 routing, so the router's cost stays flat however many actions and agents exist.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -82,7 +83,7 @@ class Catalog:
         return Refusal(
             ErrorCode.AMBIGUOUS_ACTION,
             f"{len(pool)} connectors offer {action_name!r}: {names}",
-            f"Name the connector explicitly, e.g. action \"{pool[0].qualified}\" (candidates: {names}), "
+            f'Name the connector explicitly, e.g. action "{pool[0].qualified}" (candidates: {names}), '
             "or set context.domain to the connector's domain.",
         )
 
@@ -161,15 +162,17 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
         spec = doc.model
         assert isinstance(spec, ConnectorSpec)
         if spec.name in connectors:
-            problems.append(Problem(doc.file, result.line_of(doc, "connector", "name"),
-                                    f"connector {spec.name!r} is declared twice"))
+            problems.append(
+                Problem(
+                    doc.file, result.line_of(doc, "connector", "name"), f"connector {spec.name!r} is declared twice"
+                )
+            )
             continue
         connectors[spec.name] = spec
         for i, action in enumerate(spec.actions):
             for field_name, message in default_problems(action):
                 line = result.line_of(doc, "connector", "actions", i, "input", field_name, "default")
-                problems.append(Problem(doc.file, line,
-                                        f"connector.actions.{i}.input.{field_name}.default: {message}"))
+                problems.append(Problem(doc.file, line, f"connector.actions.{i}.input.{field_name}.default: {message}"))
             ref = ActionRef(spec, action, ParamValidator(action))
             refs[(spec.name, action.action)] = ref
             by_action.setdefault(action.action, []).append(ref)
@@ -179,8 +182,11 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
         agent = doc.model
         assert isinstance(agent, AgentApp)
         if agent.name in agents:
-            problems.append(Problem(doc.file, result.line_of(doc, "agent_app", "name"),
-                                    f"agent_app {agent.name!r} is declared twice"))
+            problems.append(
+                Problem(
+                    doc.file, result.line_of(doc, "agent_app", "name"), f"agent_app {agent.name!r} is declared twice"
+                )
+            )
             continue
         agents[agent.name] = agent
         per_connector: dict[str, Binding] = {}
@@ -191,17 +197,32 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
                 continue  # its own document's problems are already reported
             if connector is None:
                 known = ", ".join(sorted(connectors)) or "none"
-                problems.append(Problem(doc.file, result.line_of(doc, *where, "connector"),
-                                        f"binding to unknown connector {binding.connector!r} (known: {known})"))
+                problems.append(
+                    Problem(
+                        doc.file,
+                        result.line_of(doc, *where, "connector"),
+                        f"binding to unknown connector {binding.connector!r} (known: {known})",
+                    )
+                )
                 continue
             if binding.connector in per_connector:
-                problems.append(Problem(doc.file, result.line_of(doc, *where, "connector"),
-                                        f"agent {agent.name!r} binds connector {binding.connector!r} twice"))
+                problems.append(
+                    Problem(
+                        doc.file,
+                        result.line_of(doc, *where, "connector"),
+                        f"agent {agent.name!r} binds connector {binding.connector!r} twice",
+                    )
+                )
                 continue
             for j, action_name in enumerate(binding.allowed_actions):
                 if action_name != ALL_ACTIONS and connector.action(action_name) is None:
-                    problems.append(Problem(doc.file, result.line_of(doc, *where, "allowed_actions", j),
-                                            f"connector {binding.connector!r} has no action {action_name!r}"))
+                    problems.append(
+                        Problem(
+                            doc.file,
+                            result.line_of(doc, *where, "allowed_actions", j),
+                            f"connector {binding.connector!r} has no action {action_name!r}",
+                        )
+                    )
             per_connector[binding.connector] = binding
         grants[agent.name] = per_connector
     return Catalog(connectors, agents, refs, by_action, grants), problems

@@ -1,4 +1,5 @@
 """Durations as connector authors write them: ``50ms``, ``5s``, ``2m``, ``1h``."""
+
 from __future__ import annotations
 
 import re

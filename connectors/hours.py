@@ -3,6 +3,7 @@
 A window whose end is before its start runs across midnight ("22:00-06:00 Europe/Berlin").
 "24:00" as an end means midnight at the end of the day.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from connectors.spec import HOURS_WINDOW
 
 @dataclass(frozen=True)
 class TimeWindow:
-    start_min: int   # minutes after local midnight
+    start_min: int  # minutes after local midnight
     end_min: int
     zone: ZoneInfo
     text: str

@@ -14,6 +14,7 @@ inside flow text that PyYAML refuses. A file libyaml refuses is read again by Py
 nothing that loaded before is refused now, and a file neither reads gets PyYAML's message (it
 names the character or alias). Without libyaml, PyYAML's parser reads everything.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -108,8 +109,10 @@ def catalog_files(directory: Path) -> list[Path]:
     ``..2024_01_01_00_00_00.123`` folders a Kubernetes ConfigMap volume holds beside its
     symlinks: reading both would declare every connector twice."""
     return sorted(
-        p for p in directory.rglob("*")
-        if p.suffix in (".yaml", ".yml") and p.is_file()
+        p
+        for p in directory.rglob("*")
+        if p.suffix in (".yaml", ".yml")
+        and p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(directory).parts)
     )
 
@@ -162,22 +165,31 @@ def _load_file(path: Path, result: LoadResult, env: Mapping[str, str]) -> None:
     result.problems.append(Problem(name, line, f"not valid YAML: {getattr(error, 'problem', error)}"))
 
 
-def _load_document(name: str, text: str, index: int, node: yaml.Node | None, result: LoadResult,
-                   env: Mapping[str, str]) -> None:
+def _load_document(
+    name: str, text: str, index: int, node: yaml.Node | None, result: LoadResult, env: Mapping[str, str]
+) -> None:
     """Check one composed document and keep its model (not its node tree)."""
     if node is None:
         return
     line = node.start_mark.line + 1
     for fixed_line, words in _rejoin_flow_commas(node, text):
-        result.warnings.append(Problem(name, fixed_line, f"read {words!r} as part of the text before it (a comma inside "
-                                                         "{ } splits a value; quote the text to say so explicitly)"))
+        result.warnings.append(
+            Problem(
+                name,
+                fixed_line,
+                f"read {words!r} as part of the text before it (a comma inside "
+                "{ } splits a value; quote the text to say so explicitly)",
+            )
+        )
     doc, duplicates = _UniqueKeyLoader.construct(node)
     if duplicates:
         result.problems.extend(Problem(name, dup.line, str(dup)) for dup in duplicates)
         return
     if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app"):
         keys = ", ".join(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
-        result.problems.append(Problem(name, line, f"a document must hold exactly one of connector: or agent_app: (found {keys})"))
+        result.problems.append(
+            Problem(name, line, f"a document must hold exactly one of connector: or agent_app: (found {keys})")
+        )
         return
     kind = next(iter(doc))
     structural = _structure_problems(doc, node, name) if kind == "connector" else []
@@ -224,14 +236,20 @@ def _rejoin_flow_commas(node: yaml.Node, text: str) -> list[tuple[int, str]]:
         for key, value in node.value:
             bare = (
                 node.flow_style
-                and isinstance(key, yaml.ScalarNode) and not key.style  # plain: None, or "" from libyaml
-                and isinstance(value, yaml.ScalarNode) and value.tag == "tag:yaml.org,2002:null"
-                and ":" not in text[key.end_mark.index:value.start_mark.index]  # no colon at all after the words
+                and isinstance(key, yaml.ScalarNode)
+                and not key.style  # plain: None, or "" from libyaml
+                and isinstance(value, yaml.ScalarNode)
+                and value.tag == "tag:yaml.org,2002:null"
+                and ":" not in text[key.end_mark.index : value.start_mark.index]  # no colon at all after the words
             )
             if bare and kept:
                 prev_key, prev_value = kept[-1]
-                if (isinstance(prev_key, yaml.ScalarNode) and prev_key.value in _TEXT_KEYS
-                        and isinstance(prev_value, yaml.ScalarNode) and prev_value.tag == "tag:yaml.org,2002:str"):
+                if (
+                    isinstance(prev_key, yaml.ScalarNode)
+                    and prev_key.value in _TEXT_KEYS
+                    and isinstance(prev_value, yaml.ScalarNode)
+                    and prev_value.tag == "tag:yaml.org,2002:str"
+                ):
                     prev_value.value = f"{prev_value.value}, {key.value}"
                     repairs.append((key.start_mark.line + 1, key.value))
                     continue
@@ -260,10 +278,16 @@ def _structure_problems(doc: dict[str, Any], node: yaml.Node, file: str) -> list
         name = action.get("action")
         if isinstance(name, str):
             if name in seen:
-                problems.append(Problem(file, _line_of(node, (*loc, "action")),
-                                        f"connector.actions.{i}.action: action {name!r} is declared twice in this connector"))
+                problems.append(
+                    Problem(
+                        file,
+                        _line_of(node, (*loc, "action")),
+                        f"connector.actions.{i}.action: action {name!r} is declared twice in this connector",
+                    )
+                )
             seen.add(name)
-        inputs = action.get("input") if isinstance(action.get("input"), dict) else {}
+        declared = action.get("input")
+        inputs: dict[Any, Any] = declared if isinstance(declared, dict) else {}
         placements = {str(k): (v.get("in") if isinstance(v, dict) else None) for k, v in inputs.items()}
         for message in path_param_problems(action.get("path"), placements):
             problems.append(Problem(file, _line_of(node, loc), f"connector.actions.{i}: {message}"))
@@ -274,7 +298,7 @@ def _describe(err: Any) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     msg = err["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check its spelling against design.md section 4)"
     elif err["type"] == "literal_error":
@@ -322,7 +346,7 @@ def _compose_again(file: str, digest: str, composer: type[yaml.SafeLoader]) -> l
         text = _read(Path(file))
         if _digest(text) != digest:
             return []
-        nodes = list(yaml.compose_all(text, Loader=composer))
+        nodes: list[yaml.Node | None] = list(yaml.compose_all(text, Loader=composer))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     for node in nodes:

@@ -1,4 +1,5 @@
 """Rate limits as the catalog writes them (``10/min``) and as the fleet counts them."""
+
 from __future__ import annotations
 
 import re

@@ -5,25 +5,29 @@ per-intent model building and a large catalog costs memory only for the actions 
 as exceptions, so the receipt can name every mistake at once (the first ``max_problems`` of them;
 the rest are counted, for "and K more").
 """
+
 from __future__ import annotations
 
 import difflib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 from connectors.spec import ActionSpec, FieldSpec
 
 # Bounds on what a value may become on the wire, so an over-long one is the agent's mistake
 # (VALIDATION_FAILED, named by field) and never a failed request:
-MAX_PATH_SEGMENT_BYTES = 2048    # one path parameter, percent-encoded: URLs past ~2 KiB are refused by many proxies and CDNs
-MAX_HEADER_VALUE_BYTES = 8192    # one header value: nginx, Apache and Node refuse a header line past 8 KiB
-MAX_URL_BYTES = 8192             # path and query params together: common servers refuse a request line past 8 KiB
-DEFAULT_MAX_PROBLEMS = 50        # problems kept per validation (the rest only counted), as REACH_MAX_DETAILS's default
+MAX_PATH_SEGMENT_BYTES = (
+    2048  # one path parameter, percent-encoded: URLs past ~2 KiB are refused by many proxies and CDNs
+)
+MAX_HEADER_VALUE_BYTES = 8192  # one header value: nginx, Apache and Node refuse a header line past 8 KiB
+MAX_URL_BYTES = 8192  # path and query params together: common servers refuse a request line past 8 KiB
+DEFAULT_MAX_PROBLEMS = 50  # problems kept per validation (the rest only counted), as REACH_MAX_DETAILS's default
 
 _MISSING = object()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -32,7 +36,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 @dataclass(frozen=True)
 class FieldProblem:
     field: str
-    code: str          # required | unknown | type | enum | min | max | min_length | max_length | pattern | null | format | header
+    code: (
+        str  # required | unknown | type | enum | min | max | min_length | max_length | pattern | null | format | header
+    )
     message: str
     allowed: list[Any] | None = None
 
@@ -102,10 +108,15 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
     pattern = re.compile(spec.pattern) if spec.pattern else None
     show = not (spec.sensitive or hidden)  # sensitive values are never echoed back
     items = compile_field(spec.items, hidden=not show) if spec.items is not None else None
-    props = ({k: (compile_field(v, hidden=not show), v) for k, v in spec.properties.items()}
-             if spec.properties is not None else None)
+    props = (
+        {k: (compile_field(v, hidden=not show), v) for k, v in spec.properties.items()}
+        if spec.properties is not None
+        else None
+    )
 
-    def bad(problems: list[FieldProblem], where: str, code: str, message: str, allowed: list[Any] | None = None) -> None:
+    def bad(
+        problems: list[FieldProblem], where: str, code: str, message: str, allowed: list[Any] | None = None
+    ) -> None:
         problems.append(FieldProblem(where, code, message, allowed))
 
     def check(value: Any, where: str, problems: list[FieldProblem]) -> Any:
@@ -118,11 +129,19 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
                 return bad(problems, where, "type", f"must be a string, got {_type_name(value)}")
             _check_length(value, where, problems, "characters")
             if pattern is not None and not pattern.search(value):
-                bad(problems, where, "pattern", f"must match the pattern {spec.pattern}"
-                    + (f" (got {value[:60]!r})" if show else ""))
+                bad(
+                    problems,
+                    where,
+                    "pattern",
+                    f"must match the pattern {spec.pattern}" + (f" (got {value[:60]!r})" if show else ""),
+                )
             if in_header and (_CONTROL.search(value) or not value.isascii() or value != value.strip(" ")):
-                bad(problems, where, "header",
-                    "must be plain ASCII without line breaks, control characters or surrounding spaces")
+                bad(
+                    problems,
+                    where,
+                    "header",
+                    "must be plain ASCII without line breaks, control characters or surrounding spaces",
+                )
             return value
         if kind == "integer":
             if isinstance(value, float) and not isinstance(value, bool) and value.is_integer():
@@ -132,8 +151,11 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             _check_range(value, where, problems)
             return value
         if kind == "number":
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or (isinstance(value, float) and not math.isfinite(value))):
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or (isinstance(value, float) and not math.isfinite(value))
+            ):
                 return bad(problems, where, "type", f"must be a number, got {_type_name(value)}")
             _check_range(value, where, problems)
             return value
@@ -228,18 +250,23 @@ class ParamValidator:
 
     def _compile(self) -> tuple[dict[str, tuple[Check, FieldSpec]], set[str], dict[str, str]]:
         # two threads may both compile on a first use; either result is the same, and kept
-        fields = {name: (compile_field(spec, in_header=spec.in_ == "header"), spec)
-                  for name, spec in self._action.input.items()}
+        fields = {
+            name: (compile_field(spec, in_header=spec.in_ == "header"), spec)
+            for name, spec in self._action.input.items()
+        }
         path_params = set(re.findall(r"\{([^{}]*)\}", self._action.template))
         # where the HTTP adapter puts each field, for those whose size the URL or a header bounds
         default_place = "query" if self._action.method in ("GET", "DELETE") else "body"
-        places = {name: spec.in_ or ("path" if name in path_params else default_place)
-                  for name, spec in self._action.input.items()}
+        places = {
+            name: spec.in_ or ("path" if name in path_params else default_place)
+            for name, spec in self._action.input.items()
+        }
         self._compiled = fields, path_params, {n: p for n, p in places.items() if p in ("path", "query", "header")}
         return self._compiled
 
-    def validate(self, params: dict[str, Any], max_problems: int | None = DEFAULT_MAX_PROBLEMS
-                 ) -> tuple[dict[str, Any], Problems]:
+    def validate(
+        self, params: dict[str, Any], max_problems: int | None = DEFAULT_MAX_PROBLEMS
+    ) -> tuple[dict[str, Any], Problems]:
         """Check params against the action's input.
 
         Args:
@@ -302,26 +329,43 @@ def _check_wire_sizes(cleaned: dict[str, Any], places: dict[str, str], problems:
         if place == "header":
             size = len(_wire_text(value).encode("utf-8", "replace"))
             if size > MAX_HEADER_VALUE_BYTES:
-                problems.append(FieldProblem(name, "max_length",
-                                             f"is a header value and must be at most {MAX_HEADER_VALUE_BYTES} bytes (got {size})"))
+                problems.append(
+                    FieldProblem(
+                        name,
+                        "max_length",
+                        f"is a header value and must be at most {MAX_HEADER_VALUE_BYTES} bytes (got {size})",
+                    )
+                )
             continue
         size = _encoded_bytes(value, MAX_URL_BYTES)
         if place == "path" and size > MAX_PATH_SEGMENT_BYTES:
-            problems.append(FieldProblem(name, "max_length", f"is a path parameter and must be at most "
-                                         f"{MAX_PATH_SEGMENT_BYTES} bytes once URL-encoded (got {size})"))
+            problems.append(
+                FieldProblem(
+                    name,
+                    "max_length",
+                    f"is a path parameter and must be at most "
+                    f"{MAX_PATH_SEGMENT_BYTES} bytes once URL-encoded (got {size})",
+                )
+            )
             continue
         url_bytes[name] = size + (len(name) + 2 if place == "query" else 0)
     if sum(url_bytes.values()) > MAX_URL_BYTES:
         biggest = max(url_bytes, key=url_bytes.__getitem__)
-        problems.append(FieldProblem(biggest, "max_length", f"makes the URL too long: path and query params together "
-                                     f"must stay within {MAX_URL_BYTES} bytes once URL-encoded "
-                                     f"(got {sum(url_bytes.values())})"))
+        problems.append(
+            FieldProblem(
+                biggest,
+                "max_length",
+                f"makes the URL too long: path and query params together "
+                f"must stay within {MAX_URL_BYTES} bytes once URL-encoded "
+                f"(got {sum(url_bytes.values())})",
+            )
+        )
 
 
 def default_problems(action: ActionSpec) -> list[tuple[str, str]]:
     """(field, message) for each input whose ``default`` breaks its own declaration: such a
     default would be sent downstream for every intent that leaves the field out."""
-    found = []
+    found: list[tuple[str, str]] = []
     for name, spec in action.input.items():
         if spec.default is None:
             continue

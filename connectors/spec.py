@@ -3,6 +3,7 @@
 The YAML shapes of design.md section 4 load into these models unchanged. Every model forbids
 unknown keys so a typo in YAML is an error with a line number, not a silent default.
 """
+
 from __future__ import annotations
 
 import re
@@ -136,12 +137,12 @@ class AuthSpec(_Spec):
 
     type: Literal["none", "api_key", "bearer", "basic", "oauth2_client_credentials"] = "none"
     in_: Literal["header", "query"] = Field(default="header", alias="in")
-    name: str | None = None            # api_key: header or query parameter name
-    key_env: str | None = None         # api_key
-    token_env: str | None = None       # bearer
-    username_env: str | None = None    # basic
-    password_env: str | None = None    # basic
-    token_url: str | None = None       # oauth2_client_credentials
+    name: str | None = None  # api_key: header or query parameter name
+    key_env: str | None = None  # api_key
+    token_env: str | None = None  # bearer
+    username_env: str | None = None  # basic
+    password_env: str | None = None  # basic
+    token_url: str | None = None  # oauth2_client_credentials
     client_id_env: str | None = None
     client_secret_env: str | None = None
     scope: str | None = None
@@ -165,7 +166,7 @@ class ErrorRule(_Spec):
     """Maps a downstream answer to a reach code with the system's own words for a model."""
 
     status: int = Field(ge=100, le=599)
-    field: str | None = None           # dotted path into the JSON body, e.g. error.code
+    field: str | None = None  # dotted path into the JSON body, e.g. error.code
     equals: Any = None
     code: str
     message: str | None = None
@@ -190,7 +191,9 @@ def split_path(path: str) -> tuple[str, str]:
     if method not in HTTP_METHODS:
         raise ValueError(f"method {method!r} in path is not one of {', '.join(HTTP_METHODS)}")
     if not template.startswith("/") or "://" in template or any(c in template for c in " \t\r\n?#"):
-        raise ValueError(f"template {template!r} must be an absolute path like /tickets/{{tid}} (no scheme, query or fragment)")
+        raise ValueError(
+            f"template {template!r} must be an absolute path like /tickets/{{tid}} (no scheme, query or fragment)"
+        )
     for name in PATH_PARAM.findall(template):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise ValueError(f"path parameter {{{name}}} is not a valid name")
@@ -302,8 +305,7 @@ class ConnectorSpec(_Spec):
     @classmethod
     def _name(cls, v: str) -> str:
         if not AGENT_ID_PATTERN.match(v) or "__" in v:
-            raise ValueError(f"connector name {v!r} must be {NAME_RULE} (pattern ^[a-z][a-z0-9_]{{0,62}}$, "
-                             "no '__')")
+            raise ValueError(f"connector name {v!r} must be {NAME_RULE} (pattern ^[a-z][a-z0-9_]{{0,62}}$, no '__')")
         if v in RESERVED_CONNECTOR_NAMES:
             raise ValueError(f"connector name {v!r} is reserved")
         return v

@@ -3,6 +3,7 @@
 Its code ships inside the package, so ``reach demo`` finds it after a plain ``pip install``:
 ``workers/ops/demo_assets/ticket_system.py`` is the source (read that one); this file only runs it.
 """
+
 from __future__ import annotations
 
 import sys

@@ -33,8 +33,16 @@ from pydantic import ValidationError
 
 from producers.settings import DEFAULT_BROKER_URL, ClientSettings
 from producers.tools import EXPORT_FORMATS, ToolSpec, export
-from producers.wire import (AGENT_ID_PATTERN, INTENT_ROUTING_KEY, INTENTS_EXCHANGE_NAME, LIST_TOOLS_ACTION, NAME_RULE,
-                            RECEIPTS_EXCHANGE_NAME, Intent, Receipt)
+from producers.wire import (
+    AGENT_ID_PATTERN,
+    INTENT_ROUTING_KEY,
+    INTENTS_EXCHANGE_NAME,
+    LIST_TOOLS_ACTION,
+    NAME_RULE,
+    RECEIPTS_EXCHANGE_NAME,
+    Intent,
+    Receipt,
+)
 
 __all__ = [
     "DEFAULT_BROKER_URL",
@@ -150,9 +158,7 @@ class ReachClient:
         """
         if not isinstance(agent_id, str) or not AGENT_ID_PATTERN.match(agent_id):
             raise ValueError(f"agent_id must be {NAME_RULE}")
-        if reply_to is not None and (
-            not 1 <= len(reply_to) <= 255 or any(c in reply_to for c in "*#")
-        ):
+        if reply_to is not None and (not 1 <= len(reply_to) <= 255 or any(c in reply_to for c in "*#")):
             raise ValueError("reply_to must be 1-255 characters without the wildcards * or #")
         if user_id is not None and authenticated:
             raise ValueError("give user_id or authenticated=True, not both")
@@ -231,15 +237,12 @@ class ReachClient:
             self._conn.release()
             self._closed = True
             raise ReachError(
-                "the fleet's exchanges do not exist on this broker; run `reach setup` or start "
-                "`reach router`"
+                "the fleet's exchanges do not exist on this broker; run `reach setup` or start `reach router`"
             ) from exc
         except self._broker_errors() as exc:
             self._conn.release()
             self._closed = True
-            raise ReachError(
-                f"cannot set up with the broker at {self._conn.as_uri()}: {exc}"
-            ) from exc
+            raise ReachError(f"cannot set up with the broker at {self._conn.as_uri()}: {exc}") from exc
         except BaseException:
             self._conn.release()
             self._closed = True
@@ -289,9 +292,7 @@ class ReachClient:
         }
         if isinstance(deadline, datetime):
             if deadline.tzinfo is None:
-                raise ValueError(
-                    "deadline must be timezone-aware (e.g. datetime.now(timezone.utc))"
-                )
+                raise ValueError("deadline must be timezone-aware (e.g. datetime.now(timezone.utc))")
             deadline = deadline.isoformat()
         optional = {
             "idempotency_key": idempotency_key,
@@ -310,9 +311,7 @@ class ReachClient:
         self._publish(body, headers={"agent_id": self.agent_id}, message_id=intent_id)
         return intent_id
 
-    def publish_raw(
-        self, body: bytes, *, headers: dict[str, Any] | None = None, message_id: str | None = None
-    ) -> None:
+    def publish_raw(self, body: bytes, *, headers: dict[str, Any] | None = None, message_id: str | None = None) -> None:
         """Publish a body as it is, e.g. a foreign tool call or a deliberately broken intent.
 
         Args:
@@ -330,9 +329,7 @@ class ReachClient:
             message_id=message_id,
         )
 
-    def call(
-        self, action: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0, **kw: Any
-    ) -> Receipt:
+    def call(self, action: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0, **kw: Any) -> Receipt:
         """Publish an intent and wait for its receipt.
 
         Args:
@@ -414,23 +411,17 @@ class ReachClient:
             ReceiptTimeout: No answer in time (is the router running?).
         """
         if fmt not in EXPORT_FORMATS:
-            raise ValueError(
-                f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}"
-            )
+            raise ValueError(f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
         receipt = self.call(LIST_TOOLS_ACTION, {}, timeout=timeout)
         if receipt.status != "succeeded":
             raise ReachError.from_receipt(receipt)
         data = receipt.data
         if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
-            raise ReachError(
-                f"intent {receipt.intent_id}: the tool list receipt has no 'tools' list", receipt
-            )
+            raise ReachError(f"intent {receipt.intent_id}: the tool list receipt has no 'tools' list", receipt)
         try:
             specs = [ToolSpec.from_dict(d) for d in data["tools"]]
         except ValueError as exc:
-            raise ReachError(
-                f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt
-            ) from exc
+            raise ReachError(f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt) from exc
         return export(specs, fmt)
 
     def close(self) -> None:
@@ -513,9 +504,7 @@ class ReachClient:
     def _on_message(self, message: Message) -> None:
         content_type = (message.content_type or "application/json").split(";")[0].strip().lower()
         if content_type != "application/json":
-            log.warning(
-                "ignoring a receipt with content type %r: only JSON is accepted", content_type
-            )
+            log.warning("ignoring a receipt with content type %r: only JSON is accepted", content_type)
             return
         try:
             receipt = Receipt.model_validate_json(message.body)
@@ -526,8 +515,14 @@ class ReachClient:
             # the fleet publishes a stored receipt again when a pool died after the broker
             # confirmed it and before recording that it had: the very same receipt
             error = receipt.error
-            fingerprint = (receipt.agent_id, receipt.intent_id, receipt.status, error.code if error else None,
-                           receipt.execution.trace_id, receipt.execution.finished_at)
+            fingerprint = (
+                receipt.agent_id,
+                receipt.intent_id,
+                receipt.status,
+                error.code if error else None,
+                receipt.execution.trace_id,
+                receipt.execution.finished_at,
+            )
             if fingerprint in self._seen:
                 self.duplicate_receipts += 1
                 log.info("dropping a repeated receipt for intent %s", receipt.intent_id)

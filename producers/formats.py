@@ -20,8 +20,18 @@ from typing import Any
 
 from producers.wire import INTENT_ID_PATTERN
 
-__all__ = ["DEFAULT_MAX_DEPTH", "FORMATS", "FormatError", "Normalized", "TooDeep", "json_depth", "loads_strict",
-           "normalize", "top_level_string", "value_depth"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "FORMATS",
+    "FormatError",
+    "Normalized",
+    "TooDeep",
+    "json_depth",
+    "loads_strict",
+    "normalize",
+    "top_level_string",
+    "value_depth",
+]
 
 # how deep params may nest; a document may nest a few levels more (the intent around its params,
 # an MCP request around its arguments)
@@ -85,7 +95,7 @@ def top_level_string(text: str, key: str) -> str | None:
     (for identifying the sender of an intent refused for its nesting), or None. Bounded: linear."""
     pattern = re.compile(r'"' + re.escape(key) + r'"\s*:\s*"([^"\\]{1,128})"')
     for match in pattern.finditer(text):
-        prefix = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text[:match.start()]))
+        prefix = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text[: match.start()]))
         if prefix.count("{") + prefix.count("[") - prefix.count("}") - prefix.count("]") == 1:
             return match.group(1)
     return None
@@ -128,8 +138,7 @@ def loads_strict(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH + ENVELOP
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise FormatError(
-                f"the message is not valid UTF-8 (bad byte at offset {exc.start}); "
-                "send JSON encoded as UTF-8"
+                f"the message is not valid UTF-8 (bad byte at offset {exc.start}); send JSON encoded as UTF-8"
             ) from exc
     elif isinstance(data, str):
         text = data
@@ -150,9 +159,7 @@ def loads_strict(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH + ENVELOP
     except RecursionError as exc:
         raise FormatError("the JSON is nested too deeply; flatten it") from exc
     except json.JSONDecodeError as exc:
-        raise FormatError(
-            f"the message is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+        raise FormatError(f"the message is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except ValueError as exc:
         # the only other ValueError json raises: an integer beyond the interpreter's digit limit
         raise FormatError(
@@ -202,25 +209,19 @@ def normalize(doc: Any) -> Normalized:
 def _from_openai(doc: dict[str, Any]) -> dict[str, Any]:
     function = doc.get("function")
     if not isinstance(function, dict):
-        raise FormatError(
-            "OpenAI tool call: 'function' must be an object with 'name' and 'arguments'"
-        )
+        raise FormatError("OpenAI tool call: 'function' must be an object with 'name' and 'arguments'")
     name = _tool_name(function.get("name"), "OpenAI tool call", "function.name")
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         raise FormatError(
-            "OpenAI tool call: 'function.arguments' must be a string holding a JSON object, "
-            f"got {_describe(arguments)}"
+            f"OpenAI tool call: 'function.arguments' must be a string holding a JSON object, got {_describe(arguments)}"
         )
     try:
         params = loads_strict(arguments)
     except FormatError as exc:
         raise FormatError(f"OpenAI tool call: 'function.arguments' is not usable: {exc}") from exc
     if not isinstance(params, dict):
-        raise FormatError(
-            "OpenAI tool call: 'function.arguments' must hold a JSON object, "
-            f"got {_describe(params)}"
-        )
+        raise FormatError(f"OpenAI tool call: 'function.arguments' must hold a JSON object, got {_describe(params)}")
     return _native(name, params, doc.get("id"))
 
 
@@ -234,29 +235,21 @@ def _from_anthropic(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _from_mcp(doc: dict[str, Any]) -> dict[str, Any]:
     if doc.get("jsonrpc") != "2.0":
-        raise FormatError(
-            f"MCP request: 'jsonrpc' must be \"2.0\", got {_describe(doc.get('jsonrpc'))}"
-        )
+        raise FormatError(f"MCP request: 'jsonrpc' must be \"2.0\", got {_describe(doc.get('jsonrpc'))}")
     method = doc.get("method")
     if method != "tools/call":
-        raise FormatError(
-            "MCP request: 'method' must be \"tools/call\" on the intent queue, "
-            f"got {_describe(method)}"
-        )
+        raise FormatError(f"MCP request: 'method' must be \"tools/call\" on the intent queue, got {_describe(method)}")
     call = doc.get("params")
     if not isinstance(call, dict):
         raise FormatError(
-            "MCP tools/call: 'params' must be an object with 'name' and 'arguments', "
-            f"got {_describe(call)}"
+            f"MCP tools/call: 'params' must be an object with 'name' and 'arguments', got {_describe(call)}"
         )
     name = _tool_name(call.get("name"), "MCP tools/call", "params.name")
     params = call.get("arguments")
     if params is None:
         params = {}
     elif not isinstance(params, dict):
-        raise FormatError(
-            f"MCP tools/call: 'params.arguments' must be an object, got {_describe(params)}"
-        )
+        raise FormatError(f"MCP tools/call: 'params.arguments' must be an object, got {_describe(params)}")
     # JSON-RPC ids count from 1 in every MCP session: as intent ids they would collide (and
     # replay old outcomes through the idempotency ledger); the AMQP message_id, or a new id, is used
     return _native(name, params, None)
@@ -272,9 +265,7 @@ def _from_langchain(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _tool_name(value: Any, shape: str, field: str) -> str:
     if not isinstance(value, str) or not value:
-        raise FormatError(
-            f"{shape}: '{field}' must be a non-empty string (the tool name), got {_describe(value)}"
-        )
+        raise FormatError(f"{shape}: '{field}' must be a non-empty string (the tool name), got {_describe(value)}")
     return value
 
 
@@ -309,9 +300,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise FormatError(
-                    f"the JSON object has the key {key[:64]!r} more than once; send each key once"
-                )
+                raise FormatError(f"the JSON object has the key {key[:64]!r} more than once; send each key once")
             seen.add(key)
     return obj
 
@@ -344,8 +333,7 @@ def _reject_lone_surrogates(value: Any) -> None:
         if isinstance(item, str):
             if not _is_encodable(item):
                 raise FormatError(
-                    "the JSON contains an unpaired UTF-16 surrogate (\\ud800-\\udfff); "
-                    "send valid Unicode text"
+                    "the JSON contains an unpaired UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode text"
                 )
         elif isinstance(item, dict):
             stack.extend(item.keys())

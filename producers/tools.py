@@ -147,7 +147,5 @@ def export(tools: Iterable[ToolSpec], fmt: str) -> list[dict[str, Any]]:
     try:
         exporter = _EXPORTERS[fmt]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}"
-        ) from None
+        raise ValueError(f"unknown tool format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}") from None
     return exporter(tools)

@@ -18,6 +18,7 @@ Error codes, grouped by the receipt status they produce::
 
     * retryable: sending the same intent again later can succeed.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Shared fixtures. Integration tests need the real RabbitMQ and Redis that `bash .ci/test`
 starts; when those are missing the tests FAIL (never skip), so a broken CI cannot look green."""
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _services_for_integration(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("integration") is None:
         return
-    missing = [name for name, url, port in (("RabbitMQ", BROKER_URL, 5672), ("Redis", REDIS_URL, 6379))
-               if not reachable(url, port)]
+    missing = [
+        name
+        for name, url, port in (("RabbitMQ", BROKER_URL, 5672), ("Redis", REDIS_URL, 6379))
+        if not reachable(url, port)
+    ]
     if missing:
-        pytest.fail(f"{' and '.join(missing)} not reachable ({BROKER_URL}, {REDIS_URL}); "
-                    "run the suite with `bash .ci/test`, which starts them")
+        pytest.fail(
+            f"{' and '.join(missing)} not reachable ({BROKER_URL}, {REDIS_URL}); "
+            "run the suite with `bash .ci/test`, which starts them"
+        )

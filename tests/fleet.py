@@ -1,4 +1,5 @@
 """Test harness: a real fleet (``reach router`` + ``reach worker`` processes) on the real broker."""
+
 from __future__ import annotations
 
 import atexit
@@ -10,9 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kombu import Connection
 
@@ -41,8 +42,12 @@ def _isolated() -> tuple[str, str]:
     user = parts.username or "guest"
     try:
         subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
-        subprocess.run(["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     except (subprocess.SubprocessError, OSError):
         return SHARED_BROKER_URL, SHARED_REDIS_URL  # not ours to manage: share (and run alone)
     atexit.register(lambda: subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60))
@@ -97,14 +102,21 @@ def purge(*names: str) -> None:
 class Fleet:
     """Starts the router and one pool per named connector against a catalog text."""
 
-    def __init__(self, catalog_yaml: str, pools: list[str], *, env: dict[str, str] | None = None,
-                 log_dir: Path | None = None) -> None:
+    def __init__(
+        self, catalog_yaml: str, pools: list[str], *, env: dict[str, str] | None = None, log_dir: Path | None = None
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="reach-test-catalog-"))
         (self.dir / "catalog.yaml").write_text(catalog_yaml)
         self.pools = pools
         self.log_dir = log_dir or self.dir
-        self.env = dict(os.environ, REACH_CATALOG=str(self.dir), REACH_BROKER_URL=BROKER_URL, REACH_REDIS_URL=REDIS_URL,
-                        REACH_LOG_LEVEL="INFO", **(env or {}))
+        self.env = dict(
+            os.environ,
+            REACH_CATALOG=str(self.dir),
+            REACH_BROKER_URL=BROKER_URL,
+            REACH_REDIS_URL=REDIS_URL,
+            REACH_LOG_LEVEL="INFO",
+            **(env or {}),
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, timeout: float = 60.0) -> Fleet:
@@ -147,11 +159,19 @@ class Fleet:
                         raise RuntimeError(f"router did not answer; see {self.log_dir}") from None
         return self
 
-    def start_process(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start_process(
+        self, name: str, args: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")
         env = dict(self.env, REACH_METRICS_PORT=str(free_port()), **(extra_env or {}))
-        proc = subprocess.Popen([sys.executable, "-m", "workers.ops.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.ops.cli", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
         self.procs[name] = proc
         return proc
 

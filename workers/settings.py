@@ -5,6 +5,7 @@ README while it still has one); ``tests/unit/test_settings.py`` holds them toget
 ``Settings(...)`` takes its keyword arguments and nothing else, so tests and benchmarks build it
 directly instead of patching the environment.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -74,23 +75,32 @@ class Settings(EnvironSettings):
 
     broker_url: str = Field(DEFAULT_BROKER_URL, min_length=1, description="RabbitMQ (AMQP URL)")
     redis_url: str = Field(DEFAULT_REDIS_URL, min_length=1, description="Redis (receipt store, rate-limit buckets)")
-    catalog_dir: str = Field("catalog", min_length=1, validation_alias="REACH_CATALOG",
-                             description="catalog directory")
-    metrics_port: int | None = Field(None, ge=1, le=65535,
-                                     description="serve Prometheus metrics and probes on this port; unset: no server")
+    catalog_dir: str = Field("catalog", min_length=1, validation_alias="REACH_CATALOG", description="catalog directory")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serve Prometheus metrics and probes on this port; unset: no server"
+    )
     max_intent_bytes: int = Field(256 * 1024, ge=64, description="larger intents get INVALID_INTENT")
-    receipt_ttl_seconds: Seconds = Field(24 * 3600, validation_alias="REACH_RECEIPT_TTL",
-                                         description="how long receipts stay in Redis (seconds or a duration like 24h)")
+    receipt_ttl_seconds: Seconds = Field(
+        24 * 3600,
+        validation_alias="REACH_RECEIPT_TTL",
+        description="how long receipts stay in Redis (seconds or a duration like 24h)",
+    )
     # read past a flood: fair lanes need it (workers/transport/consuming.py)
     router_prefetch: int = Field(2000, ge=1, description="intents the router reads ahead")
-    router_hold_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
-                                   description="bytes of intents the router holds; past 3/4 of it, it reads one at a time")
+    router_hold_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of intents the router holds; past 3/4 of it, it reads one at a time",
+    )
     router_fair: Flag = Field(True, description="one lane per sender; 0 routes in arrival order (for benchmarks)")
     router_threads: int = Field(8, ge=1, description="intents the router routes at once")
     log_level: str = Field("INFO", description="a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
     require_user_id: Flag = Field(False, description="only accept intents with the broker-validated AMQP user_id")
-    idempotency_ttl_seconds: Seconds = Field(24 * 3600, validation_alias="REACH_IDEMPOTENCY_TTL",
-                                             description="how long idempotency records are kept (seconds or a duration)")
+    idempotency_ttl_seconds: Seconds = Field(
+        24 * 3600,
+        validation_alias="REACH_IDEMPOTENCY_TTL",
+        description="how long idempotency records are kept (seconds or a duration)",
+    )
     max_deliveries: int = Field(5, ge=1, description="deliveries of one intent before it is dead-lettered as poison")
     # hostile-input bounds (docs/contract.md "Limits")
     max_depth: int = Field(32, ge=2, description="how deep params (and a system's answer in data) may nest")
@@ -98,8 +108,11 @@ class Settings(EnvironSettings):
     max_receipt_bytes: int = Field(1024 * 1024, ge=4096, description="a larger receipt is cut down before it is sent")
     dlq_max_length: int = Field(10_000, ge=1, description="dead letters kept in reach.dlq (newest refused past it)")
     dlq_max_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes kept in reach.dlq")
-    dlq_ttl_seconds: Seconds = Field(7 * 24 * 3600, validation_alias="REACH_DLQ_TTL",
-                                     description="age after which the broker drops a dead letter (seconds or a duration)")
+    dlq_ttl_seconds: Seconds = Field(
+        7 * 24 * 3600,
+        validation_alias="REACH_DLQ_TTL",
+        description="age after which the broker drops a dead letter (seconds or a duration)",
+    )
     dlq_keep_unparsable: Flag = Field(False, description="keep the bytes of a body that could not be parsed")
     agent_invalid_rate: RateText = Field("20/sec", description="invalid intents an agent may send before they cost it")
 
@@ -132,7 +145,9 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
     known = [env_name(Settings, field) for field in Settings.model_fields]
     for name in environ:
         if name.startswith("REACH_") and name not in known and name not in _NOT_SETTINGS:
-            close = difflib.get_close_matches(name.removeprefix("REACH_"), [k.removeprefix("REACH_") for k in known], n=1)
+            close = difflib.get_close_matches(
+                name.removeprefix("REACH_"), [k.removeprefix("REACH_") for k in known], n=1
+            )
             hint = f" (did you mean REACH_{close[0]}?)" if close else ""
             log.warning("%s is not a setting and is ignored%s", name, hint)
 

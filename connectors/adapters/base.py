@@ -1,4 +1,5 @@
 """What every protocol adapter returns: an Outcome, never an exception about the system."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

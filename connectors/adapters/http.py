@@ -12,6 +12,7 @@ An answer nested deeper than ``max_depth`` or larger than ``max_response_bytes``
 2xx keeps its success with ``data`` replaced by an ``{"_reach_omitted": ...}`` marker — except a read
 that declares an ``output``, which is DOWNSTREAM_CONTRACT_VIOLATION (a write's effect never turns into a failure).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from array import array
 from collections.abc import Mapping
 from datetime import date, datetime
 from itertools import accumulate
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
@@ -30,8 +31,15 @@ import httpx
 
 from connectors.adapters.base import CallContext, Outcome
 from connectors.auth import TokenError, build_auth
-from connectors.schema import (MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES, Check, FieldProblem,
-                               Problems, compile_field)
+from connectors.schema import (
+    MAX_HEADER_VALUE_BYTES,
+    MAX_PATH_SEGMENT_BYTES,
+    MAX_URL_BYTES,
+    Check,
+    FieldProblem,
+    Problems,
+    compile_field,
+)
 from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
 from producers.wire import ErrorCode
 
@@ -115,7 +123,7 @@ class _NoCookies(httpx.Cookies):
 class _Client(httpx.Client):
     """An httpx client without a cookie jar (see ``_NoCookies``)."""
 
-    @property  # type: ignore[override]
+    @property
     def cookies(self) -> httpx.Cookies:
         return _NO_COOKIES
 
@@ -207,8 +215,10 @@ class HttpAdapter:
             if place == "path":
                 segment = encode_path_segment(converted)
                 if len(segment) > MAX_PATH_SEGMENT_BYTES:
-                    raise UnsafeRequest(f"path parameter {name!r} is longer than {MAX_PATH_SEGMENT_BYTES} bytes "
-                                        "once URL-encoded", field=name)
+                    raise UnsafeRequest(
+                        f"path parameter {name!r} is longer than {MAX_PATH_SEGMENT_BYTES} bytes once URL-encoded",
+                        field=name,
+                    )
                 path_values[name] = segment
             elif place == "query":
                 if converted is None:
@@ -220,19 +230,29 @@ class HttpAdapter:
                     continue
                 text = _scalar_text(converted)
                 if not _header_safe(text):
-                    raise UnsafeRequest(f"header value for {name!r} must be plain ASCII without control characters",
-                                        field=name, code="header")
+                    raise UnsafeRequest(
+                        f"header value for {name!r} must be plain ASCII without control characters",
+                        field=name,
+                        code="header",
+                    )
                 if len(text) > MAX_HEADER_VALUE_BYTES:
-                    raise UnsafeRequest(f"header value for {name!r} is longer than {MAX_HEADER_VALUE_BYTES} bytes", field=name)
+                    raise UnsafeRequest(
+                        f"header value for {name!r} is longer than {MAX_HEADER_VALUE_BYTES} bytes", field=name
+                    )
                 headers[wire] = text
             else:
                 body[wire] = converted
         path = PATH_PARAM.sub(lambda m: path_values[m.group(1)], template)
-        for header, value in ((self.connector.idempotency_header, ctx.idempotency_key), ("traceparent", ctx.traceparent)):
+        for header, value in (
+            (self.connector.idempotency_header, ctx.idempotency_key),
+            ("traceparent", ctx.traceparent),
+        ):
             if header and value:
                 if not _header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
-                    raise UnsafeRequest(f"the {header} value must be plain ASCII without control characters, "
-                                        f"at most {MAX_HEADER_VALUE_BYTES} bytes")
+                    raise UnsafeRequest(
+                        f"the {header} value must be plain ASCII without control characters, "
+                        f"at most {MAX_HEADER_VALUE_BYTES} bytes"
+                    )
                 headers[header] = value
         content = None
         if method not in ("GET", "DELETE") or body:
@@ -248,7 +268,9 @@ class HttpAdapter:
                 url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii"))
                 if path == template:  # no path params: the same URL every time (one per action)
                     self._urls[path] = url
-            request = self._client.build_request(method, url, params=query or None, headers=headers, content=content)
+            request = self._client.build_request(
+                method, url, params=cast(Any, query) or None, headers=headers, content=content
+            )
         except httpx.InvalidURL as exc:  # httpx's own bound (64 KiB a component): far past ours
             raise UnsafeRequest(f"the request URL is longer than {MAX_URL_BYTES} bytes") from exc
         if len(request.url.raw_path) > MAX_URL_BYTES:
@@ -272,9 +294,15 @@ class HttpAdapter:
             request = self.build_request(action, params, ctx)
         except UnsafeRequest as exc:
             details = [{"field": exc.field, "code": exc.code, "message": str(exc)}] if exc.field else []
-            return Outcome(False, code=ErrorCode.VALIDATION_FAILED, message=str(exc), sent=False, details=details,
-                           suggestion="Remove control characters and path tricks from the params, keep URL and "
-                                      "header values short, and send again.")
+            return Outcome(
+                False,
+                code=ErrorCode.VALIDATION_FAILED,
+                message=str(exc),
+                sent=False,
+                details=details,
+                suggestion="Remove control characters and path tricks from the params, keep URL and "
+                "header values short, and send again.",
+            )
         safe_to_repeat = self.connector.safe_to_repeat(action)
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         request.extensions["timeout"] = httpx.Timeout(timeout, connect=min(timeout, 5.0)).as_dict()
@@ -286,40 +314,77 @@ class HttpAdapter:
             finally:
                 response.close()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return self._failed(ErrorCode.DOWNSTREAM_UNREACHABLE, f"could not connect to {self.connector.name}: {type(exc).__name__}",
-                                "The system is unreachable; retry later.", started, sent=False)
+            return self._failed(
+                ErrorCode.DOWNSTREAM_UNREACHABLE,
+                f"could not connect to {self.connector.name}: {type(exc).__name__}",
+                "The system is unreachable; retry later.",
+                started,
+                sent=False,
+            )
         except httpx.TimeoutException:
             if safe_to_repeat:
-                return self._failed(ErrorCode.DOWNSTREAM_TIMEOUT, f"{self.connector.name} did not answer within {timeout:g}s",
-                                    "Retry later; the action is safe to repeat.", started)
-            return self._unknown(f"{self.connector.name} did not answer within {timeout:g}s after the request was sent", action, started)
+                return self._failed(
+                    ErrorCode.DOWNSTREAM_TIMEOUT,
+                    f"{self.connector.name} did not answer within {timeout:g}s",
+                    "Retry later; the action is safe to repeat.",
+                    started,
+                )
+            return self._unknown(
+                f"{self.connector.name} did not answer within {timeout:g}s after the request was sent", action, started
+            )
         except TokenError as exc:
-            return self._failed(ErrorCode.DOWNSTREAM_AUTH_FAILED, f"could not obtain an access token: {exc}",
-                                "The connector's credentials were refused; do not retry. Tell an operator.", started,
-                                sent=False)
+            return self._failed(
+                ErrorCode.DOWNSTREAM_AUTH_FAILED,
+                f"could not obtain an access token: {exc}",
+                "The connector's credentials were refused; do not retry. Tell an operator.",
+                started,
+                sent=False,
+            )
         except httpx.LocalProtocolError as exc:
             # the HTTP library refused to form the request: nothing was sent
-            return self._failed(ErrorCode.VALIDATION_FAILED, f"the request could not be formed: {exc}",
-                                "Remove control characters and surrounding spaces from the params and send again.",
-                                started, sent=False)
+            return self._failed(
+                ErrorCode.VALIDATION_FAILED,
+                f"the request could not be formed: {exc}",
+                "Remove control characters and surrounding spaces from the params and send again.",
+                started,
+                sent=False,
+            )
         except _ResponseTooLarge as exc:
-            omitted: dict[str, Any] = {"_reach_omitted": f"the system's answer is larger than {self._max_response_bytes} "
-                                                         "bytes, the limit"}
+            omitted: dict[str, Any] = {
+                "_reach_omitted": f"the system's answer is larger than {self._max_response_bytes} bytes, the limit"
+            }
             if exc.declared_bytes is not None:
                 omitted["bytes"] = exc.declared_bytes
-            return self._map_response(action, exc.response, b"", (time.perf_counter() - started) * 1000, omitted=omitted)
+            return self._map_response(
+                action, exc.response, b"", (time.perf_counter() - started) * 1000, omitted=omitted
+            )
         except (httpx.TransportError, httpx.DecodingError) as exc:
             if safe_to_repeat:
-                return self._failed(ErrorCode.DOWNSTREAM_ERROR, f"connection to {self.connector.name} failed: {type(exc).__name__}",
-                                    "Retry later; the action is safe to repeat.", started)
-            return self._unknown(f"the connection to {self.connector.name} broke after the request was sent ({type(exc).__name__})",
-                                 action, started)
+                return self._failed(
+                    ErrorCode.DOWNSTREAM_ERROR,
+                    f"connection to {self.connector.name} failed: {type(exc).__name__}",
+                    "Retry later; the action is safe to repeat.",
+                    started,
+                )
+            return self._unknown(
+                f"the connection to {self.connector.name} broke after the request was sent ({type(exc).__name__})",
+                action,
+                started,
+            )
         elapsed = (time.perf_counter() - started) * 1000
         max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
         depth = _depth_past(raw, max_depth)
         if depth is not None:
-            return self._map_response(action, response, raw, elapsed, omitted={
-                "_reach_omitted": f"the system's answer nests {depth} levels; the limit is {max_depth}", "bytes": len(raw)})
+            return self._map_response(
+                action,
+                response,
+                raw,
+                elapsed,
+                omitted={
+                    "_reach_omitted": f"the system's answer nests {depth} levels; the limit is {max_depth}",
+                    "bytes": len(raw),
+                },
+            )
         return self._map_response(action, response, raw, elapsed)
 
     def _read_capped(self, response: httpx.Response, deadline: float) -> bytes:
@@ -336,47 +401,93 @@ class HttpAdapter:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _failed(self, code: ErrorCode, message: str, suggestion: str, started: float, *, sent: bool = True,
-                status: int | None = None, retry_after_ms: int | None = None) -> Outcome:
-        return Outcome(False, code=code, message=message, suggestion=suggestion, sent=sent, http_status=status,
-                       retry_after_ms=retry_after_ms, downstream_ms=(time.perf_counter() - started) * 1000)
+    def _failed(
+        self,
+        code: ErrorCode,
+        message: str,
+        suggestion: str,
+        started: float,
+        *,
+        sent: bool = True,
+        status: int | None = None,
+        retry_after_ms: int | None = None,
+    ) -> Outcome:
+        return Outcome(
+            False,
+            code=code,
+            message=message,
+            suggestion=suggestion,
+            sent=sent,
+            http_status=status,
+            retry_after_ms=retry_after_ms,
+            downstream_ms=(time.perf_counter() - started) * 1000,
+        )
 
     def _unknown(self, message: str, action: ActionSpec, started: float) -> Outcome:
-        return self._failed(ErrorCode.OUTCOME_UNKNOWN, message, self.connector.check_first_suggestion(action.action),
-                            started)
+        return self._failed(
+            ErrorCode.OUTCOME_UNKNOWN, message, self.connector.check_first_suggestion(action.action), started
+        )
 
-    def _map_response(self, action: ActionSpec, response: httpx.Response, raw: bytes, elapsed_ms: float, *,
-                      omitted: dict[str, Any] | None = None) -> Outcome:
+    def _map_response(
+        self,
+        action: ActionSpec,
+        response: httpx.Response,
+        raw: bytes,
+        elapsed_ms: float,
+        *,
+        omitted: dict[str, Any] | None = None,
+    ) -> Outcome:
         """``omitted``: the answer was too large or too deep to parse; this marker stands for its data."""
         status = response.status_code
         body = None if omitted is not None else _decode_body(raw)
         for rule in action.errors:
             if rule.status == status and (rule.field is None or _dig(body, rule.field) == rule.equals):
                 code = ErrorCode(rule.code)
-                return Outcome(False, code=code, message=rule.message or _system_message(body, status),
-                               suggestion=rule.suggestion or _default_suggestion(code), http_status=status,
-                               downstream_ms=elapsed_ms)
+                return Outcome(
+                    False,
+                    code=code,
+                    message=rule.message or _system_message(body, status),
+                    suggestion=rule.suggestion or _default_suggestion(code),
+                    http_status=status,
+                    downstream_ms=elapsed_ms,
+                )
         if 200 <= status < 300 and omitted is not None:
             if self._outputs[action.action] and action.is_idempotent and not action.is_write:
-                return Outcome(False, code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
-                               message=f"{self.connector.name} answered {status} but {omitted['_reach_omitted']}",
-                               suggestion="The answer cannot be checked against the declared output; tell an operator.",
-                               http_status=status, downstream_ms=elapsed_ms)
+                return Outcome(
+                    False,
+                    code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
+                    message=f"{self.connector.name} answered {status} but {omitted['_reach_omitted']}",
+                    suggestion="The answer cannot be checked against the declared output; tell an operator.",
+                    http_status=status,
+                    downstream_ms=elapsed_ms,
+                )
             # a write's effect happened (the system said so): it stays a success, without the data
             return Outcome(True, data=omitted, http_status=status, downstream_ms=elapsed_ms)
         if 200 <= status < 300:
             data = body if isinstance(body, dict) else ({} if body is None else {"result": body})
             problems = _check_output(self._outputs[action.action], data)
             if problems:
-                return Outcome(False, code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
-                               message=f"{self.connector.name} answered {status} but the response breaks the declared output",
-                               suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
-                               details=problems, http_status=status, downstream_ms=elapsed_ms)
+                return Outcome(
+                    False,
+                    code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
+                    message=f"{self.connector.name} answered {status} but the response breaks the declared output",
+                    suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
+                    details=problems,
+                    http_status=status,
+                    downstream_ms=elapsed_ms,
+                )
             return Outcome(True, data=data, http_status=status, downstream_ms=elapsed_ms)
         code = _status_code(status)
         retry_after = _retry_after_ms(response.headers.get("Retry-After")) if status in (429, 503) else None
-        return Outcome(False, code=code, message=_system_message(body, status), suggestion=_default_suggestion(code),
-                       http_status=status, retry_after_ms=retry_after, downstream_ms=elapsed_ms)
+        return Outcome(
+            False,
+            code=code,
+            message=_system_message(body, status),
+            suggestion=_default_suggestion(code),
+            http_status=status,
+            retry_after_ms=retry_after,
+            downstream_ms=elapsed_ms,
+        )
 
 
 class _ResponseTooLarge(Exception):

@@ -1,4 +1,5 @@
 """Rendering helm/ with real Helm: helm-python-sdk binds Helm v4's Go SDK (no helm binary, offline)."""
+
 from __future__ import annotations
 
 import copy
@@ -48,14 +49,16 @@ class Rendered:
 
     def pool(self, connector: str) -> dict[str, Any]:
         """The Deployment of a connector's pool, found by its connector label."""
-        matches = [d for d in self.of_kind("Deployment")
-                   if d["metadata"]["labels"].get("agent-reach/connector") == connector]
+        matches = [
+            d for d in self.of_kind("Deployment") if d["metadata"]["labels"].get("agent-reach/connector") == connector
+        ]
         assert len(matches) == 1, f"pool {connector}: {len(matches)} Deployments"
         return matches[0]
 
     def component(self, component: str) -> dict[str, Any]:
-        matches = [d for d in self.of_kind("Deployment")
-                   if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+        matches = [
+            d for d in self.of_kind("Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ]
         assert len(matches) == 1, f"{component}: {len(matches)} Deployments"
         return matches[0]
 

@@ -1,5 +1,6 @@
 """The Dockerfile and docker-compose.yml: Docker cannot run here, so check what can be checked —
 they parse, name only files and `reach` commands that exist, and agree with the chart."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -42,17 +43,23 @@ def _final_stage() -> list[tuple[str, str]]:
 
 
 def _ignored(path: str) -> bool:
-    patterns = [p.strip() for p in (REPO / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip() for p in (REPO / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")
+    ]
     parts = Path(path).parts
     prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    return any(fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) or fnmatch.fnmatch(prefix, pattern)
-               for pattern in patterns for prefix in prefixes)
+    return any(
+        fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) or fnmatch.fnmatch(prefix, pattern)
+        for pattern in patterns
+        for prefix in prefixes
+    )
 
 
 def test_dockerfile_copies_only_files_that_exist_and_are_not_dockerignored() -> None:
     copies = [shlex.split(args) for name, args in _dockerfile() if name == "COPY"]
-    local = [[a for a in args if not a.startswith("--")] for args in copies if not any(a.startswith("--from") for a in args)]
+    local = [
+        [a for a in args if not a.startswith("--")] for args in copies if not any(a.startswith("--from") for a in args)
+    ]
     assert local
     for args in local:
         for source in args[:-1]:
@@ -84,16 +91,22 @@ def test_the_image_is_a_slim_python_the_project_supports() -> None:
 
 
 def test_compose_parses_and_runs_the_whole_local_fleet() -> None:
-    assert set(SERVICES) == {"rabbitmq", "redis", "router", "ticket-system", "pool-local-ticket-system", "beat",
-                             "prometheus"}
+    assert set(SERVICES) == {
+        "rabbitmq",
+        "redis",
+        "router",
+        "ticket-system",
+        "pool-local-ticket-system",
+        "beat",
+        "prometheus",
+    }
     for name, service in SERVICES.items():
         assert "image" in service or "build" in service, name
 
 
 def _reach_services() -> dict[str, list[str]]:
     """Services that run the reach entry point, with their arguments."""
-    return {name: s["command"] for name, s in SERVICES.items()
-            if s.get("build") == "." and "entrypoint" not in s}
+    return {name: s["command"] for name, s in SERVICES.items() if s.get("build") == "." and "entrypoint" not in s}
 
 
 def test_compose_runs_only_reach_commands_that_exist() -> None:
@@ -146,7 +159,11 @@ def test_compose_and_the_chart_configure_processes_alike() -> None:
         env = SERVICES[name]["environment"]
         unknown = {k for k in env if k.startswith("REACH_")} - set(chart_env)
         assert unknown == set(), f"{name} sets {unknown}, which the chart never sets"
-        assert env["REACH_METRICS_PORT"] == chart_env["REACH_METRICS_PORT"]["value"] == dockerfile_env["REACH_METRICS_PORT"]
+        assert (
+            env["REACH_METRICS_PORT"]
+            == chart_env["REACH_METRICS_PORT"]["value"]
+            == dockerfile_env["REACH_METRICS_PORT"]
+        )
         assert env["REACH_CATALOG"] == dockerfile_env["REACH_CATALOG"]
         assert "/etc/reach/catalog" in [v.split(":")[1] for v in SERVICES[name]["volumes"]]
 
@@ -167,7 +184,8 @@ def test_prometheus_in_compose_scrapes_every_reach_process() -> None:
     config = yaml.safe_load(COMPOSE["configs"]["prometheus"]["content"])
     targets = {t for job in config["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
     # a service sharing another's network namespace is scraped at that service's name
-    hosts = {SERVICES[name].get("network_mode", f"service:{name}").removeprefix("service:")
-             for name in _reach_services()}
+    hosts = {
+        SERVICES[name].get("network_mode", f"service:{name}").removeprefix("service:") for name in _reach_services()
+    }
     assert targets == {f"{host}:9100" for host in hosts}
     assert SERVICES["prometheus"]["configs"][0]["target"] == "/etc/prometheus/prometheus.yml"

@@ -1,4 +1,5 @@
 """The chart as Kubernetes sees it: rendered by real Helm, validated against Kubernetes 1.30."""
+
 from __future__ import annotations
 
 import base64
@@ -52,10 +53,18 @@ def test_custom_resources_have_the_shape_their_operators_expect(scenario: str) -
             assert set(obj["metadata"]) == {"name", "labels"}
     for so in rendered.of_kind("ScaledObject"):
         spec = so["spec"]
-        assert set(spec) == {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
-                             "cooldownPeriod", "triggers"}
-        assert all(isinstance(spec[k], int) for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval",
-                                                        "cooldownPeriod"))
+        assert set(spec) == {
+            "scaleTargetRef",
+            "minReplicaCount",
+            "maxReplicaCount",
+            "pollingInterval",
+            "cooldownPeriod",
+            "triggers",
+        }
+        assert all(
+            isinstance(spec[k], int)
+            for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod")
+        )
         (trigger,) = spec["triggers"]
         assert set(trigger) == {"type", "metadata", "authenticationRef"}
         # KEDA's trigger metadata is map[string]string: every value must be a string
@@ -72,10 +81,19 @@ def test_custom_resources_have_the_shape_their_operators_expect(scenario: str) -
 
 def test_defaults_render_the_router_beat_and_the_demo_pool() -> None:
     rendered = render()
-    assert rendered.names("Deployment") == ["reach-agent-reach-beat", "reach-agent-reach-local-ticket-system",
-                                            "reach-agent-reach-router"]
-    assert {o["kind"] for o in rendered.objects} == {"Deployment", "ConfigMap", "Secret", "Service", "ServiceAccount",
-                                                     "PodDisruptionBudget"}
+    assert rendered.names("Deployment") == [
+        "reach-agent-reach-beat",
+        "reach-agent-reach-local-ticket-system",
+        "reach-agent-reach-router",
+    ]
+    assert {o["kind"] for o in rendered.objects} == {
+        "Deployment",
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+        "PodDisruptionBudget",
+    }
     router = rendered.component("router")
     assert container(router)["command"] == ["reach"] and container(router)["args"] == ["router"]
     assert router["spec"]["replicas"] == 2
@@ -109,19 +127,27 @@ def test_an_autoscaled_pool_has_no_replicas_and_a_keda_scaled_object_on_its_queu
 
     assert rendered.names("ScaledObject") == ["reach-agent-reach-crm-system"]
     so = rendered.get("ScaledObject", "reach-agent-reach-crm-system")
-    assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                            "name": crm["metadata"]["name"]}
+    assert so["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": crm["metadata"]["name"],
+    }
     assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 20)
     assert so["spec"]["pollingInterval"] == 15 and so["spec"]["cooldownPeriod"] == 300
     (trigger,) = so["spec"]["triggers"]
     assert trigger["type"] == "rabbitmq"
-    assert trigger["metadata"] == {"protocol": "amqp", "queueName": "reach.connector.crm_system",
-                                   "mode": "QueueLength", "value": "25"}
+    assert trigger["metadata"] == {
+        "protocol": "amqp",
+        "queueName": "reach.connector.crm_system",
+        "mode": "QueueLength",
+        "value": "25",
+    }
     assert trigger["authenticationRef"] == {"name": "reach-agent-reach-crm-system"}
 
     auth = rendered.get("TriggerAuthentication", "reach-agent-reach-crm-system")
     assert auth["spec"]["secretTargetRef"] == [
-        {"parameter": "host", "name": "reach-agent-reach-connections", "key": "broker-url"}]
+        {"parameter": "host", "name": "reach-agent-reach-connections", "key": "broker-url"}
+    ]
     # the host KEDA reads is the very URL the pools use
     broker_env = env_of(crm)["REACH_BROKER_URL"]["valueFrom"]["secretKeyRef"]
     assert broker_env == {"name": "reach-agent-reach-connections", "key": "broker-url"}
@@ -150,11 +176,17 @@ def test_connector_defaults_apply_unless_an_entry_overrides_them() -> None:
 
 
 def test_an_entrys_variable_replaces_the_default_of_the_same_name() -> None:
-    rendered = render({"connectorDefaults": {"env": [{"name": "MODE", "value": "shared"}, {"name": "A", "value": "1"}]},
-                       "beat": {"env": [{"name": "MODE", "value": "shared"}]},
-                       "connectors": [{"name": "crm", "env": [{"name": "MODE", "value": "crm"}]}, {"name": "erp"}]})
+    rendered = render(
+        {
+            "connectorDefaults": {"env": [{"name": "MODE", "value": "shared"}, {"name": "A", "value": "1"}]},
+            "beat": {"env": [{"name": "MODE", "value": "shared"}]},
+            "connectors": [{"name": "crm", "env": [{"name": "MODE", "value": "crm"}]}, {"name": "erp"}],
+        }
+    )
     assert [(e["name"], e["value"]) for e in container(rendered.pool("crm"))["env"] if e["name"] in ("MODE", "A")] == [
-        ("A", "1"), ("MODE", "crm")]
+        ("A", "1"),
+        ("MODE", "crm"),
+    ]
     assert env_of(rendered.pool("erp"))["MODE"]["value"] == "shared"
 
 
@@ -168,8 +200,12 @@ def test_grace_period_covers_the_longest_action_times_its_attempts_plus_a_margin
     assert pod_spec(defaults.component("router"))["terminationGracePeriodSeconds"] == 30
     assert pod_spec(defaults.component("beat"))["terminationGracePeriodSeconds"] == 30
     # chart-wide knobs move every computed grace period
-    tuned = render({"connectorDefaults": {"maxActionTimeoutSeconds": 60, "gracePeriodMarginSeconds": 10},
-                    "connectors": [{"name": "local_ticket_system"}]})
+    tuned = render(
+        {
+            "connectorDefaults": {"maxActionTimeoutSeconds": 60, "gracePeriodMarginSeconds": 10},
+            "connectors": [{"name": "local_ticket_system"}],
+        }
+    )
     assert pod_spec(tuned.pool("local_ticket_system"))["terminationGracePeriodSeconds"] == 60 * 3 + 10
 
 
@@ -217,24 +253,38 @@ def test_beat_gets_every_pools_environment_to_check_their_connectors() -> None:
 
 
 def test_two_pools_giving_one_variable_different_values_cannot_share_a_beat() -> None:
-    error = render_error({"connectors": [
-        {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
-        {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]}]})
+    error = render_error(
+        {
+            "connectors": [
+                {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
+                {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]},
+            ]
+        }
+    )
     assert "API_URL is set differently by two pools (the second is erp)" in error
     assert "set API_URL in beat.env to choose its value there" in error
-    settled = render({"beat": {"env": [{"name": "API_URL", "value": "http://crm"}]}, "connectors": [
-        {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
-        {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]}]})
+    settled = render(
+        {
+            "beat": {"env": [{"name": "API_URL", "value": "http://crm"}]},
+            "connectors": [
+                {"name": "crm", "env": [{"name": "API_URL", "value": "http://crm"}]},
+                {"name": "erp", "env": [{"name": "API_URL", "value": "http://erp"}]},
+            ],
+        }
+    )
     assert [e for e in container(settled.component("beat"))["env"] if e["name"] == "API_URL"] == [
-        {"name": "API_URL", "value": "http://crm"}]
+        {"name": "API_URL", "value": "http://crm"}
+    ]
     # the same definition twice is fine
     same = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}]
     render({"connectors": [{"name": "crm", "env": same}, {"name": "erp", "env": same}]})
 
 
 def _checksums(values: dict[str, Any]) -> dict[str, str]:
-    return {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/catalog"]
-            for d in render(values).of_kind("Deployment")}
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/catalog"]
+        for d in render(values).of_kind("Deployment")
+    }
 
 
 def test_changing_the_catalog_rolls_every_pod() -> None:
@@ -285,8 +335,10 @@ def test_existing_secrets_are_referenced_and_never_rendered() -> None:
     assert "redis://redis:6379/0" not in rendered.text  # the default inline URL is not used either
     for deployment in rendered.of_kind("Deployment"):
         env = env_of(deployment)
-        assert env["REACH_BROKER_URL"] == {"name": "REACH_BROKER_URL", "valueFrom": {
-            "secretKeyRef": {"name": "reach-broker", "key": "amqp-url"}}}
+        assert env["REACH_BROKER_URL"] == {
+            "name": "REACH_BROKER_URL",
+            "valueFrom": {"secretKeyRef": {"name": "reach-broker", "key": "amqp-url"}},
+        }
         assert env["REACH_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "reach-redis", "key": "url"}
         assert env["REACH_REQUIRE_USER_ID"]["value"] == "1"
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
@@ -323,8 +375,11 @@ def test_disruption_budgets_cover_the_router_and_each_pool_and_select_only_their
     for name, pdb in pdbs.items():
         assert pdb["spec"]["maxUnavailable"] == 1
         selector = pdb["spec"]["selector"]["matchLabels"]
-        covered = [d["metadata"]["name"] for d in deployments
-                   if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        covered = [
+            d["metadata"]["name"]
+            for d in deployments
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert covered == [name]
     assert render({"podDisruptionBudget": {"enabled": False}}).of_kind("PodDisruptionBudget") == []
 
@@ -333,8 +388,11 @@ def test_deployment_selectors_never_overlap() -> None:
     deployments = render(scenario_values("two-connectors")).of_kind("Deployment")
     for d in deployments:
         selector = d["spec"]["selector"]["matchLabels"]
-        owners = [o["metadata"]["name"] for o in deployments
-                  if selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
+        owners = [
+            o["metadata"]["name"]
+            for o in deployments
+            if selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert owners == [d["metadata"]["name"]]
 
 
@@ -349,7 +407,9 @@ def test_the_metrics_service_and_service_monitor_reach_every_pod() -> None:
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
-    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert sm["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
     assert "agent-reach/connector" in sm["spec"]["podTargetLabels"]
     assert render().of_kind("ServiceMonitor") == []
 

@@ -1,4 +1,5 @@
 """values.yaml and values.schema.json: documented, enforced, and true to the catalog they deploy."""
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,9 @@ def _undescribed(value: Any, schema: dict[str, Any], path: str) -> list[str]:
                 missing += _undescribed(child, schema["properties"][key], f"{path}.{key}" if path else key)
             elif schema.get("additionalProperties") is False:
                 missing.append(f"{path}.{key} (not in the schema)")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict) and "properties" in _resolve(schema["items"]):
+    elif (
+        isinstance(value, list) and isinstance(schema.get("items"), dict) and "properties" in _resolve(schema["items"])
+    ):
         for i, item in enumerate(value):
             missing += _undescribed(item, schema["items"], f"{path}[{i}]")
     return missing
@@ -83,8 +86,11 @@ def test_the_schema_describes_every_connector_entry_key() -> None:
     assert entry["additionalProperties"] is False
     defaults = _resolve(SCHEMA["properties"]["connectorDefaults"])
     # an entry may set every default, plus its own name, concurrency and grace period
-    assert set(entry["properties"]) == set(defaults["properties"]) | {"name", "concurrency",
-                                                                      "terminationGracePeriodSeconds"}
+    assert set(entry["properties"]) == set(defaults["properties"]) | {
+        "name",
+        "concurrency",
+        "terminationGracePeriodSeconds",
+    }
     for key, sub in entry["properties"].items():
         assert _resolve(sub).get("description"), key
 
@@ -104,48 +110,81 @@ def test_objects_the_chart_owns_refuse_unknown_keys() -> None:
     walk(SCHEMA, "")
     # Kubernetes types passed through as they are (security contexts) stay open; the chart's own are closed
     open_ones = sorted(p for p, extra in closed if extra is not False)
-    assert open_ones == [".podSecurityContext", ".podSecurityContext.seccompProfile", ".securityContext",
-                         ".securityContext.capabilities"]
+    assert open_ones == [
+        ".podSecurityContext",
+        ".podSecurityContext.seccompProfile",
+        ".securityContext",
+        ".securityContext.capabilities",
+    ]
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"connectors": [{"name": "crm", "concurency": 4}]},
-     "at '/connectors/0': additional properties 'concurency' not allowed"),
-    ({"connectors": [{"replicas": 2}]}, "at '/connectors/0': missing property 'name'"),
-    ({"connectors": [{"name": "crm", "concurrency": 0}]}, "at '/connectors/0/concurrency': minimum: got 0, want 1"),
-    ({"connectors": [{"name": "crm", "autoscaling": {"enabled": "yes"}}]},
-     "at '/connectors/0/autoscaling/enabled': got string, want boolean"),
-    ({"connectors": [{"name": "crm", "autoscaling": {"queueLenght": 5}}]},
-     "at '/connectors/0/autoscaling': additional properties 'queueLenght' not allowed"),
-    ({"connectors": [{"name": "crm.v2"}]}, "at '/connectors/0/name': 'crm.v2' does not match pattern"),
-    ({"router": {"replicas": 0}}, "at '/router/replicas': minimum: got 0, want 1"),
-    ({"broker": {"url": "http://rabbitmq:15672"}}, "at '/broker/url': 'http://rabbitmq:15672' does not match pattern"),
-    ({"catalog": {"inline": {"tickets.yaml": "connector: {}"}}}, "at '/catalog/inline': got object, want string"),
-    ({"catalog": {"mountPath": "etc/reach"}}, "at '/catalog/mountPath': 'etc/reach' does not match pattern"),
-    ({"config": {"logLevel": "verbose"}}, "at '/config/logLevel': value must be one of"),
-    ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
-     "at '/metrics/serviceMonitor/interval': '30 seconds' does not match pattern"),
-    ({"replicaCount": 3}, "additional properties 'replicaCount' not allowed"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"connectors": [{"name": "crm", "concurency": 4}]},
+            "at '/connectors/0': additional properties 'concurency' not allowed",
+        ),
+        ({"connectors": [{"replicas": 2}]}, "at '/connectors/0': missing property 'name'"),
+        ({"connectors": [{"name": "crm", "concurrency": 0}]}, "at '/connectors/0/concurrency': minimum: got 0, want 1"),
+        (
+            {"connectors": [{"name": "crm", "autoscaling": {"enabled": "yes"}}]},
+            "at '/connectors/0/autoscaling/enabled': got string, want boolean",
+        ),
+        (
+            {"connectors": [{"name": "crm", "autoscaling": {"queueLenght": 5}}]},
+            "at '/connectors/0/autoscaling': additional properties 'queueLenght' not allowed",
+        ),
+        ({"connectors": [{"name": "crm.v2"}]}, "at '/connectors/0/name': 'crm.v2' does not match pattern"),
+        ({"router": {"replicas": 0}}, "at '/router/replicas': minimum: got 0, want 1"),
+        (
+            {"broker": {"url": "http://rabbitmq:15672"}},
+            "at '/broker/url': 'http://rabbitmq:15672' does not match pattern",
+        ),
+        ({"catalog": {"inline": {"tickets.yaml": "connector: {}"}}}, "at '/catalog/inline': got object, want string"),
+        ({"catalog": {"mountPath": "etc/reach"}}, "at '/catalog/mountPath': 'etc/reach' does not match pattern"),
+        ({"config": {"logLevel": "verbose"}}, "at '/config/logLevel': value must be one of"),
+        (
+            {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
+            "at '/metrics/serviceMonitor/interval': '30 seconds' does not match pattern",
+        ),
+        ({"replicaCount": 3}, "additional properties 'replicaCount' not allowed"),
+    ],
+)
 def test_values_that_break_the_schema_are_refused_with_the_offending_key(values: dict[str, Any], message: str) -> None:
     error = render_error(values)
     assert "values don't meet the specifications of the schema" in error
     assert message in error
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"connectors": [{"name": "crm", "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}]},
-     "connectors[0] (crm): autoscaling.minReplicas 5 is greater than maxReplicas 2"),
-    ({"connectors": [{"name": "crm", "maxActionTimeoutSeconds": 30, "terminationGracePeriodSeconds": 60}]},
-     "connectors[0] (crm): terminationGracePeriodSeconds 60 is shorter than maxActionTimeoutSeconds x maxAttempts = 90"),
-    ({"connectors": [{"name": "crm_system"}, {"name": "CRM-system"}]},
-     'connectors[1]: "crm_system" and "CRM-system" would both be named reach-agent-reach-crm-system'),
-    ({"connectors": [{"name": "reach"}]}, 'connectors[0]: "reach" is not a usable connector name'),
-    ({"connectors": [{"name": "crm__v2"}]}, 'connectors[0]: "crm__v2" is not a usable connector name'),
-    ({"broker": {"url": "", "existingSecret": ""}}, "broker: set broker.existingSecret (recommended) or broker.url"),
-    ({"redis": {"url": ""}}, "redis: set redis.existingSecret (recommended) or redis.url"),
-    ({"catalog": {"inline": "", "existingConfigMap": ""}}, "catalog: set catalog.inline (the catalog YAML) or catalog.existingConfigMap"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"connectors": [{"name": "crm", "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}]},
+            "connectors[0] (crm): autoscaling.minReplicas 5 is greater than maxReplicas 2",
+        ),
+        (
+            {"connectors": [{"name": "crm", "maxActionTimeoutSeconds": 30, "terminationGracePeriodSeconds": 60}]},
+            "connectors[0] (crm): terminationGracePeriodSeconds 60 is shorter than maxActionTimeoutSeconds x maxAttempts = 90",
+        ),
+        (
+            {"connectors": [{"name": "crm_system"}, {"name": "CRM-system"}]},
+            'connectors[1]: "crm_system" and "CRM-system" would both be named reach-agent-reach-crm-system',
+        ),
+        ({"connectors": [{"name": "reach"}]}, 'connectors[0]: "reach" is not a usable connector name'),
+        ({"connectors": [{"name": "crm__v2"}]}, 'connectors[0]: "crm__v2" is not a usable connector name'),
+        (
+            {"broker": {"url": "", "existingSecret": ""}},
+            "broker: set broker.existingSecret (recommended) or broker.url",
+        ),
+        ({"redis": {"url": ""}}, "redis: set redis.existingSecret (recommended) or redis.url"),
+        (
+            {"catalog": {"inline": "", "existingConfigMap": ""}},
+            "catalog: set catalog.inline (the catalog YAML) or catalog.existingConfigMap",
+        ),
+    ],
+)
 def test_values_the_schema_cannot_judge_are_refused_by_the_templates(values: dict[str, Any], message: str) -> None:
     assert message in render_error(values)
 
@@ -167,10 +206,14 @@ def _catalog_of(scenario: str, tmp_path: Path) -> Any:
     rendered = render(scenario_values(scenario))
     (cm,) = rendered.of_kind("ConfigMap")
     router = rendered.component("router")
-    mount = next(m["mountPath"] for m in router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
-                 if m["name"] == "catalog")
-    reach_catalog = next(e["value"] for e in router["spec"]["template"]["spec"]["containers"][0]["env"]
-                         if e["name"] == "REACH_CATALOG")
+    mount = next(
+        m["mountPath"]
+        for m in router["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        if m["name"] == "catalog"
+    )
+    reach_catalog = next(
+        e["value"] for e in router["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "REACH_CATALOG"
+    )
     root = tmp_path / "mnt"
     root.mkdir()
     _config_map_volume(cm, root / mount.lstrip("/").replace("/", "_"))
@@ -203,7 +246,8 @@ def test_the_default_catalog_is_the_repositorys_demo_catalog() -> None:
     ours = yaml.safe_load_all(chart_defaults()["catalog"]["inline"])
     demo = yaml.safe_load_all((CHART_DIR.parent / "examples" / "catalog" / "tickets.yaml").read_text())
     assert list(ours) == list(demo), (
-        "helm/values.yaml catalog.inline has drifted from examples/catalog/tickets.yaml (docker compose mounts that one)")
+        "helm/values.yaml catalog.inline has drifted from examples/catalog/tickets.yaml (docker compose mounts that one)"
+    )
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -212,8 +256,10 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 def test_names_and_labels_are_valid_even_for_long_release_and_connector_names() -> None:
     long_name = "c" + "x" * 61 + "1"
-    values = {"fullnameOverride": "a-release-name-that-is-forty-chars-long",
-              "connectors": [{"name": "local_ticket_system"}, {"name": long_name}]}
+    values = {
+        "fullnameOverride": "a-release-name-that-is-forty-chars-long",
+        "connectors": [{"name": "local_ticket_system"}, {"name": long_name}],
+    }
     rendered = render(values)
     for obj in rendered.objects:
         name = obj["metadata"]["name"]

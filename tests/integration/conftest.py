@@ -1,4 +1,5 @@
 """Markers of the integration tier."""
+
 from __future__ import annotations
 
 import pytest

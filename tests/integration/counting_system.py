@@ -11,6 +11,7 @@ Faults are set on ``state``: ``delay`` (seconds before answering, so writes are 
 instead of executing), and ``on_request`` (called with each recorded request before the delay,
 e.g. to kill a pool while its request is in flight). ``in_flight`` counts requests being served.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
             if delay:
                 time.sleep(delay)
             if fail:
-                return self._send(fail, {"detail": f"injected failure {fail}"},
-                                  {"Retry-After": retry_after} if retry_after else None)
+                return self._send(
+                    fail, {"detail": f"injected failure {fail}"}, {"Retry-After": retry_after} if retry_after else None
+                )
             if self.command == "GET":
                 return self._send(200, {"item_id": path.rsplit("/", 1)[-1], "status": "open"})
             if not isinstance(title, str) or not title:
@@ -155,8 +157,11 @@ class CountingSystem(ThreadingHTTPServer):
 
     def requests(self, method: str | None = None, title: str | None = None) -> list[dict[str, Any]]:
         with self.state.lock:
-            return [r for r in self.state.requests
-                    if (method is None or r["method"] == method) and (title is None or r["title"] == title)]
+            return [
+                r
+                for r in self.state.requests
+                if (method is None or r["method"] == method) and (title is None or r["title"] == title)
+            ]
 
     def executions(self) -> Counter[str]:
         """Executions per title (the side effects that really happened)."""

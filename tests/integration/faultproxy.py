@@ -18,6 +18,7 @@ The mode is read for every chunk, so pooled keep-alive connections change behavi
 ``counts()`` gives (requests, forwarded, resets): client chunks that start an HTTP request (one
 per attempt), those sent on to the downstream, and the RSTs sent.
 """
+
 from __future__ import annotations
 
 import re

@@ -11,6 +11,7 @@ Generators are deterministic for a seed (``random.Random(seed)``), so a failing 
 regenerated from its label and index. Nothing here imports the fleet's own code: the tests look
 at the fleet only from outside (AMQP, Redis, /proc, /metrics).
 """
+
 from __future__ import annotations
 
 import bz2
@@ -122,10 +123,19 @@ def nested_array(depth: int) -> bytes:
 
 # the basic class's properties in flag order (bit 15 first), with their AMQP domain
 BASIC_PROPERTIES: tuple[tuple[str, str], ...] = (
-    ("content_type", "shortstr"), ("content_encoding", "shortstr"), ("headers", "table"),
-    ("delivery_mode", "octet"), ("priority", "octet"), ("correlation_id", "shortstr"),
-    ("reply_to", "shortstr"), ("expiration", "shortstr"), ("message_id", "shortstr"),
-    ("timestamp", "longlong"), ("type", "shortstr"), ("user_id", "shortstr"), ("app_id", "shortstr"),
+    ("content_type", "shortstr"),
+    ("content_encoding", "shortstr"),
+    ("headers", "table"),
+    ("delivery_mode", "octet"),
+    ("priority", "octet"),
+    ("correlation_id", "shortstr"),
+    ("reply_to", "shortstr"),
+    ("expiration", "shortstr"),
+    ("message_id", "shortstr"),
+    ("timestamp", "longlong"),
+    ("type", "shortstr"),
+    ("user_id", "shortstr"),
+    ("app_id", "shortstr"),
     ("cluster_id", "shortstr"),
 )
 _NAMES = {name for name, _ in BASIC_PROPERTIES}
@@ -173,9 +183,13 @@ class RawFrameMessage(amqp.Message):
 
 def connection_params(broker_url: str) -> dict[str, Any]:
     parts = urlsplit(broker_url)
-    return {"host": f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
-            "userid": unquote(parts.username or "guest"), "password": unquote(parts.password or "guest"),
-            "virtual_host": unquote(parts.path[1:]) or "/", "connect_timeout": 10}
+    return {
+        "host": f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
+        "userid": unquote(parts.username or "guest"),
+        "password": unquote(parts.password or "guest"),
+        "virtual_host": unquote(parts.path[1:]) or "/",
+        "connect_timeout": 10,
+    }
 
 
 def vhost(broker_url: str) -> str:
@@ -207,8 +221,9 @@ class RawSender:
 
     def send(self, raw_properties: bytes, body: bytes, label: str = "") -> bool:
         try:
-            self.channel.basic_publish_confirm(RawFrameMessage(body, raw_properties), self.exchange,
-                                               self.routing_key, confirm_timeout=30)
+            self.channel.basic_publish_confirm(
+                RawFrameMessage(body, raw_properties), self.exchange, self.routing_key, confirm_timeout=30
+            )
             return True
         except BROKER_ERRORS as exc:
             self.refused.append(f"{label}: {type(exc).__name__}: {exc}"[:300])
@@ -273,8 +288,9 @@ class ReceiptTap:
 
     def _on_message(self, message: amqp.Message) -> None:
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        self.seen.append(TapReceipt(message.delivery_info.get("routing_key", ""), dict(message.properties), body,
-                                    time.time()))
+        self.seen.append(
+            TapReceipt(message.delivery_info.get("routing_key", ""), dict(message.properties), body, time.time())
+        )
 
     def drain(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -317,9 +333,13 @@ class DeadLetter:
 
     def all_bytes(self) -> bytes:
         """Body, every property and every header, as bytes (for 'is this secret anywhere?')."""
-        return self.body + repr(self.properties).encode("utf-8", "backslashreplace") + b"".join(
-            v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogatepass")
-            for v in _walk(self.properties))
+        return (
+            self.body
+            + repr(self.properties).encode("utf-8", "backslashreplace")
+            + b"".join(
+                v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogatepass") for v in _walk(self.properties)
+            )
+        )
 
 
 def _walk(value: Any) -> Iterator[Any]:
@@ -346,8 +366,9 @@ def peek_queue(broker_url: str, queue: str, limit: int = 200) -> list[DeadLetter
             try:
                 message = channel.basic_get(queue, no_ack=False)
             except Exception as exc:  # what an operator's `reach dlq list` would choke on too
-                raise AssertionError(f"{queue} holds a message AMQP clients cannot decode: "
-                                     f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+                raise AssertionError(
+                    f"{queue} holds a message AMQP clients cannot decode: {type(exc).__name__}: {str(exc)[:200]}"
+                ) from exc
             if message is None:
                 break
             body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
@@ -362,9 +383,26 @@ def peek_queue(broker_url: str, queue: str, limit: int = 200) -> list[DeadLetter
 
 def rabbit_queues(vhost_name: str) -> dict[str, dict[str, Any]]:
     """``rabbitmqctl list_queues`` for a vhost: per queue name, ready/unacked/bytes and arguments."""
-    out = subprocess.run(["rabbitmqctl", "list_queues", "-q", "-p", vhost_name, "name", "messages_ready",
-                          "messages_unacknowledged", "message_bytes", "arguments", "--formatter", "json"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            "rabbitmqctl",
+            "list_queues",
+            "-q",
+            "-p",
+            vhost_name,
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            "message_bytes",
+            "arguments",
+            "--formatter",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return {row["name"]: row for row in json.loads(out.stdout or "[]")}
 
 
@@ -383,7 +421,7 @@ def cpu_seconds(pid: int) -> float:
     import os
 
     stat = open(f"/proc/{pid}/stat").read()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -503,10 +541,10 @@ class Limits:
     """How far the generator goes; the default fits a ~1 minute run, ``soak()`` goes further."""
 
     max_depth: int = 2000
-    max_body: int = 2 << 20            # beyond the fleet's 256 KiB limit, but cheap to send
-    max_unknown: int = 30_000          # unknown params in one body (fits in 256 KiB)
-    bomb_size: int = 16 << 20          # decompressed size of compression bombs
-    max_header_bytes: int = 60_000     # the content header frame must fit the broker's frame_max
+    max_body: int = 2 << 20  # beyond the fleet's 256 KiB limit, but cheap to send
+    max_unknown: int = 30_000  # unknown params in one body (fits in 256 KiB)
+    bomb_size: int = 16 << 20  # decompressed size of compression bombs
+    max_header_bytes: int = 60_000  # the content header frame must fit the broker's frame_max
 
     @classmethod
     def soak(cls) -> Limits:
@@ -574,10 +612,15 @@ class Generator:
             return fv(letter, rng.choice([-(1 << 63), -1, 0, (1 << 63) - 1]))
         if letter == "f":  # NaN/Inf rarely: RabbitMQ refuses them (the whole message never reaches the router)
             special = [b"\x7f\xc0\x00\x00", b"\x7f\x80\x00\x00", b"\xff\x80\x00\x00"]
-            return fv("f", rng.choice(special) if self.refusable and rng.random() < 0.3 else rng.choice([3.4e38, 0.0, 1e-45]))
+            return fv(
+                "f", rng.choice(special) if self.refusable and rng.random() < 0.3 else rng.choice([3.4e38, 0.0, 1e-45])
+            )
         if letter == "d":
             special = [b"\x7f\xf8\x00\x00\x00\x00\x00\x01", b"\x7f\xf0" + bytes(6), b"\xff\xf0" + bytes(6)]
-            return fv("d", rng.choice(special) if self.refusable and rng.random() < 0.3 else rng.choice([1.7e308, 5e-324, -0.0]))
+            return fv(
+                "d",
+                rng.choice(special) if self.refusable and rng.random() < 0.3 else rng.choice([1.7e308, 5e-324, -0.0]),
+            )
         if letter == "D":
             return fv("D", (rng.choice([0, 2, 127, 255]), rng.choice([-(1 << 31), 0, (1 << 31) - 1])))
         if letter == "t":
@@ -601,8 +644,9 @@ class Generator:
         return self.rng.choice(letters if nested else letters.replace("F", "").replace("A", ""))
 
     def table(self, depth_left: int = 2) -> bytes:
-        entries = [(self.key(), self.value(self.letter(depth_left > 0), depth_left))
-                   for _ in range(self.rng.randint(0, 8))]
+        entries = [
+            (self.key(), self.value(self.letter(depth_left > 0), depth_left)) for _ in range(self.rng.randint(0, 8))
+        ]
         return table(entries)
 
     def headers(self) -> tuple[bytes, set[str]]:
@@ -625,8 +669,16 @@ class Generator:
                 encoded = table([agent_entry, *entries])
             return encoded, {f"headers_wide_{len(entries)}"}
         if shape == "agent":
-            bad = rng.choice([fv("S", rng.choice(INVALID_UTF8)), fv("x", self.agent.encode()), fv("T", (1 << 63) - 1),
-                              fv("F", nested_table(50)), fv("S", "A" * 5000), fv("V")])
+            bad = rng.choice(
+                [
+                    fv("S", rng.choice(INVALID_UTF8)),
+                    fv("x", self.agent.encode()),
+                    fv("T", (1 << 63) - 1),
+                    fv("F", nested_table(50)),
+                    fv("S", "A" * 5000),
+                    fv("V"),
+                ]
+            )
             return table([(b"agent_id", bad), (b"traceparent", fv("S", self.text()))]), {"headers_bad_agent"}
         # every letter once (the broker-refused one only sometimes), in a random order
         letters = [c for c in TYPE_LETTERS if c != BROKER_REFUSED or self.refusable]
@@ -642,14 +694,24 @@ class Generator:
         tags: set[str] = set()
         if rng.random() < 0.8:
             props["headers"], tags = self.headers()
-        for name in ("content_type", "content_encoding", "correlation_id", "reply_to", "message_id", "type",
-                     "app_id", "cluster_id"):
+        for name in (
+            "content_type",
+            "content_encoding",
+            "correlation_id",
+            "reply_to",
+            "message_id",
+            "type",
+            "app_id",
+            "cluster_id",
+        ):
             if rng.random() < 0.15:
                 props[name] = self.text(255)
                 tags.add(f"bad_{name}")
         if "content_type" not in props:
-            props["content_type"] = rng.choice([b"application/json"] * 6 + [
-                b"application/x-python-serialize", b"application/x-yaml", b"application/data", b"text/plain"])
+            props["content_type"] = rng.choice(
+                [b"application/json"] * 6
+                + [b"application/x-python-serialize", b"application/x-yaml", b"application/data", b"text/plain"]
+            )
         if rng.random() < 0.1:
             props["content_encoding"] = rng.choice([b"utf-16", b"binary", b"rot13", b"zlib", b"\xff"])
             tags.add("odd_content_encoding")
@@ -662,13 +724,28 @@ class Generator:
             props["user_id"] = b"guest"  # the only user_id the broker lets the test login send
         if rng.random() < 0.05:
             props["expiration"] = rng.choice([b"60000", b"0"])
-        props["delivery_mode"] = rng.choice([0, 255]) if self.refusable and rng.random() < 0.3 else rng.choice([1, 2, 2])
+        props["delivery_mode"] = (
+            rng.choice([0, 255]) if self.refusable and rng.random() < 0.3 else rng.choice([1, 2, 2])
+        )
         if "message_id" not in props:
             props["message_id"] = f"hostile-{self.count}"
         if body_kind == "compressed":
             headers = props.get("headers")
-            extra = (b"compression", fv("S", rng.choice(["application/x-bzip2", "application/x-gzip",
-                                                         "application/zlib", "application/x-brotli", "bogus"])))
+            extra = (
+                b"compression",
+                fv(
+                    "S",
+                    rng.choice(
+                        [
+                            "application/x-bzip2",
+                            "application/x-gzip",
+                            "application/zlib",
+                            "application/x-brotli",
+                            "bogus",
+                        ]
+                    ),
+                ),
+            )
             if headers is None or len(headers) > self.limits.max_header_bytes:
                 props["headers"] = table([extra])
             else:  # append the entry to the encoded table
@@ -679,9 +756,28 @@ class Generator:
 
     # -- bodies ----------------------------------------------------------------------------------
 
-    BODY_KINDS = ("valid", "deep", "deep_array", "big", "unknown", "utf16", "utf16_bom", "utf8_bom", "invalid_utf8",
-                  "nan", "duplicate", "lone_surrogate", "huge_int", "empty", "scalar", "compressed", "foreign",
-                  "reply_to", "long_strings", "control_chars")
+    BODY_KINDS = (
+        "valid",
+        "deep",
+        "deep_array",
+        "big",
+        "unknown",
+        "utf16",
+        "utf16_bom",
+        "utf8_bom",
+        "invalid_utf8",
+        "nan",
+        "duplicate",
+        "lone_surrogate",
+        "huge_int",
+        "empty",
+        "scalar",
+        "compressed",
+        "foreign",
+        "reply_to",
+        "long_strings",
+        "control_chars",
+    )
 
     def body(self, kind: str) -> bytes:
         rng, agent, action = self.rng, self.agent, self.action
@@ -690,8 +786,9 @@ class Generator:
             return dumps(intent(agent, action, base))
         if kind == "deep":
             depth = rng.randint(1, self.limits.max_depth)
-            return (f'{{"agent_id":"{agent}","action":"{action}","params":{{"title":"d","extra":'
-                    f'{nested_json(depth)}}}}}').encode()
+            return (
+                f'{{"agent_id":"{agent}","action":"{action}","params":{{"title":"d","extra":{nested_json(depth)}}}}}'
+            ).encode()
         if kind == "deep_array":
             depth = rng.choice([100, 1000, 100_000])
             return f'{{"agent_id":"{agent}","action":"{action}","params":{{"extra":{{"a":{"[" * depth}1{"]" * depth}}}}}}}'.encode()
@@ -714,8 +811,10 @@ class Generator:
             literal = rng.choice(["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
             return f'{{"agent_id":"{agent}","action":"{action}","params":{{"title":"n","extra":{{"v":{literal}}}}}}}'.encode()
         if kind == "duplicate":
-            return (f'{{"agent_id":"{agent}","action":"{action}","action":"reach.list_tools",'
-                    f'"params":{{"title":"a","title":"b"}}}}').encode()
+            return (
+                f'{{"agent_id":"{agent}","action":"{action}","action":"reach.list_tools",'
+                f'"params":{{"title":"a","title":"b"}}}}'
+            ).encode()
         if kind == "lone_surrogate":
             return f'{{"agent_id":"{agent}","action":"{action}","params":{{"title":"\\ud800\\udfff\\udc00"}}}}'.encode()
         if kind == "huge_int":
@@ -730,24 +829,59 @@ class Generator:
             return _bomb(which, self.limits.bomb_size)
         if kind == "foreign":
             bad_args = rng.choice(['{"title": "t",', "not json", nested_json(5000), '{"title": NaN}'])
-            return rng.choice([
-                dumps({"id": "call_1", "type": "function", "function": {"name": action.replace(".", "__"),
-                                                                         "arguments": bad_args}}),
-                dumps({"type": "tool_use", "id": "tu_1", "name": action.replace(".", "__"),
-                       "input": json.loads(nested_json(20))}),
-                dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                       "params": {"name": action.replace(".", "__"), "arguments": "[]"}}),
-                dumps({"name": action, "args": [1, 2], "id": None}),
-            ])
+            return rng.choice(
+                [
+                    dumps(
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": action.replace(".", "__"), "arguments": bad_args},
+                        }
+                    ),
+                    dumps(
+                        {
+                            "type": "tool_use",
+                            "id": "tu_1",
+                            "name": action.replace(".", "__"),
+                            "input": json.loads(nested_json(20)),
+                        }
+                    ),
+                    dumps(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": 1,
+                            "method": "tools/call",
+                            "params": {"name": action.replace(".", "__"), "arguments": "[]"},
+                        }
+                    ),
+                    dumps({"name": action, "args": [1, 2], "id": None}),
+                ]
+            )
         if kind == "reply_to":
-            reply = rng.choice([f"{agent}." + "r" * 300, "é" * 200, f"{agent}." + "é" * 150, f"{agent}.*.#",
-                                f"{agent}.\u0000", "amq.gen-x"])
+            reply = rng.choice(
+                [
+                    f"{agent}." + "r" * 300,
+                    "é" * 200,
+                    f"{agent}." + "é" * 150,
+                    f"{agent}.*.#",
+                    f"{agent}.\u0000",
+                    "amq.gen-x",
+                ]
+            )
             return dumps(intent(agent, action, base, reply_to=reply))
         if kind == "long_strings":
-            return dumps(intent(agent, action, base, intent_id="i" * rng.choice([128, 129, 5000]),
-                                idempotency_key="k" * rng.choice([255, 256, 100_000]),
-                                traceparent="00-" + "f" * 5000, deadline="9" * 1000,
-                                context={"description": "d" * 100_000, "domain": "x" * 1000}))
+            return dumps(
+                intent(
+                    agent,
+                    action,
+                    base,
+                    intent_id="i" * rng.choice([128, 129, 5000]),
+                    idempotency_key="k" * rng.choice([255, 256, 100_000]),
+                    traceparent="00-" + "f" * 5000,
+                    deadline="9" * 1000,
+                    context={"description": "d" * 100_000, "domain": "x" * 1000},
+                )
+            )
         if kind == "control_chars":
             return dumps(intent(agent + "\u0000\r\n", action, {"title": "t\r\nX-Injected: 1", "extra": {"\u0000": 1}}))
         raise ValueError(kind)

@@ -3,6 +3,7 @@ TSDB in a temporary directory, on a free loopback port, scraping given targets e
 
 The Debian package's own service is never used (it may or may not have been started by apt).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,13 @@ class PrometheusServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _write_config(self) -> Path:
-        lines = ["global:", f"  scrape_interval: {SCRAPE_INTERVAL:g}s", f"  scrape_timeout: {SCRAPE_INTERVAL:g}s",
-                 f"  evaluation_interval: {SCRAPE_INTERVAL:g}s", "scrape_configs:"]
+        lines = [
+            "global:",
+            f"  scrape_interval: {SCRAPE_INTERVAL:g}s",
+            f"  scrape_timeout: {SCRAPE_INTERVAL:g}s",
+            f"  evaluation_interval: {SCRAPE_INTERVAL:g}s",
+            "scrape_configs:",
+        ]
         for job, ports in self.jobs.items():
             targets = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
             lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
@@ -67,9 +73,18 @@ class PrometheusServer:
             raise RuntimeError(f"bad prometheus config: {check.stdout!r} {check.stderr!r}")
         log = open(self.dir / "prometheus.log", "ab")
         self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir)
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.dir,
+        )
         deadline = time.time() + timeout
         while True:
             if self.proc.poll() is not None:

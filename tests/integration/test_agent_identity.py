@@ -4,6 +4,7 @@ Each agent here is a RabbitMQ user created with ``workers.ops.agents.create_agen
 per run, deleted at the end). The fleet runs with ``REACH_REQUIRE_USER_ID=1``. The attacks use
 pika with a fresh connection each: RabbitMQ closes the channel on ACCESS_REFUSED.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ from producers.client import ReachClient, ReachError
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, Fleet
 from workers.ops.agents import agent_permissions, create_agent_user, delete_agent_user, rabbitmqctl_commands, vhost_of
-from workers.transport.app import EXECUTE_TASK
 from workers.ops.cli import main as reach_cli
+from workers.transport.app import EXECUTE_TASK
 from workers.transport.topology import DLQ, INTENTS_QUEUE, connector_queue, declare_all
 
 RUN = uuid.uuid4().hex[:8]
@@ -39,7 +40,9 @@ NEW_TICKET = {"title": "Printer", "description": "on fire"}
 VHOST = vhost_of(BROKER_URL)
 
 # carol is in the catalog but has no broker user: only an unauthenticated claim can name her
-CATALOG = "\n---\n".join([f"""
+CATALOG = "\n---\n".join(
+    [
+        f"""
 connector:
   name: {CONNECTOR}
   endpoint: {{url}}
@@ -51,13 +54,19 @@ connector:
         description: {{{{ type: string, required: true }}}}
       permission: write
       idempotent: false
-"""] + [f"""
+"""
+    ]
+    + [
+        f"""
 agent_app:
   name: {name}
   connector_bindings:
     - connector: {CONNECTOR}
       allowed_actions: ["*"]
-""" for name in (ALICE, BOB, CAROL)])
+"""
+        for name in (ALICE, BOB, CAROL)
+    ]
+)
 
 
 def url_for(user: str, password: str, vhost: str | None = None) -> str:
@@ -140,13 +149,30 @@ def refusal(name: str, password: str, attempt: Callable[[Any], Any]) -> tuple[in
 def forged_task(agent: str) -> tuple[dict[str, Any], bytes]:
     """A genuine ``reach.execute`` Celery message for the pool: it runs whatever job it carries."""
     intent_id = f"forged-{uuid.uuid4().hex}"
-    job = {"v": 1, "intent_id": intent_id, "agent_id": agent, "connector": CONNECTOR, "action": "create_ticket",
-           "params": NEW_TICKET, "idempotency_key": intent_id, "reply_to": agent, "deadline": None,
-           "trace_id": uuid.uuid4().hex, "traceparent": None, "format": "native", "received_at": time.time(),
-           "dispatched_at": time.time()}
+    job = {
+        "v": 1,
+        "intent_id": intent_id,
+        "agent_id": agent,
+        "connector": CONNECTOR,
+        "action": "create_ticket",
+        "params": NEW_TICKET,
+        "idempotency_key": intent_id,
+        "reply_to": agent,
+        "deadline": None,
+        "trace_id": uuid.uuid4().hex,
+        "traceparent": None,
+        "format": "native",
+        "received_at": time.time(),
+        "dispatched_at": time.time(),
+    }
     message = Celery("forger", set_as_current=False).amqp.as_task_v2(f"{intent_id}:1", EXECUTE_TASK, args=[job])
-    properties = {"headers": message.headers, "content_type": "application/json", "content_encoding": "utf-8",
-                  "delivery_mode": 2, **message.properties}
+    properties = {
+        "headers": message.headers,
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "delivery_mode": 2,
+        **message.properties,
+    }
     return properties, json.dumps(message.body).encode()
 
 
@@ -157,9 +183,11 @@ def publish_task(channel: Any, exchange: str, agent: str) -> None:
 
 def undone(do: Callable[[Any], Any], undo: Callable[[Any], Any]) -> Callable[[Any], None]:
     """An attempt that reverts itself if the broker wrongly allows it, so a failing run leaves no damage."""
+
     def attempt(channel: Any) -> None:
         do(channel)
         undo(channel)
+
     return attempt
 
 
@@ -167,6 +195,7 @@ def bind_receipts(key: str) -> Callable[[Any], None]:
     def attempt(channel: Any) -> None:
         queue = channel.queue_declare("", exclusive=True).method.queue
         channel.queue_bind(queue, "reach.receipts", key)
+
     return attempt
 
 
@@ -175,15 +204,24 @@ def bind_receipts(key: str) -> Callable[[Any], None]:
 
 def test_created_agent_user_has_exactly_the_least_privilege_permissions(passwords: dict[str, str]) -> None:
     expected = agent_permissions(ALICE)
-    listed = subprocess.run(["rabbitmqctl", "list_user_permissions", "--silent", "--formatter", "json", "--", ALICE],
-                            capture_output=True, text=True, check=True)
-    assert json.loads(listed.stdout) == [{"vhost": VHOST, "configure": expected.configure, "write": expected.write,
-                                          "read": expected.read}]
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_user_permissions", "--silent", "--formatter", "json", "--", ALICE],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(listed.stdout) == [
+        {"vhost": VHOST, "configure": expected.configure, "write": expected.write, "read": expected.read}
+    ]
     topic = subprocess.run(
         ["rabbitmqctl", "list_user_topic_permissions", "--silent", "--formatter", "json", "--", ALICE],
-        capture_output=True, text=True, check=True)
-    assert json.loads(topic.stdout) == [{"vhost": VHOST, "exchange": "reach.receipts", "write": "^$",
-                                         "read": expected.topic_read}]
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(topic.stdout) == [
+        {"vhost": VHOST, "exchange": "reach.receipts", "write": "^$", "read": expected.topic_read}
+    ]
 
 
 def test_reserved_or_malformed_agent_names_get_no_user() -> None:
@@ -206,8 +244,9 @@ def test_cli_creates_prints_rotates_and_deletes_an_agent_user(topology: None, mo
     try:
         first_password = "first-" + secrets.token_urlsafe(12)
         monkeypatch.setenv("DAVE_PASSWORD", first_password)
-        first = runner.invoke(reach_cli, ["agent-user", "create", DAVE, "--password-env", "DAVE_PASSWORD",
-                                          "--vhost", VHOST])
+        first = runner.invoke(
+            reach_cli, ["agent-user", "create", DAVE, "--password-env", "DAVE_PASSWORD", "--vhost", VHOST]
+        )
         assert first.exit_code == 0, first.output
         generated = runner.invoke(reach_cli, ["agent-user", "create", DAVE, "--vhost", VHOST])
         assert generated.exit_code == 0, generated.output
@@ -228,8 +267,11 @@ def test_client_only_checks_the_exchanges_and_says_when_the_fleet_is_not_set_up(
     vhost = f"reach-test-{RUN}"
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
     try:
-        subprocess.run(["rabbitmqctl", "-q", "set_permissions", f"--vhost={vhost}", "guest", ".*", ".*", ".*"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["rabbitmqctl", "-q", "set_permissions", f"--vhost={vhost}", "guest", ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+        )
         empty = url_for("guest", "guest", vhost)
         for _ in range(2):  # the first attempt must not have created them
             with pytest.raises(ReachError, match="exchanges do not exist.*reach setup"):
@@ -242,7 +284,8 @@ def test_client_only_checks_the_exchanges_and_says_when_the_fleet_is_not_set_up(
 
 
 def test_agent_user_publishes_with_its_login_as_user_id_and_gets_its_receipt(
-        downstream: TicketSystem, passwords: dict[str, str]) -> None:
+    downstream: TicketSystem, passwords: dict[str, str]
+) -> None:
     with ReachClient(ALICE, url_for(ALICE, passwords[ALICE]), authenticated=True) as alice:
         assert alice.user_id == ALICE
         receipt = alice.call(CREATE, NEW_TICKET, timeout=20)
@@ -252,12 +295,14 @@ def test_agent_user_publishes_with_its_login_as_user_id_and_gets_its_receipt(
 
 
 def test_claiming_another_agents_id_is_denied_and_answered_to_the_authenticated_agent_only(
-        downstream: TicketSystem, passwords: dict[str, str]) -> None:
+    downstream: TicketSystem, passwords: dict[str, str]
+) -> None:
     with client_for(BOB, passwords) as bob, client_for(ALICE, passwords) as alice:
         plain, redirected = f"claim-{uuid.uuid4().hex}", f"claim-{uuid.uuid4().hex}"
         alice.publish_raw(intent_body(plain, agent_id=BOB), headers={}, message_id=plain)
-        alice.publish_raw(intent_body(redirected, agent_id=BOB, reply_to=BOB), headers={"agent_id": BOB},
-                          message_id=redirected)
+        alice.publish_raw(
+            intent_body(redirected, agent_id=BOB, reply_to=BOB), headers={"agent_id": BOB}, message_id=redirected
+        )
         for intent_id in (plain, redirected):
             receipt = alice.wait(intent_id, timeout=20)
             assert receipt.error is not None and receipt.error.code == "PERMISSION_DENIED", receipt
@@ -267,13 +312,20 @@ def test_claiming_another_agents_id_is_denied_and_answered_to_the_authenticated_
 
 
 def test_user_id_other_than_the_login_is_refused_by_the_broker(
-        downstream: TicketSystem, passwords: dict[str, str]) -> None:
+    downstream: TicketSystem, passwords: dict[str, str]
+) -> None:
     with client_for(BOB, passwords) as bob:
+
         def impersonate(channel: Any) -> None:
             intent_id = f"spoof-{uuid.uuid4().hex}"
-            channel.basic_publish("reach.intents", "intent", intent_body(intent_id, agent_id=BOB),
-                                  pika.BasicProperties(user_id=BOB, message_id=intent_id, delivery_mode=2,
-                                                       content_type="application/json"))
+            channel.basic_publish(
+                "reach.intents",
+                "intent",
+                intent_body(intent_id, agent_id=BOB),
+                pika.BasicProperties(
+                    user_id=BOB, message_id=intent_id, delivery_mode=2, content_type="application/json"
+                ),
+            )
 
         refused = refusal(ALICE, passwords[ALICE], impersonate)
         assert refused is not None, "the broker accepted a user_id that is not the login"
@@ -285,7 +337,8 @@ def test_user_id_other_than_the_login_is_refused_by_the_broker(
 
 
 def test_without_user_id_an_intent_is_refused_and_nobody_is_answered_when_the_fleet_requires_it(
-        downstream: TicketSystem) -> None:
+    downstream: TicketSystem,
+) -> None:
     # the guest admin may set any agent_id header; only a broker-checked user_id counts, and
     # an unvouched claim gets no receipt (that would let anyone push receipts into CAROL's stream)
     with ReachClient(CAROL, BROKER_URL) as claimed:
@@ -313,7 +366,8 @@ def test_without_user_id_an_intent_is_refused_and_nobody_is_answered_when_the_fl
 
 
 def test_reply_to_of_another_agent_is_invalid_and_answered_to_the_sender(
-        downstream: TicketSystem, passwords: dict[str, str]) -> None:
+    downstream: TicketSystem, passwords: dict[str, str]
+) -> None:
     with client_for(BOB, passwords) as bob, client_for(ALICE, passwords) as alice:
         intent_id = f"reply-{uuid.uuid4().hex}"
         alice.publish_raw(intent_body(intent_id, agent_id=ALICE, reply_to=f"{BOB}.inbox"), message_id=intent_id)
@@ -337,7 +391,8 @@ def test_a_forged_task_on_the_connector_queue_would_run(downstream: TicketSystem
 
 
 def test_broker_refuses_an_agent_every_way_around_the_router(
-        downstream: TicketSystem, passwords: dict[str, str]) -> None:
+    downstream: TicketSystem, passwords: dict[str, str]
+) -> None:
     # the attempts only read or revert themselves: if the broker wrongly allowed one, nothing of
     # other users' (dead letters, queues, bindings) may be lost or left behind
     stray_queue, stray_exchange = f"reach.connector.{ALICE}", f"{ALICE}.x"
@@ -345,27 +400,34 @@ def test_broker_refuses_an_agent_every_way_around_the_router(
         "task to the connector queue via the default exchange": lambda ch: publish_task(ch, "", ALICE),
         "task via reach.dispatch": lambda ch: publish_task(ch, "reach.dispatch", ALICE),
         "forged receipt on reach.receipts": lambda ch: ch.basic_publish(
-            "reach.receipts", BOB, b'{"intent_id": "x"}', pika.BasicProperties(content_type="application/json")),
+            "reach.receipts", BOB, b'{"intent_id": "x"}', pika.BasicProperties(content_type="application/json")
+        ),
         "bind reach.receipts with #": bind_receipts("#"),
         "bind reach.receipts with another agent's id": bind_receipts(BOB),
         "bind reach.receipts with another agent's reply_to": bind_receipts(f"{BOB}.inbox"),
         "bind reach.receipts into reach.intents": undone(
             lambda ch: ch.exchange_bind("reach.intents", "reach.receipts", "#"),
-            lambda ch: ch.exchange_unbind("reach.intents", "reach.receipts", "#")),
+            lambda ch: ch.exchange_unbind("reach.intents", "reach.receipts", "#"),
+        ),
         # unacked deliveries go back to the queue when the connection closes
         "consume the connector queue": lambda ch: ch.basic_consume(connector_queue(CONNECTOR).name, print),
         "consume reach.dlq": lambda ch: ch.basic_consume(DLQ.name, print),
         "consume reach.intents": lambda ch: ch.basic_consume(INTENTS_QUEUE.name, print),
         "get from reach.dlq": lambda ch: ch.basic_get(DLQ.name),
-        "delete the connector queue": lambda ch: ch.queue_delete(connector_queue(CONNECTOR).name, if_unused=True,
-                                                                 if_empty=True),
+        "delete the connector queue": lambda ch: ch.queue_delete(
+            connector_queue(CONNECTOR).name, if_unused=True, if_empty=True
+        ),
         "declare a queue": undone(lambda ch: ch.queue_declare(stray_queue), lambda ch: ch.queue_delete(stray_queue)),
-        "declare an exchange": undone(lambda ch: ch.exchange_declare(stray_exchange, "fanout"),
-                                      lambda ch: ch.exchange_delete(stray_exchange)),
+        "declare an exchange": undone(
+            lambda ch: ch.exchange_declare(stray_exchange, "fanout"), lambda ch: ch.exchange_delete(stray_exchange)
+        ),
     }
     outcomes = {name: refusal(ALICE, passwords[ALICE], attack) for name, attack in attacks.items()}
-    not_refused = {name: outcome for name, outcome in outcomes.items()
-                   if outcome is None or outcome[0] != 403 or not outcome[1].startswith("ACCESS_REFUSED")}
+    not_refused = {
+        name: outcome
+        for name, outcome in outcomes.items()
+        if outcome is None or outcome[0] != 403 or not outcome[1].startswith("ACCESS_REFUSED")
+    }
     assert not_refused == {}
     # the control above shows a forged task reaches the system in well under a second
     time.sleep(1.0)

@@ -4,6 +4,7 @@ its connections are limited.
 Runs against the real broker in a vhost of its own (created and deleted here), with agent users made
 by ``reach agent-user create`` and the bounds applied by ``reach setup``. The attacks use pika.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,16 +88,19 @@ Reach = Callable[..., Result]
 @pytest.fixture
 def reach(vhost: str, catalog_dir: Path) -> Reach:
     """``reach ARGS`` against the test vhost; keyword arguments are extra environment variables."""
+
     def invoke(*args: str, **env: str) -> Result:
         environment = {"REACH_BROKER_URL": url_for("guest", "guest"), "REACH_CATALOG": str(catalog_dir), **env}
         return CliRunner().invoke(reach_cli, list(args), env=environment)
+
     return invoke
 
 
 def create_agent(reach: Reach, name: str, *options: str, vhost: str = VHOST) -> str:
     password = f"pw-{uuid.uuid4().hex}"
-    created = reach("agent-user", "create", name, "--vhost", vhost, "--password-env", "LIMITS_PW", *options,
-                    LIMITS_PW=password)
+    created = reach(
+        "agent-user", "create", name, "--vhost", vhost, "--password-env", "LIMITS_PW", *options, LIMITS_PW=password
+    )
     assert created.exit_code == 0, created.output
     return password
 
@@ -181,8 +185,18 @@ def test_setup_without_rabbitmqctl_says_what_to_run_instead(reach: Reach) -> Non
 
 
 def test_printed_commands_carry_the_limits_and_the_policy(reach: Reach) -> None:
-    printed = reach("agent-user", "create", "lim_print", "--print", "--vhost", VHOST,
-                    "--max-connections", "3", "--max-channels", "5")
+    printed = reach(
+        "agent-user",
+        "create",
+        "lim_print",
+        "--print",
+        "--vhost",
+        VHOST,
+        "--max-connections",
+        "3",
+        "--max-channels",
+        "5",
+    )
     assert printed.exit_code == 0, printed.output
     assert """rabbitmqctl set_user_limits -- lim_print '{"max-connections": 3, "max-channels": 5}'""" in printed.stdout
     assert "set_operator_policy" in printed.stdout and AGENT_QUEUE_POLICY in printed.stdout

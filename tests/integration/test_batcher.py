@@ -1,6 +1,7 @@
 """The Redis batcher against the real Redis: each caller gets its own results in order, one
 caller's refused command fails only that caller, an unreachable Redis raises instead of hanging,
 and the audit lines of every item are written."""
+
 from __future__ import annotations
 
 import threading
@@ -49,8 +50,9 @@ def test_a_refused_command_fails_only_its_caller() -> None:
 
 
 def test_an_unreachable_redis_raises_for_the_caller() -> None:
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1,
-                       retry=Retry(NoBackoff(), 0))  # (redis-py's default retries take seconds)
+    dead = redis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+    )  # (redis-py's default retries take seconds)
     batcher = Batcher(dead, write_lines=lambda lines: None)
     with pytest.raises(redis.ConnectionError):
         batcher.call(lambda pipe: pipe.set("k", "v"))

@@ -6,6 +6,7 @@ breaker of fail_max 3 / reset_timeout 2 s. ``healthy`` has a downstream of its o
 notice anything. Requests are counted at the proxy (attempts) and at the downstream (what
 arrived there).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,11 +24,11 @@ from tests.integration.faultproxy import FaultProxy
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"faults_{RUN}"
-TIMEOUT = 0.5          # flaky's action timeout (s)
-ATTEMPTS = 2           # flaky's retry.max_attempts
-MAX_BACKOFF = 0.2      # flaky's retry.max_backoff (s)
-MARGIN = 1.5           # router, queues and receipt on a loaded machine (s)
-RESET_TIMEOUT = 2.0    # flaky's breaker.reset_timeout (s)
+TIMEOUT = 0.5  # flaky's action timeout (s)
+ATTEMPTS = 2  # flaky's retry.max_attempts
+MAX_BACKOFF = 0.2  # flaky's retry.max_backoff (s)
+MARGIN = 1.5  # router, queues and receipt on a loaded machine (s)
+RESET_TIMEOUT = 2.0  # flaky's breaker.reset_timeout (s)
 
 CATALOG = """
 connector:
@@ -133,8 +134,9 @@ def proxy(downstreams: dict[str, CountingSystem]) -> Iterator[FaultProxy]:
 @pytest.fixture(scope="module")
 def fleet(downstreams: dict[str, CountingSystem], proxy: FaultProxy) -> Iterator[Fleet]:
     reset_marks()
-    catalog = CATALOG.format(proxy=proxy.url, healthy=downstreams["healthy"].url, probed=downstreams["probed"].url,
-                             agent=AGENT)
+    catalog = CATALOG.format(
+        proxy=proxy.url, healthy=downstreams["healthy"].url, probed=downstreams["probed"].url, agent=AGENT
+    )
     with Fleet(catalog, ["flaky", "stuck", "healthy", "probed"]) as running:
         yield running
 
@@ -177,9 +179,11 @@ def proxy_delta(proxy: FaultProxy, before: tuple[int, int, int]) -> tuple[int, i
 
 # -- timeouts are bounded ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["blackhole", "latency"])
 def test_a_read_that_gets_no_answer_times_out_on_every_attempt_within_its_bound(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str
+) -> None:
     proxy.set(mode, latency=3 * TIMEOUT)
     before = proxy.counts()
     receipt, elapsed = timed(client, "flaky.read_item", {"id": "IT-1"})
@@ -196,7 +200,8 @@ def test_a_read_that_gets_no_answer_times_out_on_every_attempt_within_its_bound(
 
 
 def test_a_write_that_gets_no_answer_is_outcome_unknown_and_not_repeated(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     proxy.set("blackhole")
     before = proxy.counts()
     receipt, elapsed = timed(client, "flaky.create_item", {"title": f"{RUN}-blackholed"})
@@ -206,8 +211,9 @@ def test_a_write_that_gets_no_answer_is_outcome_unknown_and_not_repeated(
     assert proxy_delta(proxy, before)[0] == 1
 
 
-def test_added_latency_below_the_timeout_only_slows_the_call(flaky: CountingSystem, proxy: FaultProxy,
-                                                             client: ReachClient) -> None:
+def test_added_latency_below_the_timeout_only_slows_the_call(
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     proxy.set("latency", latency=0.2)
     receipt, _ = timed(client, "flaky.read_item", {"id": "IT-2"})
     assert receipt.status == "succeeded" and receipt.execution.attempts == 1
@@ -217,9 +223,11 @@ def test_added_latency_below_the_timeout_only_slows_the_call(flaky: CountingSyst
 
 # -- resets and refusals -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode, reaches_system", [("reset_before", False), ("reset_after", True)])
 def test_a_reset_connection_on_a_read_is_retried_and_reported_as_downstream_error(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str, reaches_system: bool) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str, reaches_system: bool
+) -> None:
     proxy.set(mode)
     before = proxy.counts()
     receipt, _ = timed(client, "flaky.read_item", {"id": "IT-3"})
@@ -232,7 +240,8 @@ def test_a_reset_connection_on_a_read_is_retried_and_reported_as_downstream_erro
 
 @pytest.mark.parametrize("mode, executed", [("reset_before", 0), ("reset_after", 1)])
 def test_a_reset_connection_on_a_write_is_outcome_unknown_and_never_repeated(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str, executed: int) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, mode: str, executed: int
+) -> None:
     proxy.set(mode)
     title = f"{RUN}-reset-{mode}"
     receipt, _ = timed(client, "flaky.create_item", {"title": title})
@@ -245,7 +254,8 @@ def test_a_reset_connection_on_a_write_is_outcome_unknown_and_never_repeated(
 
 @pytest.mark.parametrize("action", ["read_item", "create_item"])
 def test_a_refused_connection_is_unreachable_and_retried_even_for_a_write(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, action: str) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient, action: str
+) -> None:
     # warm the pool's keep-alive connection first: refusal must close it too
     assert timed(client, "flaky.read_item", {"id": "IT-warm"})[0].status == "succeeded"
     proxy.set("refuse")
@@ -261,8 +271,16 @@ def test_a_refused_connection_is_unreachable_and_retried_even_for_a_write(
 
 # -- HTTP answers: what is retried ---------------------------------------------------------------
 
-@pytest.mark.parametrize("status, code", [(400, "DOWNSTREAM_VALIDATION_FAILED"), (404, "DOWNSTREAM_NOT_FOUND"),
-                                          (409, "DOWNSTREAM_CONFLICT"), (422, "DOWNSTREAM_VALIDATION_FAILED")])
+
+@pytest.mark.parametrize(
+    "status, code",
+    [
+        (400, "DOWNSTREAM_VALIDATION_FAILED"),
+        (404, "DOWNSTREAM_NOT_FOUND"),
+        (409, "DOWNSTREAM_CONFLICT"),
+        (422, "DOWNSTREAM_VALIDATION_FAILED"),
+    ],
+)
 def test_a_4xx_answer_is_never_retried(flaky: CountingSystem, client: ReachClient, status: int, code: str) -> None:
     flaky.state.fail_status, flaky.state.fail_count = status, 5
     receipt, _ = timed(client, "flaky.read_item", {"id": "IT-5"})
@@ -279,8 +297,9 @@ def test_429_with_retry_after_is_retried_no_sooner_than_it_says(flaky: CountingS
     assert second["t"] - first["t"] >= 1.0
 
 
-def test_429_asking_for_longer_than_max_backoff_is_handed_to_the_agent(flaky: CountingSystem,
-                                                                       client: ReachClient) -> None:
+def test_429_asking_for_longer_than_max_backoff_is_handed_to_the_agent(
+    flaky: CountingSystem, client: ReachClient
+) -> None:
     """read_item's max_backoff is 200 ms: the pool does not sit out a 1 s Retry-After, it reports it."""
     flaky.state.fail_status, flaky.state.fail_count, flaky.state.retry_after = 429, 1, "1"
     receipt, _ = timed(client, "flaky.read_item", {"id": "IT-7"})
@@ -309,6 +328,7 @@ def test_5xx_on_an_idempotent_read_is_retried_max_attempts_times(flaky: Counting
 
 # -- the breaker ---------------------------------------------------------------------------------
 
+
 def open_the_breaker(client: ReachClient, proxy: FaultProxy) -> float:
     """Blackhole flaky and send reads until fail_max (3) timeouts opened its breaker; returns when."""
     proxy.set("blackhole")
@@ -319,7 +339,8 @@ def open_the_breaker(client: ReachClient, proxy: FaultProxy) -> float:
 
 
 def test_breaker_opens_after_fail_max_answers_at_once_and_recovers_after_reset_timeout(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     baseline = [timed(client, "healthy.read_item", {"id": "IT-b"})[1] for _ in range(3)]
     opened_at = open_the_breaker(client, proxy)
     before = proxy.counts()
@@ -343,7 +364,8 @@ def test_breaker_opens_after_fail_max_answers_at_once_and_recovers_after_reset_t
 
 
 def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fails(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     opened_at = open_the_breaker(client, proxy)
     time.sleep(max(0.0, opened_at + RESET_TIMEOUT + 0.2 - time.monotonic()))
     assert redis.Redis.from_url(REDIS_URL).hget("reach:breaker:flaky", "state") == b"open"
@@ -361,7 +383,8 @@ def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fa
 
 
 def test_a_retry_stopped_by_the_breaker_does_not_claim_the_system_was_never_called(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     proxy.set("blackhole")
     client.call("flaky.read_item", {"id": "IT-30"}, timeout=20)  # 2 of fail_max 3
     before = proxy.counts()
@@ -373,8 +396,10 @@ def test_a_retry_stopped_by_the_breaker_does_not_claim_the_system_was_never_call
 
 # -- isolation -----------------------------------------------------------------------------------
 
+
 def test_a_blackholed_connector_with_a_backlog_does_not_slow_another_connector(
-        flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     """``stuck`` shares flaky's proxy but its breaker never opens, so its backlog of 1 s timeouts
     lasts (2 threads, 20 intents: about 10 s)."""
     baseline = [timed(client, "healthy.read_item", {"id": "IT-b"})[1] for _ in range(5)]
@@ -397,8 +422,10 @@ def test_a_blackholed_connector_with_a_backlog_does_not_slow_another_connector(
 
 # -- health checks (reach beat) ------------------------------------------------------------------
 
+
 def test_beat_marks_a_failing_health_check_down_and_the_router_refuses_until_it_recovers(
-        downstreams: dict[str, CountingSystem], flaky: CountingSystem, fleet: Fleet, client: ReachClient) -> None:
+    downstreams: dict[str, CountingSystem], flaky: CountingSystem, fleet: Fleet, client: ReachClient
+) -> None:
     probed = downstreams["probed"]
     fleet.start_process("beat", ["beat"])
     try:

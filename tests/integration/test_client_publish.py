@@ -14,7 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -60,15 +60,11 @@ class Broker:
         INTENTS(channel).declare()
         RECEIPTS(channel).declare()
         # exclusive + auto_delete: the broker removes it when this connection closes
-        self.tap = Queue(
-            "", exchange=INTENTS, routing_key="intent", exclusive=True, auto_delete=True
-        )(channel)
+        self.tap = Queue("", exchange=INTENTS, routing_key="intent", exclusive=True, auto_delete=True)(channel)
         self.tap.declare()
         self.seen: dict[str, Message] = {}
         # auto_declare off: re-declaring by the server-given amq.gen-* name is refused (403)
-        self.consumer = Consumer(
-            channel, [self.tap], on_message=self._on_message, no_ack=True, auto_declare=False
-        )
+        self.consumer = Consumer(channel, [self.tap], on_message=self._on_message, no_ack=True, auto_declare=False)
         self.consumer.consume()
         self.producer = Producer(channel, exchange=RECEIPTS, auto_declare=False)
 
@@ -87,9 +83,7 @@ class Broker:
                 pass
         return self.seen.pop(intent_id)
 
-    def send_receipt(
-        self, receipt: Receipt | bytes, routing_key: str, content_type: str = "application/json"
-    ) -> None:
+    def send_receipt(self, receipt: Receipt | bytes, routing_key: str, content_type: str = "application/json") -> None:
         body = receipt.to_json() if isinstance(receipt, Receipt) else receipt
         props = {"correlation_id": receipt.intent_id} if isinstance(receipt, Receipt) else {}
         self.producer.publish(
@@ -119,7 +113,7 @@ def client(broker_url: str, agent_id: str, broker: Broker) -> Iterator[ReachClie
 
 
 def make_receipt(agent_id: str, intent_id: str | None = None, **kw: Any) -> Receipt:
-    now = datetime.now(timezone.utc).isoformat()
+    now = datetime.now(UTC).isoformat()
     fields: dict[str, Any] = {
         "intent_id": intent_id or f"never-sent-{uuid.uuid4().hex}",
         "agent_id": agent_id,
@@ -128,9 +122,7 @@ def make_receipt(agent_id: str, intent_id: str | None = None, **kw: Any) -> Rece
         "status": "succeeded",
         "success": True,
         "data": {"ticket_id": "TK-0001"},
-        "execution": Execution(
-            trace_id=uuid.uuid4().hex, attempts=1, received_at=now, finished_at=now
-        ),
+        "execution": Execution(trace_id=uuid.uuid4().hex, attempts=1, received_at=now, finished_at=now),
     }
     fields.update(kw)
     return Receipt(**fields)
@@ -142,7 +134,7 @@ def make_receipt(agent_id: str, intent_id: str | None = None, **kw: Any) -> Rece
 def test_published_intent_is_plain_persistent_json_with_message_id(
     client: ReachClient, broker: Broker, agent_id: str
 ) -> None:
-    deadline = datetime(2030, 1, 31, 12, 0, tzinfo=timezone.utc)
+    deadline = datetime(2030, 1, 31, 12, 0, tzinfo=UTC)
     intent_id = client.publish(
         "local_ticket_system__create_ticket",
         {"title": "Printer broken", "priority": "high"},
@@ -204,9 +196,7 @@ def test_generated_intent_ids_are_unique_uuid_hex(client: ReachClient, broker: B
         assert json.loads(broker.intent(intent_id).body)["params"] == {"tid": "TK-0001"}
 
 
-def test_caller_chosen_intent_id_and_reply_to_are_sent(
-    broker_url: str, broker: Broker, agent_id: str
-) -> None:
+def test_caller_chosen_intent_id_and_reply_to_are_sent(broker_url: str, broker: Broker, agent_id: str) -> None:
     reply_to = f"{agent_id}.session-1"
     with ReachClient(agent_id, broker_url, reply_to=reply_to) as client:
         chosen = f"my-id:{uuid.uuid4().hex}"
@@ -254,9 +244,7 @@ def test_broker_url_comes_from_environment_when_not_given(
         ({"params": ["not", "an", "object"]}, "params"),
     ],
 )
-def test_malformed_intent_is_refused_before_publishing(
-    client: ReachClient, kwargs: dict[str, Any], match: str
-) -> None:
+def test_malformed_intent_is_refused_before_publishing(client: ReachClient, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         client.publish("query_ticket", **kwargs)
 
@@ -331,21 +319,19 @@ def test_a_second_receipt_for_the_same_intent_is_dropped_and_counted(
     assert client.duplicate_receipts == 2
 
 
-def test_a_different_receipt_for_the_same_intent_id_is_kept(
-    client: ReachClient, broker: Broker, agent_id: str
-) -> None:
+def test_a_different_receipt_for_the_same_intent_id_is_kept(client: ReachClient, broker: Broker, agent_id: str) -> None:
     # a dead letter replayed after its "poison" answer, or an intent id reused a day later
     first = make_receipt(agent_id)
-    later = first.model_copy(update={"execution": first.execution.model_copy(update={"finished_at": "2099-01-01T00:00:00Z"})})
+    later = first.model_copy(
+        update={"execution": first.execution.model_copy(update={"finished_at": "2099-01-01T00:00:00Z"})}
+    )
     broker.send_receipt(first, agent_id)
     broker.send_receipt(later, agent_id)
     got = [r for r in client.receipts(timeout=0.5) if r.intent_id == first.intent_id]
     assert got == [first, later] and client.duplicate_receipts == 0
 
 
-def test_with_drop_duplicates_off_every_receipt_is_shown(
-    broker_url: str, broker: Broker, agent_id: str
-) -> None:
+def test_with_drop_duplicates_off_every_receipt_is_shown(broker_url: str, broker: Broker, agent_id: str) -> None:
     receipt = make_receipt(agent_id)
     with ReachClient(agent_id, broker_url, drop_duplicates=False) as raw:
         broker.send_receipt(receipt, agent_id)
@@ -354,9 +340,7 @@ def test_with_drop_duplicates_off_every_receipt_is_shown(
         assert got == [receipt, receipt] and raw.duplicate_receipts == 0
 
 
-def test_receipts_stops_after_the_given_silence(
-    client: ReachClient, broker: Broker, agent_id: str
-) -> None:
+def test_receipts_stops_after_the_given_silence(client: ReachClient, broker: Broker, agent_id: str) -> None:
     receipt = make_receipt(agent_id)
     broker.send_receipt(receipt, agent_id)
     started = time.monotonic()
@@ -386,9 +370,7 @@ def test_wait_times_out_with_the_intent_id_in_the_message(client: ReachClient) -
     assert 0.25 < time.monotonic() - started < 5
 
 
-def test_malformed_and_non_json_receipts_are_skipped(
-    client: ReachClient, broker: Broker, agent_id: str
-) -> None:
+def test_malformed_and_non_json_receipts_are_skipped(client: ReachClient, broker: Broker, agent_id: str) -> None:
     good = make_receipt(agent_id)
     broker.send_receipt(b"not json at all", agent_id)
     broker.send_receipt(b'{"intent_id": "x"}', agent_id)
@@ -469,18 +451,14 @@ def test_tools_raises_reach_error_carrying_a_failed_receipt(
         client.tools()
     assert info.value.receipt == denied
 
-    monkeypatch.setattr(
-        client, "call", lambda *a, **k: make_receipt(agent_id, data={"tools": "none"})
-    )
+    monkeypatch.setattr(client, "call", lambda *a, **k: make_receipt(agent_id, data={"tools": "none"}))
     with pytest.raises(ReachError, match="'tools'"):
         client.tools()
     with pytest.raises(ValueError, match="unknown tool format"):
         client.tools("yaml")
 
 
-def test_closed_client_refuses_to_publish_and_close_is_idempotent(
-    broker_url: str, agent_id: str
-) -> None:
+def test_closed_client_refuses_to_publish_and_close_is_idempotent(broker_url: str, agent_id: str) -> None:
     client = ReachClient(agent_id, broker_url)
     client.close()
     client.close()

@@ -6,6 +6,7 @@ The downstream (tests/integration/counting_system.py) counts executions per titl
 intent here writes a title of its own) and per Idempotency-Key, and answers each write after
 a delay so that writes are in flight when a pool dies.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,14 +22,20 @@ from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Connection, Consumer, Queue
 
 from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
-from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_QUEUE, RECEIPTS_EXCHANGE, connector_queue
+from workers.transport.topology import (
+    INTENTS_QUEUE,
+    RECEIPTS_EXCHANGE,
+    DeadLetterBounds,
+    connector_queue,
+    dead_letter_queue,
+)
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"crash_{RUN}"
@@ -38,15 +45,15 @@ KILL_WRITES = 48
 
 # connector -> (idempotency_header declared, pool threads, started with the fleet)
 CONNECTORS = {
-    "crash_idem": (True, KILL_THREADS, True),      # kill -9 with idempotency_header
-    "crash_raw": (False, KILL_THREADS, True),      # kill -9, plain non-idempotent write
-    "crash_same_key": (False, 10, True),           # one key delivered 20 times at once
-    "crash_queued": (False, 4, True),              # broker restart with a backlog
-    "crash_bystander": (False, 2, True),           # must reconnect by itself
-    "crash_poison": (True, 2, False),              # a job that kills its pool every time
-    "crash_backlog": (False, 2, False),            # started with messages waiting
-    "crash_marked": (False, 1, False),             # killed between publishing a receipt and marking it
-    "crash_unkept": (False, 1, False),             # Redis fails after the call, before the outcome is kept
+    "crash_idem": (True, KILL_THREADS, True),  # kill -9 with idempotency_header
+    "crash_raw": (False, KILL_THREADS, True),  # kill -9, plain non-idempotent write
+    "crash_same_key": (False, 10, True),  # one key delivered 20 times at once
+    "crash_queued": (False, 4, True),  # broker restart with a backlog
+    "crash_bystander": (False, 2, True),  # must reconnect by itself
+    "crash_poison": (True, 2, False),  # a job that kills its pool every time
+    "crash_backlog": (False, 2, False),  # started with messages waiting
+    "crash_marked": (False, 1, False),  # killed between publishing a receipt and marking it
+    "crash_unkept": (False, 1, False),  # Redis fails after the call, before the outcome is kept
 }
 
 
@@ -82,10 +89,12 @@ def fleet(systems: dict[str, CountingSystem]) -> Iterator[Fleet]:
     client = redis.Redis.from_url(REDIS_URL)
     for name in CONNECTORS:  # the Redis database may hold an earlier run's breaker or health marks
         client.delete(f"reach:breaker:{name}", f"reach:health:{name}", f"reach:paused:{name}")
-    catalog = "".join(connector_yaml(name, systems[name].url, header, threads)
-                      for name, (header, threads, _) in CONNECTORS.items())
+    catalog = "".join(
+        connector_yaml(name, systems[name].url, header, threads) for name, (header, threads, _) in CONNECTORS.items()
+    )
     catalog += f"\nagent_app:\n  name: {AGENT}\n  connector_bindings:\n" + "".join(
-        f"    - connector: {name}\n      allowed_actions: [\"*\"]\n" for name in CONNECTORS)
+        f'    - connector: {name}\n      allowed_actions: ["*"]\n' for name in CONNECTORS
+    )
     started = [name for name, (_, _, with_fleet) in CONNECTORS.items() if with_fleet]
     with Fleet(catalog, started) as running:
         purge(*(connector_queue(name).name for name in CONNECTORS))
@@ -104,12 +113,12 @@ def stop_all_at_once(fleet: Fleet) -> None:
 
 @pytest.fixture
 def client(fleet: Fleet) -> Iterator[ReachClient]:
-    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}",
-                     drop_duplicates=False) as reach:
+    with ReachClient(AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}", drop_duplicates=False) as reach:
         yield reach
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
@@ -119,8 +128,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def gather(client: ReachClient, expected: set[str], timeout: float = 60, idle: float = 3.0,
-           grace: float = 1.5) -> list[Receipt]:
+def gather(
+    client: ReachClient, expected: set[str], timeout: float = 60, idle: float = 3.0, grace: float = 1.5
+) -> list[Receipt]:
     """Receipts until every expected one arrived, or none came for ``idle`` s; then ``grace`` s
     more, so a second receipt for anything shows up too."""
     got: list[Receipt] = []
@@ -168,9 +178,14 @@ def tally(ids: dict[str, str], receipts: list[Receipt], system: CountingSystem) 
 # -- kill -9 ------------------------------------------------------------------------------------
 
 
-def kill_three_times(fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient, names: list[str],
-                     writes: int = KILL_WRITES, in_flight: int = KILL_THREADS,
-                     ) -> tuple[dict[str, dict[str, str]], list[Receipt], list[int]]:
+def kill_three_times(
+    fleet: Fleet,
+    systems: dict[str, CountingSystem],
+    client: ReachClient,
+    names: list[str],
+    writes: int = KILL_WRITES,
+    in_flight: int = KILL_THREADS,
+) -> tuple[dict[str, dict[str, str]], list[Receipt], list[int]]:
     """Publish ``writes`` writes to each pool, then three times: once ``in_flight`` writes are in
     flight at a pool's downstream, kill -9 it and start it again (each pool on its own).
 
@@ -234,19 +249,22 @@ def check_kill_outcome(titles: dict[str, str], receipts: list[Receipt], system: 
 
 
 def test_kill_9_of_the_pool_three_times_loses_nothing_and_duplicates_nothing(
-        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     """Side by side: crash_idem declares idempotency_header, crash_raw is a plain non-idempotent
     write. Each pool is started again at once, while the dead worker's heartbeat still lives."""
     titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, ["crash_idem", "crash_raw"])
     assert min(in_flight_at_kill) >= KILL_THREADS, in_flight_at_kill
-    assert len(receipts) == 2 * KILL_WRITES, tally({**titles["crash_idem"], **titles["crash_raw"]}, receipts,
-                                                   systems["crash_raw"])
+    assert len(receipts) == 2 * KILL_WRITES, tally(
+        {**titles["crash_idem"], **titles["crash_raw"]}, receipts, systems["crash_raw"]
+    )
     check_kill_outcome(titles["crash_idem"], receipts, systems["crash_idem"], header=True)
     check_kill_outcome(titles["crash_raw"], receipts, systems["crash_raw"], header=False)
 
 
-def test_kill_9_of_one_replica_while_another_runs_loses_nothing(fleet: Fleet, systems: dict[str, CountingSystem],
-                                                                client: ReachClient) -> None:
+def test_kill_9_of_one_replica_while_another_runs_loses_nothing(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     """Two replicas of one pool (as a Deployment with replicas: 2 runs it); one is killed three
     times and restarted at once. The other receives the in-flight intents again straight away,
     while the dead replica's heartbeat still lives."""
@@ -254,16 +272,18 @@ def test_kill_9_of_one_replica_while_another_runs_loses_nothing(fleet: Fleet, sy
     system = systems[name]
     assert start_pool(fleet, name, replica="#2", threads=2)
     try:
-        titles, receipts, in_flight_at_kill = kill_three_times(fleet, systems, client, [name], writes=96,
-                                                               in_flight=KILL_THREADS + 2)
+        titles, receipts, in_flight_at_kill = kill_three_times(
+            fleet, systems, client, [name], writes=96, in_flight=KILL_THREADS + 2
+        )
     finally:
         fleet.stop_process(name + "#2")
     assert min(in_flight_at_kill) >= KILL_THREADS, in_flight_at_kill
     check_kill_outcome(titles[name], receipts, system, header=True)
 
 
-def test_a_pool_started_with_a_backlog_keeps_running(fleet: Fleet, systems: dict[str, CountingSystem],
-                                                     client: ReachClient) -> None:
+def test_a_pool_started_with_a_backlog_keeps_running(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     name = "crash_backlog"
     system = systems[name]
     system.state.reset()
@@ -283,14 +303,19 @@ def test_a_pool_started_with_a_backlog_keeps_running(fleet: Fleet, systems: dict
         purge(connector_queue(name).name)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: exactly one receipt per intent does not hold when a pool dies after the broker confirmed "
-    "the receipt and before Redis has its 'sent' mark: the redelivered intent finds the stored receipt "
-    "unmarked and publishes it again (ReceiptSink's docstring admits the window). It cannot be closed "
-    "on the publishing side. ReachClient drops the second one (drop_duplicates, on by default; this "
-    "test's client has it off to see the wire); raw AMQP consumers dedupe by correlation_id/message_id"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: exactly one receipt per intent does not hold when a pool dies after the broker confirmed "
+        "the receipt and before Redis has its 'sent' mark: the redelivered intent finds the stored receipt "
+        "unmarked and publishes it again (ReceiptSink's docstring admits the window). It cannot be closed "
+        "on the publishing side. ReachClient drops the second one (drop_duplicates, on by default; this "
+        "test's client has it off to see the wire); raw AMQP consumers dedupe by correlation_id/message_id"
+    ),
+)
 def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_one_receipt(
-        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     name = "crash_marked"
     systems[name].state.reset()
     redis_proxy, through_proxy = proxy_in_front_of_redis(REDIS_URL)
@@ -311,7 +336,8 @@ def test_a_pool_killed_between_publishing_a_receipt_and_marking_it_sent_sends_on
 
 
 def test_a_job_whose_outcome_redis_could_not_keep_gets_one_receipt_on_its_next_delivery(
-        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     """The call went out, then Redis failed when the pool stored the outcome: the job goes back to
     the queue and its record stays "in progress", held by a live worker (this very process). The
     next delivery must answer it — the call was made and is not safe to repeat, so OUTCOME_UNKNOWN
@@ -333,13 +359,17 @@ def test_a_job_whose_outcome_redis_could_not_keep_gets_one_receipt_on_its_next_d
     assert systems[name].executions()[f"{RUN}-unkept"] == 1  # not repeated: the action is not safe to repeat
     assert len(receipts) == 1, receipts
     receipt = receipts[0]
-    assert receipt.status == "unknown" and receipt.error is not None and receipt.error.code == "OUTCOME_UNKNOWN", receipt
+    assert receipt.status == "unknown" and receipt.error is not None and receipt.error.code == "OUTCOME_UNKNOWN", (
+        receipt
+    )
 
 
 # -- idempotency keys under concurrency -----------------------------------------------------------
 
+
 def test_same_idempotency_key_twenty_times_at_once_executes_exactly_once(
-        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     name = "crash_same_key"  # 10 threads, no idempotency_header: only the ledger prevents a second call
     system = systems[name]
     system.state.reset()
@@ -358,8 +388,9 @@ def test_same_idempotency_key_twenty_times_at_once_executes_exactly_once(
     assert all(r.execution.attempts == 0 for r in deduplicated)
 
 
-def test_same_key_with_other_params_is_idempotency_key_reused(fleet: Fleet, systems: dict[str, CountingSystem],
-                                                              client: ReachClient) -> None:
+def test_same_key_with_other_params_is_idempotency_key_reused(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     name = "crash_same_key"
     system = systems[name]
     system.state.reset()
@@ -373,6 +404,7 @@ def test_same_key_with_other_params_is_idempotency_key_reused(fleet: Fleet, syst
 
 
 # -- poison ---------------------------------------------------------------------------------------
+
 
 def dead_letters(intent_id: str, timeout: float = 10) -> list[Any]:
     found: list[Any] = []
@@ -397,7 +429,8 @@ def dead_letters(intent_id: str, timeout: float = 10) -> list[Any]:
 
 
 def test_a_job_that_kills_its_pool_every_time_is_dead_lettered_after_max_deliveries(
-        fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
     name = "crash_poison"  # idempotency_header: a dead worker's call is safe to repeat, so it is repeated
     system = systems[name]
     system.state.reset()
@@ -437,20 +470,23 @@ def test_a_job_that_kills_its_pool_every_time_is_dead_lettered_after_max_deliver
 
 # -- broker restart -------------------------------------------------------------------------------
 
+
 def rabbitmqctl(*args: str, timeout: float = 120) -> None:
     subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=timeout)
 
 
 @pytest.mark.broker_restart
 def test_broker_restart_with_sixty_queued_intents_loses_and_duplicates_nothing(
-        fleet: Fleet, systems: dict[str, CountingSystem]) -> None:
+    fleet: Fleet, systems: dict[str, CountingSystem]
+) -> None:
     name, bystander = "crash_queued", "crash_bystander"
     system = systems[name]
     system.state.reset()
     reply_to = f"{AGENT}.broker{uuid.uuid4().hex[:6]}"
     # a durable receipt queue of the test's own: a client's exclusive queue dies with the broker
-    receipts_queue = Queue(f"test-receipts-{RUN}", RECEIPTS_EXCHANGE, routing_key=reply_to, durable=True,
-                           auto_delete=False)
+    receipts_queue = Queue(
+        f"test-receipts-{RUN}", RECEIPTS_EXCHANGE, routing_key=reply_to, durable=True, auto_delete=False
+    )
     with Connection(BROKER_URL) as conn:
         receipts_queue(conn.default_channel).declare()
     fleet.stop_process(name)  # the intents queue up for it

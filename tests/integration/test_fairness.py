@@ -1,13 +1,13 @@
 """Fair consumption through the running router: one agent's flood does not hold another's intents
 behind it (workers/transport/consuming.py; the figures of record are bench/fairness.py's, BENCHMARKS.md)."""
+
 from __future__ import annotations
 
 import json
-import socket
-from datetime import datetime
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -62,10 +62,13 @@ def fleet() -> Iterator[Fleet]:
 
 def _connect() -> amqp.Connection:
     parts = urlsplit(BROKER_URL)
-    conn = amqp.Connection(host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
-                           userid=unquote(parts.username or "guest"), password=unquote(parts.password or "guest"),
-                           virtual_host=unquote(parts.path[1:]) if parts.path not in ("", "/") else "/",
-                           connect_timeout=10)
+    conn = amqp.Connection(
+        host=f"{parts.hostname or '127.0.0.1'}:{parts.port or 5672}",
+        userid=unquote(parts.username or "guest"),
+        password=unquote(parts.password or "guest"),
+        virtual_host=unquote(parts.path[1:]) if parts.path not in ("", "/") else "/",
+        connect_timeout=10,
+    )
     conn.connect()
     return conn
 
@@ -78,13 +81,28 @@ def _flood(kind: str) -> None:
         for i in range(FLOOD):
             intent_id = f"flood-{RUN}-{kind}-{i}"
             if kind == "valid":
-                body = json.dumps({"intent_id": intent_id, "agent_id": FLOODER, "action": "create_ticket",
-                                   "params": {"title": f"f{i}", "description": "d"}}).encode()
+                body = json.dumps(
+                    {
+                        "intent_id": intent_id,
+                        "agent_id": FLOODER,
+                        "action": "create_ticket",
+                        "params": {"title": f"f{i}", "description": "d"},
+                    }
+                ).encode()
                 headers: dict[str, Any] = {}
             else:
                 body, headers = b'{"action": "create_ticket", "params": {"title": ', {"agent_id": FLOODER}
-            ch.basic_publish(amqp.Message(body, content_type="application/json", delivery_mode=2, message_id=intent_id,
-                                          application_headers=headers), exchange="reach.intents", routing_key="intent")
+            ch.basic_publish(
+                amqp.Message(
+                    body,
+                    content_type="application/json",
+                    delivery_mode=2,
+                    message_id=intent_id,
+                    application_headers=headers,
+                ),
+                exchange="reach.intents",
+                routing_key="intent",
+            )
         ch.close()
     finally:
         conn.close()
@@ -122,7 +140,7 @@ def _calm_overtaken(seconds: float, during: Any) -> list[int]:
     def drain(timeout: float) -> None:
         try:
             conn.drain_events(timeout=max(timeout, 0.001))
-        except socket.timeout:
+        except TimeoutError:
             pass
 
     try:
@@ -135,10 +153,22 @@ def _calm_overtaken(seconds: float, during: Any) -> list[int]:
                 drain(left)
             intent_id = f"calm-{RUN}-{uuid.uuid4().hex[:6]}"
             published[intent_id] = time.time()
-            ch.basic_publish(amqp.Message(json.dumps({"intent_id": intent_id, "agent_id": CALM, "action": "create_ticket",
-                                                      "params": {"title": f"c{i}", "description": "d"}}).encode(),
-                                          content_type="application/json", message_id=intent_id),
-                             exchange="reach.intents", routing_key="intent")
+            ch.basic_publish(
+                amqp.Message(
+                    json.dumps(
+                        {
+                            "intent_id": intent_id,
+                            "agent_id": CALM,
+                            "action": "create_ticket",
+                            "params": {"title": f"c{i}", "description": "d"},
+                        }
+                    ).encode(),
+                    content_type="application/json",
+                    message_id=intent_id,
+                ),
+                exchange="reach.intents",
+                routing_key="intent",
+            )
             i += 1
         deadline = time.time() + 60
         while (len(finished) < len(published) or len(flood_finished) < FLOOD) and time.time() < deadline:
@@ -146,8 +176,10 @@ def _calm_overtaken(seconds: float, during: Any) -> list[int]:
     finally:
         conn.close()
     assert statuses and set(statuses) == {"succeeded"}, statuses
-    return sorted(sum(1 for f in flood_finished if published[k] <= f <= finished[k]) if k in finished else FLOOD
-                  for k in published)
+    return sorted(
+        sum(1 for f in flood_finished if published[k] <= f <= finished[k]) if k in finished else FLOOD
+        for k in published
+    )
 
 
 def _wait_drained(timeout: float = 120) -> None:

@@ -1,5 +1,6 @@
 """A new user's first run: the package as pip installs it, a broker that never saw the fleet, an
 operator's shell with only REACH_BROKER_URL and REACH_REDIS_URL."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,23 @@ import pytest
 
 from tests.fleet import BROKER_URL, REDIS_URL, REPO, Fleet
 
-DEMO_ASSETS = ("workers/ops/demo_assets/__init__.py", "workers/ops/demo_assets/ticket_system.py",
-               "workers/ops/demo_assets/catalog/tickets.yaml")
+DEMO_ASSETS = (
+    "workers/ops/demo_assets/__init__.py",
+    "workers/ops/demo_assets/ticket_system.py",
+    "workers/ops/demo_assets/catalog/tickets.yaml",
+)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (found,) = out.glob("agent_reach-*.whl")
     return found
@@ -39,8 +48,12 @@ def fresh_vhost() -> Iterator[str]:
     vhost = f"reach-first-run-{uuid.uuid4().hex[:8]}"
     subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
     try:
-        subprocess.run(["rabbitmqctl", "set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         yield urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
     finally:
         subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60, check=False)
@@ -52,18 +65,33 @@ def test_the_wheel_carries_what_the_demo_needs(wheel: Path) -> None:
 
 
 def test_the_demo_from_the_wheel_passes_in_another_directory_on_a_vhost_never_seen(
-        wheel: Path, fresh_vhost: str, tmp_path: Path) -> None:
+    wheel: Path, fresh_vhost: str, tmp_path: Path
+) -> None:
     installed = tmp_path / "site-packages"
     zipfile.ZipFile(wheel).extractall(installed)  # a pure-Python wheel: unpacked is installed
     elsewhere = tmp_path / "somewhere-else"
     elsewhere.mkdir()
     env = dict(os.environ, PYTHONPATH=str(installed), REACH_BROKER_URL=fresh_vhost, REACH_REDIS_URL=REDIS_URL)
     env.pop("REACH_CATALOG", None)
-    where = subprocess.run([sys.executable, "-c", "import workers; print(workers.__file__)"], cwd=elsewhere, env=env,
-                           capture_output=True, text=True, timeout=30, check=False)
+    where = subprocess.run(
+        [sys.executable, "-c", "import workers; print(workers.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert where.stdout.startswith(str(installed)), where  # the wheel's code, not the checkout's
-    done = subprocess.run([sys.executable, "-m", "workers.ops.cli", "demo"], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.ops.cli", "demo"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all receipts as expected" in done.stdout.splitlines()
 
@@ -72,13 +100,22 @@ def test_status_without_a_catalog_lists_the_connectors_of_a_running_fleet(tmp_pa
     names = [f"first_{uuid.uuid4().hex[:6]}", f"second_{uuid.uuid4().hex[:6]}"]
     catalog = "\n---\n".join(
         f"connector:\n  name: {name}\n  endpoint: http://127.0.0.1:9\n  actions:\n"
-        f"    - {{action: ping, path: GET /ping, permission: read}}" for name in names)
+        f"    - {{action: ping, path: GET /ping, permission: read}}"
+        for name in names
+    )
     fleet = Fleet(catalog, names).start()
     try:
         operator = {k: v for k, v in fleet.env.items() if k != "REACH_CATALOG"}
         for args in (["status", "--json"], ["status"]):
-            done = subprocess.run([sys.executable, "-m", "workers.ops.cli", *args], cwd=tmp_path, env=operator,
-                                  capture_output=True, text=True, timeout=60, check=False)
+            done = subprocess.run(
+                [sys.executable, "-m", "workers.ops.cli", *args],
+                cwd=tmp_path,
+                env=operator,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
             assert done.returncode == 0, done.stderr
             assert "showing the connectors found in Redis" in done.stderr
             if "--json" in args:
@@ -96,8 +133,11 @@ def test_a_fleet_without_pools_starts_on_a_vhost_never_seen(fresh_vhost: str, mo
     import tests.fleet as harness
 
     monkeypatch.setattr(harness, "BROKER_URL", fresh_vhost)
-    fleet = Fleet("connector:\n  name: unused\n  endpoint: http://127.0.0.1:9\n  actions:\n"
-                  "    - {action: ping, path: GET /ping, permission: read}\n", [])
+    fleet = Fleet(
+        "connector:\n  name: unused\n  endpoint: http://127.0.0.1:9\n  actions:\n"
+        "    - {action: ping, path: GET /ping, permission: read}\n",
+        [],
+    )
     try:
         fleet.start()  # waits for the router's exchanges rather than failing without them
     finally:

@@ -1,4 +1,5 @@
 """The fleet end to end: real router and pool processes, real RabbitMQ and Redis, real HTTP systems."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,13 @@ from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu import Connection, Consumer, Queue
 
 from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, agent
 from workers.state import keys
-from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
+from workers.transport.topology import DLQ, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE, DeadLetterBounds, dead_letter_queue
 
 CATALOG = """
 connector:
@@ -74,8 +75,16 @@ agent_app:
 """
 
 CONTRACT_FIELDS = {"intent_id", "agent_id", "action", "connector", "status", "success", "data", "error", "execution"}
-EXECUTION_FIELDS = {"trace_id", "attempts", "latency_ms", "queue_ms", "downstream_ms", "received_at", "finished_at",
-                    "deduplicated"}
+EXECUTION_FIELDS = {
+    "trace_id",
+    "attempts",
+    "latency_ms",
+    "queue_ms",
+    "downstream_ms",
+    "received_at",
+    "finished_at",
+    "deduplicated",
+}
 NEW_TICKET = {"title": "Printer", "description": "on fire", "priority": "high"}
 CREATE = "fast_tickets.create_ticket"  # bare create_ticket is ambiguous for tester (two connectors)
 
@@ -115,8 +124,9 @@ def tester() -> Iterator[ReachClient]:
 
 def raw_receipts(routing_key: str) -> tuple[Connection, Queue]:
     conn = Connection(BROKER_URL)
-    queue = Queue(f"test-raw-{uuid.uuid4().hex[:8]}", RECEIPTS_EXCHANGE, routing_key=routing_key, exclusive=True,
-                  auto_delete=True)
+    queue = Queue(
+        f"test-raw-{uuid.uuid4().hex[:8]}", RECEIPTS_EXCHANGE, routing_key=routing_key, exclusive=True, auto_delete=True
+    )
     queue(conn.default_channel).declare()
     return conn, queue
 
@@ -137,11 +147,20 @@ def collect(conn: Connection, queue: Queue, count: int, timeout: float = 20) -> 
 
 def publish_raw(body: bytes, **properties: Any) -> None:
     with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(body, exchange=INTENTS_EXCHANGE, routing_key="intent", content_type="application/json",
-                                content_encoding="binary", delivery_mode=2, **properties)
+        conn.Producer().publish(
+            body,
+            exchange=INTENTS_EXCHANGE,
+            routing_key="intent",
+            content_type="application/json",
+            content_encoding="binary",
+            delivery_mode=2,
+            **properties,
+        )
 
 
-def test_valid_intent_executes_once_and_receipt_has_every_contract_field(fast: TicketSystem, tester: ReachClient) -> None:
+def test_valid_intent_executes_once_and_receipt_has_every_contract_field(
+    fast: TicketSystem, tester: ReachClient
+) -> None:
     receipt = tester.call(CREATE, NEW_TICKET, timeout=20)
     assert receipt.status == "succeeded" and receipt.success
     assert receipt.data["ticket_id"] == "TK-0001" and receipt.data["priority"] == "high"
@@ -180,14 +199,18 @@ def test_receipt_is_stored_in_redis_by_agent_and_intent_id(fast: TicketSystem, t
     assert redis.Redis.from_url(REDIS_URL).ttl(keys.receipt(receipt.agent_id, receipt.intent_id)) > 3600
 
 
-@pytest.mark.parametrize("params, code, field", [
-    ({"title": "x", "description": "d", "priority": "urgent"}, "enum", "priority"),
-    ({"description": "d"}, "required", "title"),
-    ({"title": "x", "description": "d", "assignee": "bob"}, "unknown", "assignee"),
-    ({"title": 5, "description": "d"}, "type", "title"),
-])
-def test_invalid_params_are_rejected_before_the_downstream(fast: TicketSystem, tester: ReachClient,
-                                                           params: dict[str, Any], code: str, field: str) -> None:
+@pytest.mark.parametrize(
+    "params, code, field",
+    [
+        ({"title": "x", "description": "d", "priority": "urgent"}, "enum", "priority"),
+        ({"description": "d"}, "required", "title"),
+        ({"title": "x", "description": "d", "assignee": "bob"}, "unknown", "assignee"),
+        ({"title": 5, "description": "d"}, "type", "title"),
+    ],
+)
+def test_invalid_params_are_rejected_before_the_downstream(
+    fast: TicketSystem, tester: ReachClient, params: dict[str, Any], code: str, field: str
+) -> None:
     receipt = tester.call("fast_tickets.create_ticket", params, timeout=20)
     assert receipt.status == "rejected" and receipt.error is not None
     assert receipt.error.code == "VALIDATION_FAILED" and receipt.error.retryable is False
@@ -213,13 +236,15 @@ def test_unknown_agent_and_unknown_action_are_rejected(fast: TicketSystem, teste
 
 
 def test_action_offered_by_two_connectors_is_ambiguous_unless_qualified_or_in_a_domain(
-        fast: TicketSystem, slow: TicketSystem, tester: ReachClient) -> None:
+    fast: TicketSystem, slow: TicketSystem, tester: ReachClient
+) -> None:
     ambiguous = tester.call("create_ticket", {"title": "t", "description": "d"}, timeout=20)
     assert ambiguous.error is not None and ambiguous.error.code == "AMBIGUOUS_ACTION"
     assert "fast_tickets.create_ticket" in ambiguous.error.suggestion
     assert "slow_tickets.create_ticket" in ambiguous.error.suggestion
-    by_domain = tester.call("create_ticket", {"title": "t", "description": "d"}, context={"domain": "support"},
-                            timeout=20)
+    by_domain = tester.call(
+        "create_ticket", {"title": "t", "description": "d"}, context={"domain": "support"}, timeout=20
+    )
     assert by_domain.success and by_domain.connector == "fast_tickets"
     qualified = tester.call("slow_tickets__create_ticket", {"title": "t", "description": "d"}, timeout=20)
     assert qualified.success and qualified.connector == "slow_tickets"
@@ -228,8 +253,10 @@ def test_action_offered_by_two_connectors_is_ambiguous_unless_qualified_or_in_a_
         assert reader.call("query_ticket", {"tid": "TK-1"}, timeout=20).connector == "fast_tickets"
 
 
-@pytest.mark.parametrize("tid", ["../x", "..", "%2F", "a/b", "x?admin=1", "x#frag", "a\r\nX-Injected: 1",
-                                 "@evil.example", "http://127.0.0.1:1/"])
+@pytest.mark.parametrize(
+    "tid",
+    ["../x", "..", "%2F", "a/b", "x?admin=1", "x#frag", "a\r\nX-Injected: 1", "@evil.example", "http://127.0.0.1:1/"],
+)
 def test_path_parameter_never_changes_the_requested_path(fast: TicketSystem, tester: ReachClient, tid: str) -> None:
     receipt = tester.call("query_ticket", {"tid": tid}, timeout=20)
     assert receipt.error is not None and receipt.error.code == "DOWNSTREAM_NOT_FOUND"
@@ -239,7 +266,7 @@ def test_path_parameter_never_changes_the_requested_path(fast: TicketSystem, tes
     assert "x-injected" not in request["headers"]
     from urllib.parse import unquote
 
-    assert unquote(path[len("/tickets/"):]) == tid
+    assert unquote(path[len("/tickets/") :]) == tid
 
 
 def test_fifty_intents_get_exactly_fifty_receipts(fast: TicketSystem, tester: ReachClient) -> None:
@@ -256,12 +283,15 @@ def test_fifty_intents_get_exactly_fifty_receipts(fast: TicketSystem, tester: Re
     assert len(fast.requests("POST")) == 50
 
 
-def test_slow_connector_backlog_does_not_delay_another_connector(fast: TicketSystem, slow: TicketSystem,
-                                                                 tester: ReachClient) -> None:
+def test_slow_connector_backlog_does_not_delay_another_connector(
+    fast: TicketSystem, slow: TicketSystem, tester: ReachClient
+) -> None:
     baseline = []
     for _ in range(3):
         started = time.perf_counter()
-        assert tester.call("fast_tickets.query_ticket", {"tid": "TK-1"}, timeout=20).error.code == "DOWNSTREAM_NOT_FOUND"
+        assert (
+            tester.call("fast_tickets.query_ticket", {"tid": "TK-1"}, timeout=20).error.code == "DOWNSTREAM_NOT_FOUND"
+        )
         baseline.append(time.perf_counter() - started)
     slow.state.delay = 3.0
     backlog = [tester.publish("slow_tickets.create_ticket", {"title": f"s{i}", "description": "d"}) for i in range(30)]
@@ -290,13 +320,18 @@ JUNK: list[tuple[str, bytes]] = [
     ("wrong types", b'{"action": 5, "params": []}'),
     ("NaN", b'{"action": "query_ticket", "params": {"tid": NaN}}'),
     ("duplicate keys", b'{"action": "query_ticket", "action": "create_ticket"}'),
-    ("celery task message", json.dumps([[{"intent_id": "x", "connector": "fast_tickets", "action": "create_ticket",
-                                          "params": NEW_TICKET}], {}, {}]).encode()),
+    (
+        "celery task message",
+        json.dumps(
+            [[{"intent_id": "x", "connector": "fast_tickets", "action": "create_ticket", "params": NEW_TICKET}], {}, {}]
+        ).encode(),
+    ),
 ]
 
 
-def test_junk_gets_invalid_intent_receipts_and_dead_letters_and_the_router_keeps_going(fast: TicketSystem,
-                                                                                        tester: ReachClient) -> None:
+def test_junk_gets_invalid_intent_receipts_and_dead_letters_and_the_router_keeps_going(
+    fast: TicketSystem, tester: ReachClient
+) -> None:
     conn = Connection(BROKER_URL)
     dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
     dlq(conn.default_channel).declare()
@@ -334,24 +369,55 @@ def test_message_without_identity_goes_to_the_dead_letter_queue_only(fast: Ticke
     assert len(dead) == 1 and "JSON" in dead[0].headers["x-reach-reason"]
 
 
-@pytest.mark.parametrize("fmt, body", [
-    ("openai", {"id": "call_1", "type": "function",
-                "function": {"name": "fast_tickets__query_ticket", "arguments": json.dumps({"tid": "TK-7"})}}),
-    ("anthropic", {"type": "tool_use", "id": "toolu_1", "name": "fast_tickets__query_ticket", "input": {"tid": "TK-7"}}),
-    ("mcp", {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-             "params": {"name": "fast_tickets__query_ticket", "arguments": {"tid": "TK-7"}}}),
-    ("langchain", {"name": "fast_tickets__query_ticket", "args": {"tid": "TK-7"}, "id": "lc_1", "type": "tool_call"}),
-])
-def test_foreign_tool_call_formats_are_accepted(fast: TicketSystem, tester: ReachClient, fmt: str,
-                                               body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "fmt, body",
+    [
+        (
+            "openai",
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "fast_tickets__query_ticket", "arguments": json.dumps({"tid": "TK-7"})},
+            },
+        ),
+        (
+            "anthropic",
+            {"type": "tool_use", "id": "toolu_1", "name": "fast_tickets__query_ticket", "input": {"tid": "TK-7"}},
+        ),
+        (
+            "mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "fast_tickets__query_ticket", "arguments": {"tid": "TK-7"}},
+            },
+        ),
+        (
+            "langchain",
+            {"name": "fast_tickets__query_ticket", "args": {"tid": "TK-7"}, "id": "lc_1", "type": "tool_call"},
+        ),
+    ],
+)
+def test_foreign_tool_call_formats_are_accepted(
+    fast: TicketSystem, tester: ReachClient, fmt: str, body: dict[str, Any]
+) -> None:
     message_id = f"{fmt}-{uuid.uuid4().hex[:10]}"
     unique = uuid.uuid4().hex[:8]
-    doc = json.loads(json.dumps(body).replace('"call_1"', f'"call_{unique}"').replace('"toolu_1"', f'"toolu_{unique}"')
-                     .replace('"lc_1"', f'"lc_{unique}"'))
+    doc = json.loads(
+        json.dumps(body)
+        .replace('"call_1"', f'"call_{unique}"')
+        .replace('"toolu_1"', f'"toolu_{unique}"')
+        .replace('"lc_1"', f'"lc_{unique}"')
+    )
     publish_raw(json.dumps(doc).encode(), headers={"agent_id": "tester"}, message_id=message_id)
     # a globally unique foreign id becomes the intent id; MCP's per-session counter does not
-    expected = {"openai": f"call_{unique}", "anthropic": f"toolu_{unique}", "mcp": message_id,
-                "langchain": f"lc_{unique}"}[fmt]
+    expected = {
+        "openai": f"call_{unique}",
+        "anthropic": f"toolu_{unique}",
+        "mcp": message_id,
+        "langchain": f"lc_{unique}",
+    }[fmt]
     receipt = tester.wait(expected, timeout=20)
     assert receipt.error is not None and receipt.error.code == "DOWNSTREAM_NOT_FOUND"
     assert [r["path"] for r in fast.requests("GET")] == ["/tickets/TK-7"]
@@ -361,12 +427,16 @@ def test_authenticated_user_id_is_the_identity_and_a_claimed_one_is_refused(fast
     with agent("guest") as guest, agent("tester") as tester:
         # RabbitMQ checks user_id against the connection's login (guest here)
         good = f"uid-{uuid.uuid4().hex[:8]}"
-        publish_raw(json.dumps({"action": "query_ticket", "params": {"tid": "TK-1"}}).encode(),
-                    message_id=good, user_id="guest")
+        publish_raw(
+            json.dumps({"action": "query_ticket", "params": {"tid": "TK-1"}}).encode(), message_id=good, user_id="guest"
+        )
         assert guest.wait(good, timeout=20).error.code == "DOWNSTREAM_NOT_FOUND"
         forged = f"forged-{uuid.uuid4().hex[:8]}"
-        publish_raw(json.dumps({"action": "create_ticket", "agent_id": "tester", "params": NEW_TICKET}).encode(),
-                    message_id=forged, user_id="guest")
+        publish_raw(
+            json.dumps({"action": "create_ticket", "agent_id": "tester", "params": NEW_TICKET}).encode(),
+            message_id=forged,
+            user_id="guest",
+        )
         receipt = guest.wait(forged, timeout=20)
         assert receipt.error.code == "PERMISSION_DENIED" and receipt.agent_id == "guest"
         assert all(r.intent_id != forged for r in tester.receipts(timeout=1.0))
@@ -386,26 +456,45 @@ def test_agent_gets_its_own_tools(fleet: Fleet) -> None:
     assert tools[0]["input_schema"]["required"] == ["tid"]
 
 
-def test_a_pool_dead_letters_what_is_not_a_job_and_runs_no_task_by_name(fast: TicketSystem, tester: ReachClient) -> None:
+def test_a_pool_dead_letters_what_is_not_a_job_and_runs_no_task_by_name(
+    fast: TicketSystem, tester: ReachClient
+) -> None:
     """Only the router publishes to a connector queue; anything else found there is kept in
     reach.dlq with the reason, and a Celery task name in the headers runs nothing."""
     queue_name = "reach.connector.fast_tickets"
-    job = {"intent_id": "x", "agent_id": "tester", "connector": "fast_tickets", "action": "create_ticket",
-           "params": NEW_TICKET}
+    job = {
+        "intent_id": "x",
+        "agent_id": "tester",
+        "connector": "fast_tickets",
+        "action": "create_ticket",
+        "params": NEW_TICKET,
+    }
     messages = {
-        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([[], {}, {}]).encode(), "celery.backend_cleanup"),
-        f"nojob-{uuid.uuid4().hex[:8]}": (b"\xff not json", "reach.execute"),
-        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([["not a job"], {}, {}]).encode(), "reach.execute"),
-        f"nojob-{uuid.uuid4().hex[:8]}": (json.dumps([[job], {}, {}]).encode(), "reach.other_task"),
+        f"nojob-{n}-{uuid.uuid4().hex[:8]}": message
+        for n, message in enumerate(
+            [
+                (json.dumps([[], {}, {}]).encode(), "celery.backend_cleanup"),
+                (b"\xff not json", "reach.execute"),
+                (json.dumps([["not a job"], {}, {}]).encode(), "reach.execute"),
+                (json.dumps([[job], {}, {}]).encode(), "reach.other_task"),
+            ]
+        )
     }
     with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         dlq = dead_letter_queue(DeadLetterBounds())  # declared as the fleet declares it
         dlq(conn.default_channel).declare()
         conn.default_channel.queue_purge(DLQ.name)
         for message_id, (body, task) in messages.items():
-            conn.Producer().publish(body, exchange="", routing_key=queue_name, content_type="application/json",
-                                    content_encoding="binary", delivery_mode=2, message_id=message_id,
-                                    headers={"task": task, "id": message_id, "lang": "py"})
+            conn.Producer().publish(
+                body,
+                exchange="",
+                routing_key=queue_name,
+                content_type="application/json",
+                content_encoding="binary",
+                delivery_mode=2,
+                message_id=message_id,
+                headers={"task": task, "id": message_id, "lang": "py"},
+            )
         dead = [m for m in collect(conn, dlq, len(messages), timeout=10) if m.properties["message_id"] in messages]
     assert {m.properties["message_id"] for m in dead} == set(messages)
     assert all(m.headers["x-reach-queue"] == queue_name and queue_name in m.headers["x-reach-reason"] for m in dead)

@@ -1,4 +1,5 @@
 """Guardrails through the running fleet: rate limits, time windows, deadlines, redaction."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from kombu import Connection, Exchange, Queue
+from kombu import Connection
 
 from examples.ticket_system import TicketSystem
 from tests.fleet import BROKER_URL, Fleet, agent
-from workers.transport.topology import DLQ, DeadLetterBounds, dead_letter_queue, INTENTS_EXCHANGE
+from workers.transport.topology import DLQ, INTENTS_EXCHANGE, DeadLetterBounds, dead_letter_queue
 
 CATALOG = """
 connector:
@@ -97,11 +98,23 @@ def test_dead_letters_never_hold_sensitive_values(fleet: Fleet, system: TicketSy
         conn.default_channel.queue_purge(DLQ.name)
         message_id = f"sens-{uuid.uuid4().hex[:8]}"
         # a duplicate key makes the intent unreadable as a contract, but its params are known
-        body = json.dumps({"agent_id": AGENT, "action": "create_ticket", "intent_id": 5,
-                           "params": {"title": "x", "description": "d", "secret_note": "the-vault-code-1234"}})
+        body = json.dumps(
+            {
+                "agent_id": AGENT,
+                "action": "create_ticket",
+                "intent_id": 5,
+                "params": {"title": "x", "description": "d", "secret_note": "the-vault-code-1234"},
+            }
+        )
         with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as pub:
-            pub.Producer().publish(body.encode(), exchange=INTENTS_EXCHANGE, routing_key="intent", message_id=message_id,
-                                   content_type="application/json", delivery_mode=2)
+            pub.Producer().publish(
+                body.encode(),
+                exchange=INTENTS_EXCHANGE,
+                routing_key="intent",
+                message_id=message_id,
+                content_type="application/json",
+                delivery_mode=2,
+            )
         got = []
         deadline = time.time() + 15
         while time.time() < deadline and not got:

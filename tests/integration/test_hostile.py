@@ -16,6 +16,7 @@ router that no longer answers (stuck on a poison message) is killed and restarte
 ``reach.intents`` and ``reach.dlq`` are purged, so one failure does not cascade into the next test.
 ``RESTARTS`` lists what had to be revived (printed at the end of the module).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,9 +61,9 @@ from tests.integration.hostile_gen import (
 
 RUN = uuid.uuid4().hex[:6]
 # agent names follow the v2 rule ^[a-z][a-z0-9_]{0,62}$
-AGENT = f"hx_{RUN}"          # sends the hostile intents
-BYSTANDER = f"hb_{RUN}"      # must still be served while (and after) the hostile ones are handled
-GEN_AGENT = f"hg_{RUN}"      # the generator's identity, so its flood costs nobody else
+AGENT = f"hx_{RUN}"  # sends the hostile intents
+BYSTANDER = f"hb_{RUN}"  # must still be served while (and after) the hostile ones are handled
+GEN_AGENT = f"hg_{RUN}"  # the generator's identity, so its flood costs nobody else
 CONNECTOR = "hostile_sys"
 CREATE, READ = f"{CONNECTOR}.create_item", f"{CONNECTOR}.get_item"
 INTENTS, DLQ = "reach.intents", "reach.dlq"
@@ -92,13 +93,16 @@ connector:
         item_id: {{ type: string, required: true }}
       permission: read
       idempotent: true
-""" + "".join(f"""---
+""" + "".join(
+    f"""---
 agent_app:
   name: {name}
   connector_bindings:
     - connector: hostile_sys
       allowed_actions: ["*"]
-""" for name in (AGENT, BYSTANDER, GEN_AGENT))
+"""
+    for name in (AGENT, BYSTANDER, GEN_AGENT)
+)
 
 RESTARTS: list[str] = []
 
@@ -148,8 +152,11 @@ def ready(fleet: Fleet, why: str) -> None:
     purge(INTENTS, DLQ)
     stuck = wait_until(lambda: intents_left() == 0, 3, every=0.5) is False  # a loop holds its message unacked
     if stuck or probe(timeout=10) is None:
-        RESTARTS.append(f"before {why}: the router " + ("kept messages unacked" if stuck else "did not answer")
-                        + "; killed and restarted")
+        RESTARTS.append(
+            f"before {why}: the router "
+            + ("kept messages unacked" if stuck else "did not answer")
+            + "; killed and restarted"
+        )
         restart(fleet, "router")
         if probe(timeout=60) is None:
             pytest.fail(f"the router does not answer even after a restart: {fleet.log('router')[-2000:]}")
@@ -260,27 +267,38 @@ def _agent_header() -> tuple[bytes, bytes]:
 
 PROPERTY_CASES: dict[str, Any] = {
     # ~7 KB; py-amqp's recursive table decoder overflows Python's stack
-    "headers_nested_1000_deep": lambda: properties(content_type="application/json", delivery_mode=2,
-                                                   headers=nested_table(1000)),
+    "headers_nested_1000_deep": lambda: properties(
+        content_type="application/json", delivery_mode=2, headers=nested_table(1000)
+    ),
     # datetime.fromtimestamp(2**63-1) raises in py-amqp's decoder
-    "timestamp_header_2_63_minus_1": lambda: properties(content_type="application/json", delivery_mode=2,
-                                                        headers=table([_agent_header(),
-                                                                       (b"sent_at", fv("T", (1 << 63) - 1))])),
+    "timestamp_header_2_63_minus_1": lambda: properties(
+        content_type="application/json",
+        delivery_mode=2,
+        headers=table([_agent_header(), (b"sent_at", fv("T", (1 << 63) - 1))]),
+    ),
     # short strings decoded as UTF-8 by py-amqp; user_id absent
-    "message_id_invalid_utf8": lambda: properties(content_type="application/json", delivery_mode=2,
-                                                  message_id=b"\xff\xfe-" + RUN.encode(), headers=table([_agent_header()])),
-    "content_type_invalid_utf8": lambda: properties(content_type=b"application/json\xc3\x28", delivery_mode=2,
-                                                    headers=table([_agent_header()])),
+    "message_id_invalid_utf8": lambda: properties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_id=b"\xff\xfe-" + RUN.encode(),
+        headers=table([_agent_header()]),
+    ),
+    "content_type_invalid_utf8": lambda: properties(
+        content_type=b"application/json\xc3\x28", delivery_mode=2, headers=table([_agent_header()])
+    ),
     # kombu's Message() decompresses a body whose headers say `compression`: 256 MiB from ~200 bytes
-    "bzip2_bomb_256_mib": lambda: properties(content_type="application/json", delivery_mode=2,
-                                             headers=table([_agent_header(),
-                                                            (b"compression", fv("S", "application/x-bzip2"))])),
+    "bzip2_bomb_256_mib": lambda: properties(
+        content_type="application/json",
+        delivery_mode=2,
+        headers=table([_agent_header(), (b"compression", fv("S", "application/x-bzip2"))]),
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(PROPERTY_CASES))
 def test_unreadable_amqp_properties_are_dead_lettered_once_and_the_router_survives(
-        case: str, fleet: Fleet, system: CountingSystem) -> None:
+    case: str, fleet: Fleet, system: CountingSystem
+) -> None:
     before = pids(fleet)
     body = bz2_bomb() if case.startswith("bzip2") else dumps(intent(AGENT, CREATE, {"title": f"props-{case}"}))
     with RawSender(BROKER_URL) as sender, PeakRss(before["router"]) as rss:
@@ -319,14 +337,16 @@ REPLY_TO_CASES = {
 
 @pytest.mark.parametrize("case", list(REPLY_TO_CASES))
 def test_reply_to_over_255_bytes_is_answered_once_to_the_agent_and_never_loops(
-        case: str, fleet: Fleet, system: CountingSystem, tap: ReceiptTap) -> None:
+    case: str, fleet: Fleet, system: CountingSystem, tap: ReceiptTap
+) -> None:
     reply_to = REPLY_TO_CASES[case]
     assert len(reply_to.encode()) > 255
     before = pids(fleet)
     intent_id = new_id("reply")
     log_path = fleet.log_dir / "router.log"
-    publish_raw(dumps(intent(AGENT, CREATE, {"title": f"reply-{case}"}, intent_id=intent_id, reply_to=reply_to)),
-                intent_id)
+    publish_raw(
+        dumps(intent(AGENT, CREATE, {"title": f"reply-{case}"}, intent_id=intent_id, reply_to=reply_to)), intent_id
+    )
     tap.wait_for(intent_id, 15)
     dlq_after, log_after = dlq_depth(), log_path.stat().st_size
     depths = watch_dlq(5)
@@ -335,15 +355,17 @@ def test_reply_to_over_255_bytes_is_answered_once_to_the_agent_and_never_loops(
 
     assert_alive(fleet, before)
     receipts = tap.for_intent(intent_id)
-    assert len(receipts) == 1, f"expected exactly one receipt, got {len(receipts)} " \
-                               f"(routing keys {[r.routing_key[:40] for r in receipts]})"
+    assert len(receipts) == 1, (
+        f"expected exactly one receipt, got {len(receipts)} (routing keys {[r.routing_key[:40] for r in receipts]})"
+    )
     receipt = receipts[0]
     assert receipt.routing_key == AGENT, f"the receipt went to {receipt.routing_key[:60]!r}, not the agent's own id"
     assert receipt.error.get("code") == "INVALID_INTENT", receipt.body[:500]
     assert "reply_to" in receipt.error.get("message", ""), receipt.error
     assert hostile_requests(system) == [], "the downstream was called"
-    assert dlq_after <= 1 and set(depths) <= {dlq_after}, \
+    assert dlq_after <= 1 and set(depths) <= {dlq_after}, (
         f"reach.dlq grew by more than one or kept growing: {dlq_after} then {depths}"
+    )
     assert log_growth < 64 * 1024, f"the router log grew {log_growth} bytes in 5 s after the answer"
     assert_intents_empty()
     assert_bystander_served()
@@ -353,13 +375,16 @@ def test_reply_to_over_255_bytes_is_answered_once_to_the_agent_and_never_loops(
 
 
 def test_params_nested_1000_deep_are_refused_once_with_the_limit_and_no_requeue_loop(
-        fleet: Fleet, system: CountingSystem, tap: ReceiptTap) -> None:
+    fleet: Fleet, system: CountingSystem, tap: ReceiptTap
+) -> None:
     before = pids(fleet)
     port = fleet.metrics_port("router")
     received_before = metric_sum(port, "reach_intents_received_total")
     intent_id = new_id("deep")
-    body = (f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
-            f'"params":{{"title":"deep","extra":{nested_json(1000)}}}}}').encode()
+    body = (
+        f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
+        f'"params":{{"title":"deep","extra":{nested_json(1000)}}}}}'
+    ).encode()
     publish_raw(body, intent_id)
     tap.wait_for(intent_id, 15)
     cpu_before = cpu_seconds(before["router"])
@@ -374,8 +399,9 @@ def test_params_nested_1000_deep_are_refused_once_with_the_limit_and_no_requeue_
     error = receipts[0].error
     assert error.get("code") == "INVALID_INTENT", receipts[0].body[:500]
     message = error.get("message", "")
-    assert str(MAX_DEPTH) in message and re.search(r"nest|depth|deep", message, re.I), \
+    assert str(MAX_DEPTH) in message and re.search(r"nest|depth|deep", message, re.I), (
         f"the message does not name the nesting limit ({MAX_DEPTH}): {message!r}"
+    )
     assert received <= 1, f"reach_intents_received_total grew by {received:g} for one intent (a requeue loop)"
     assert cpu_used < 0.6, f"the router used {cpu_used:.2f} s of CPU in the 3 s after answering (not idle)"
     assert_intents_empty()
@@ -387,7 +413,8 @@ def test_params_nested_1000_deep_are_refused_once_with_the_limit_and_no_requeue_
 
 
 def test_a_20_mib_intent_is_never_parsed_and_dead_lettered_as_size_and_digest(
-        fleet: Fleet, tap: ReceiptTap, system: CountingSystem) -> None:
+    fleet: Fleet, tap: ReceiptTap, system: CountingSystem
+) -> None:
     before = pids(fleet)
     intent_id = new_id("huge")
     head = f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}","params":{{"title":"'.encode()
@@ -415,12 +442,17 @@ def test_a_20_mib_intent_is_never_parsed_and_dead_lettered_as_size_and_digest(
 def test_dead_letter_queue_is_declared_with_length_size_and_age_bounds(fleet: Fleet) -> None:
     row = rabbit_queues(VHOST).get(DLQ)
     assert row is not None, "reach.dlq is not declared"
-    arguments = {name: value for name, _kind, value in row["arguments"]} if isinstance(row["arguments"], list) \
+    arguments = (
+        {name: value for name, _kind, value in row["arguments"]}
+        if isinstance(row["arguments"], list)
         else dict(row["arguments"])
+    )
     missing = {"x-max-length", "x-max-length-bytes", "x-message-ttl"} - set(arguments)
     assert not missing, f"reach.dlq has no {sorted(missing)} (arguments: {arguments})"
-    assert all(isinstance(arguments[k], int) and arguments[k] > 0
-               for k in ("x-max-length", "x-max-length-bytes", "x-message-ttl")), arguments
+    assert all(
+        isinstance(arguments[k], int) and arguments[k] > 0
+        for k in ("x-max-length", "x-max-length-bytes", "x-message-ttl")
+    ), arguments
 
 
 # ------------------------------------------------------------------- 5. detail bombs
@@ -428,9 +460,11 @@ def test_dead_letter_queue_is_declared_with_length_size_and_age_bounds(fleet: Fl
 
 def unknown_params_body(intent_id: str, size: int = 244 * 1024) -> tuple[bytes, int]:
     """An intent of at most ``size`` bytes with as many distinct undeclared params as fit."""
+
     def build(n: int) -> bytes:
-        return (f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
-                f'"params":{unknown_params(n)}}}').encode()
+        return (
+            f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}","params":{unknown_params(n)}}}'
+        ).encode()
 
     n = size // 9
     while len(build(n)) > size:
@@ -440,8 +474,10 @@ def unknown_params_body(intent_id: str, size: int = 244 * 1024) -> tuple[bytes, 
 
 def array_items_body(intent_id: str, items: int = 125_000) -> bytes:
     """``tags`` (an array of strings) with 125,000 numbers: 244 KiB, one problem per item."""
-    return (f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
-            f'"params":{{"title":"t","tags":[{",".join(["0"] * items)}]}}}}').encode()
+    return (
+        f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
+        f'"params":{{"title":"t","tags":[{",".join(["0"] * items)}]}}}}'
+    ).encode()
 
 
 MORE = re.compile(r"and (\d[\d,_ ]*) more")
@@ -449,7 +485,8 @@ MORE = re.compile(r"and (\d[\d,_ ]*) more")
 
 @pytest.mark.parametrize("shape", ["unknown_params", "array_items_125000"])
 def test_an_intent_with_tens_of_thousands_of_problems_gets_one_bounded_receipt(
-        shape: str, fleet: Fleet, tap: ReceiptTap, system: CountingSystem) -> None:
+    shape: str, fleet: Fleet, tap: ReceiptTap, system: CountingSystem
+) -> None:
     intent_id = new_id("details")
     if shape == "unknown_params":
         body, problems = unknown_params_body(intent_id)
@@ -478,8 +515,9 @@ def test_an_intent_with_tens_of_thousands_of_problems_gets_one_bounded_receipt(
     assert_bystander_served()
 
 
-def test_forty_detail_bombs_grow_redis_by_less_than_40_mib(fleet: Fleet, tap: ReceiptTap,
-                                                           redis_client: redis.Redis) -> None:
+def test_forty_detail_bombs_grow_redis_by_less_than_40_mib(
+    fleet: Fleet, tap: ReceiptTap, redis_client: redis.Redis
+) -> None:
     used_before = int(redis_client.info("memory")["used_memory"])
     ids = [new_id(f"bomb{i}") for i in range(40)]
     with ReachClient(AGENT, BROKER_URL, drop_duplicates=False) as client:
@@ -503,8 +541,7 @@ def test_forty_detail_bombs_grow_redis_by_less_than_40_mib(fleet: Fleet, tap: Re
 # ------------------------------------------------------------------- 7. secrets in malformed bodies
 
 
-SECRET_CASES = ["trailing_comma", "truncated_json", "duplicate_key", "nan", "invalid_utf8",
-                "openai_arguments_not_json"]
+SECRET_CASES = ["trailing_comma", "truncated_json", "duplicate_key", "nan", "invalid_utf8", "openai_arguments_not_json"]
 
 
 def secret_for(case: str) -> str:
@@ -516,9 +553,9 @@ def secret_body(case: str, intent_id: str) -> bytes:
     params = f'"title":"leak","token":"{secret}"'
     head = f'{{"intent_id":"{intent_id}","agent_id":"{AGENT}","action":"{CREATE}",'
     if case == "trailing_comma":
-        return f"{head}\"params\":{{{params}}},}}".encode()
+        return f'{head}"params":{{{params}}},}}'.encode()
     if case == "truncated_json":
-        return f"{head}\"params\":{{{params},\"extra\":{{\"a\":[1,2".encode()
+        return f'{head}"params":{{{params},"extra":{{"a":[1,2'.encode()
     if case == "duplicate_key":
         return f'{head}"params":{{{params},"title":"again"}}}}'.encode()
     if case == "nan":
@@ -527,8 +564,13 @@ def secret_body(case: str, intent_id: str) -> bytes:
         return f'{head}"params":{{{params},"extra":{{"note":"'.encode() + b"\xff\xfe\xc3\x28" + b'"}}}'
     if case == "openai_arguments_not_json":
         arguments = f'{{"title": "leak", "token": "{secret}", '  # cut off: not JSON
-        return dumps({"id": intent_id, "type": "function",
-                      "function": {"name": f"{CONNECTOR}__create_item", "arguments": arguments}})
+        return dumps(
+            {
+                "id": intent_id,
+                "type": "function",
+                "function": {"name": f"{CONNECTOR}__create_item", "arguments": arguments},
+            }
+        )
     raise ValueError(case)
 
 
@@ -555,21 +597,26 @@ def secret_outcomes(fleet: Fleet, tap: ReceiptTap) -> dict[str, Any]:
     letters = peek_queue(BROKER_URL, DLQ)
     for outcome in outcomes.values():
         outcome.receipts = tap.for_intent(outcome.intent_id)
-        outcome.letters = [letter for letter in letters
-                           if outcome.intent_id in (letter.properties.get("message_id"),
-                                                    letter.header_text("x-reach-intent-id"))]
+        outcome.letters = [
+            letter
+            for letter in letters
+            if outcome.intent_id in (letter.properties.get("message_id"), letter.header_text("x-reach-intent-id"))
+        ]
     return {"cases": outcomes, "letters": letters, "log": fleet.log("router")}
 
 
 @pytest.mark.parametrize("case", SECRET_CASES)
-def test_a_malformed_intent_never_puts_a_sensitive_value_in_a_dead_letter(case: str,
-                                                                          secret_outcomes: dict[str, Any]) -> None:
+def test_a_malformed_intent_never_puts_a_sensitive_value_in_a_dead_letter(
+    case: str, secret_outcomes: dict[str, Any]
+) -> None:
     outcome: SecretOutcome = secret_outcomes["cases"][case]
-    assert outcome.letters, (f"intent {outcome.intent_id} was not dead-lettered "
-                             f"({len(secret_outcomes['letters'])} letters in reach.dlq)")
+    assert outcome.letters, (
+        f"intent {outcome.intent_id} was not dead-lettered ({len(secret_outcomes['letters'])} letters in reach.dlq)"
+    )
     for letter in secret_outcomes["letters"]:  # in none of them, not just its own
-        assert outcome.secret not in letter.all_bytes(), \
+        assert outcome.secret not in letter.all_bytes(), (
             f"a dead letter holds the sensitive value: {letter.body[:300]!r} {letter.headers}"
+        )
     assert len(outcome.receipts) == 1, f"expected one receipt, got {len(outcome.receipts)}"
     receipt = outcome.receipts[0]
     assert receipt.error.get("code") == "INVALID_INTENT" and receipt.routing_key == AGENT, receipt.body[:500]
@@ -577,8 +624,9 @@ def test_a_malformed_intent_never_puts_a_sensitive_value_in_a_dead_letter(case: 
 
 
 def test_malformed_intents_never_put_a_sensitive_value_in_the_router_log(secret_outcomes: dict[str, Any]) -> None:
-    leaked = [case for case, outcome in secret_outcomes["cases"].items()
-              if outcome.secret.decode() in secret_outcomes["log"]]
+    leaked = [
+        case for case, outcome in secret_outcomes["cases"].items() if outcome.secret.decode() in secret_outcomes["log"]
+    ]
     assert leaked == [], f"the router log holds the sensitive value of: {leaked}"
 
 
@@ -597,14 +645,23 @@ class GeneratorRun:
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"hostile generator (seed {self.seed}): messages tried {self.tried} "
-                f"(broker refused {self.refused_by_broker}), router crashes {self.crashes}, "
-                f"loops detected {self.loops}, dead-letter bytes kept {self.dead_letter_bytes}, "
-                f"Redis bytes grown {self.redis_grown}")
+        return (
+            f"hostile generator (seed {self.seed}): messages tried {self.tried} "
+            f"(broker refused {self.refused_by_broker}), router crashes {self.crashes}, "
+            f"loops detected {self.loops}, dead-letter bytes kept {self.dead_letter_bytes}, "
+            f"Redis bytes grown {self.redis_grown}"
+        )
 
 
-def run_generator(fleet: Fleet, redis_client: redis.Redis, seed: int, batches: int, per_batch: int,
-                  limits: Limits, redis_budget: int = 20 * MIB) -> GeneratorRun:
+def run_generator(
+    fleet: Fleet,
+    redis_client: redis.Redis,
+    seed: int,
+    batches: int,
+    per_batch: int,
+    limits: Limits,
+    redis_budget: int = 20 * MIB,
+) -> GeneratorRun:
     """Send ``batches`` of generated messages; after each, check the fleet from outside."""
     run = GeneratorRun(seed)
     gen = Generator(seed, GEN_AGENT, CREATE, limits)
@@ -664,7 +721,8 @@ def run_generator(fleet: Fleet, redis_client: redis.Redis, seed: int, batches: i
 
 
 def test_generated_hostile_messages_never_crash_or_loop_the_fleet(
-        fleet: Fleet, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet: Fleet, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = run_generator(fleet, redis_client, seed=20_240_611, batches=6, per_batch=50, limits=Limits())
     with capsys.disabled():
         print("\n" + run.summary())
@@ -673,8 +731,8 @@ def test_generated_hostile_messages_never_crash_or_loop_the_fleet(
 
 @pytest.mark.soak
 def test_soak_generated_hostile_messages_never_crash_or_loop_the_fleet(
-        request: pytest.FixtureRequest, fleet: Fleet, redis_client: redis.Redis,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    request: pytest.FixtureRequest, fleet: Fleet, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
     markexpr = request.config.getoption("markexpr") or ""
     if "soak" not in markexpr or "not soak" in markexpr:
         pytest.skip("the soak variant runs only when asked for: -m soak")

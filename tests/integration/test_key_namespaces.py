@@ -1,5 +1,6 @@
 """Redis keys are namespaced by agent: one agent's intent ids can never answer, overwrite or
 reveal another agent's intent (design.md section 9, "Hostile input"; workers/state/keys.py)."""
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,17 @@ connector:
         description: {{{{ type: string, required: true }}}}
       permission: write
       idempotent: false
-""" + "".join(f"""
+""" + "".join(
+    f"""
 ---
 agent_app:
   name: {name}
   connector_bindings:
     - connector: {CONNECTOR}
       allowed_actions: ["*"]
-""" for name in (DESK, DESK_EU))
+"""
+    for name in (DESK, DESK_EU)
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +88,8 @@ def titles(system: TicketSystem) -> list[str]:
 
 
 def test_one_agents_intent_id_never_answers_or_overwrites_another_agents_intent(
-        fleet: Fleet, system: TicketSystem) -> None:
+    fleet: Fleet, system: TicketSystem
+) -> None:
     system.state.reset()
     # the pair that once shared "desk:eu:ORDER-…": agent desk's "eu:ORDER-…" and desk_eu's "ORDER-…"
     a = send(DESK, f"eu:ORDER-{RUN}", "desk's eu order")

@@ -1,4 +1,5 @@
 """The idempotency ledger and the shared breaker against the real Redis: atomic across workers."""
+
 from __future__ import annotations
 
 import threading
@@ -183,8 +184,9 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     h = params_hash({"n": 1})
 
     def begin(key: str, intent: str, max_deliveries: int = 5) -> object:
-        return ledger.begin(keys.sent("t", intent), keys.deliveries("t", intent), key, h, intent,
-                            "a", max_deliveries, breaker_key=b.key)
+        return ledger.begin(
+            keys.sent("t", intent), keys.deliveries("t", intent), key, h, intent, "a", max_deliveries, breaker_key=b.key
+        )
 
     closed_key = fresh_key()
     first = begin(closed_key, "i-closed")

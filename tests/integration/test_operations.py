@@ -11,6 +11,7 @@ own process and config) scrapes the router, both pools and beat every second.
 Counts asked of Prometheus are differences from a baseline taken once Prometheus agrees with
 a direct scrape, so the tests do not depend on each other or on the fleet's start-up probe.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,10 @@ from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, REPO, Fleet, agent, free_port, purge, queue_depth
 from tests.integration.prometheus_server import PrometheusServer, ensure_installed, promtool_check_metrics
-from workers.state import keys
 from workers.observability.audit import params_digest
-from workers.ops.fleet import list_dead_letters
 from workers.observability.redaction import REDACTED, REDACTED_HEADER
+from workers.ops.fleet import list_dead_letters
+from workers.state import keys
 from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 RUN = uuid.uuid4().hex[:8]
@@ -119,7 +120,7 @@ agent_app:
       audit_level: none
 """
 
-TRACED, PLAIN = "ops_tickets", "ops_plain"   # pool with the console span exporter / without any SDK
+TRACED, PLAIN = "ops_tickets", "ops_plain"  # pool with the console span exporter / without any SDK
 POOLS = (TRACED, PLAIN)
 CREATE, QUERY = f"{TRACED}.create_ticket", f"{TRACED}.query_ticket"
 ALLOWED_LABELS = {"__name__", "job", "instance", "connector", "action", "code", "outcome", "format", "status", "le"}
@@ -144,8 +145,11 @@ def systems() -> Iterator[dict[str, TicketSystem]]:
 
 @pytest.fixture(scope="module")
 def fleet(systems: dict[str, TicketSystem]) -> Iterator[Fleet]:
-    running = Fleet(CATALOG.format(tickets=systems[TRACED].url, plain=systems[PLAIN].url), [TRACED],
-                    env={"OTEL_TRACES_EXPORTER": "console"})
+    running = Fleet(
+        CATALOG.format(tickets=systems[TRACED].url, plain=systems[PLAIN].url),
+        [TRACED],
+        env={"OTEL_TRACES_EXPORTER": "console"},
+    )
     control = redis.Redis.from_url(REDIS_URL)
     control.delete(*(keys.paused(c) for c in POOLS))
     try:
@@ -155,8 +159,11 @@ def fleet(systems: dict[str, TicketSystem]) -> Iterator[Fleet]:
         running.wait_consuming(connector_queue(PLAIN).name)
         running.start_process("beat", ["beat"])
         wait_for(lambda: probe(running.metrics_port("beat"), "/readyz")[0] == 200, 30, "beat did not get ready")
-        wait_for(lambda: all(probe(running.metrics_port(n), "/readyz")[0] == 200 for n in ("router", *POOLS)), 30,
-                 "router and pools did not get ready")
+        wait_for(
+            lambda: all(probe(running.metrics_port(n), "/readyz")[0] == 200 for n in ("router", *POOLS)),
+            30,
+            "router and pools did not get ready",
+        )
         yield running
     finally:
         control.delete(*(keys.paused(c) for c in POOLS))
@@ -165,11 +172,13 @@ def fleet(systems: dict[str, TicketSystem]) -> Iterator[Fleet]:
 
 @pytest.fixture(scope="module")
 def prometheus(prometheus_installed: None, fleet: Fleet) -> Iterator[PrometheusServer]:
-    server = PrometheusServer({
-        "reach-router": [fleet.metrics_port("router")],
-        "reach-pool": [fleet.metrics_port(p) for p in POOLS],
-        "reach-beat": [fleet.metrics_port("beat")],
-    })
+    server = PrometheusServer(
+        {
+            "reach-router": [fleet.metrics_port("router")],
+            "reach-pool": [fleet.metrics_port(p) for p in POOLS],
+            "reach-beat": [fleet.metrics_port("beat")],
+        }
+    )
     try:
         yield server.start()
     finally:
@@ -197,8 +206,9 @@ def client(fleet: Fleet) -> Iterator[ReachClient]:
 # --------------------------------------------------------------------------- helpers
 
 
-def wait_for(produce: Callable[[], Any], timeout: float, message: str, every: float = 0.1,
-             until: Callable[[Any], Any] = bool) -> Any:
+def wait_for(
+    produce: Callable[[], Any], timeout: float, message: str, every: float = 0.1, until: Callable[[Any], Any] = bool
+) -> Any:
     """Call ``produce`` until ``until`` accepts its value; return that value."""
     deadline = time.time() + timeout
     while True:
@@ -221,11 +231,18 @@ def probe(port: int, path: str) -> tuple[int, bytes, str]:
         return 0, b"", ""
 
 
-def reach(fleet: Fleet, *args: str, env: dict[str, str] | None = None,
-          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def reach(
+    fleet: Fleet, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the `reach` CLI as an operator would, with the fleet's environment."""
-    return subprocess.run([sys.executable, "-m", "workers.ops.cli", *args], env=dict(fleet.env, **(env or {})),
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "workers.ops.cli", *args],
+        env=dict(fleet.env, **(env or {})),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def status_rows(fleet: Fleet) -> dict[str, dict[str, Any]]:
@@ -283,9 +300,13 @@ def all_redis_text() -> str:
     for key in keys:
         pipe.type(key)
     kinds = pipe.execute()
-    read = {b"string": lambda p, k: p.get(k), b"list": lambda p, k: p.lrange(k, 0, -1),
-            b"hash": lambda p, k: p.hgetall(k), b"set": lambda p, k: p.smembers(k),
-            b"zset": lambda p, k: p.zrange(k, 0, -1)}
+    read = {
+        b"string": lambda p, k: p.get(k),
+        b"list": lambda p, k: p.lrange(k, 0, -1),
+        b"hash": lambda p, k: p.hgetall(k),
+        b"set": lambda p, k: p.smembers(k),
+        b"zset": lambda p, k: p.zrange(k, 0, -1),
+    }
     pipe = client.pipeline(transaction=False)
     for key, kind in zip(keys, kinds):
         read.get(kind, lambda p, k: p.exists(k))(pipe, key)
@@ -310,8 +331,9 @@ def direct_scrape(fleet: Fleet, names: tuple[str, ...] = ("router", *POOLS, "bea
     return out
 
 
-def direct_sum(scrapes: dict[str, bytes], sample: str, by: tuple[str, ...],
-               match: dict[str, str] | None = None) -> dict[Key, float]:
+def direct_sum(
+    scrapes: dict[str, bytes], sample: str, by: tuple[str, ...], match: dict[str, str] | None = None
+) -> dict[Key, float]:
     totals: dict[Key, float] = {}
     for body in scrapes.values():
         for family in text_string_to_metric_families(body.decode()):
@@ -323,8 +345,9 @@ def direct_sum(scrapes: dict[str, bytes], sample: str, by: tuple[str, ...],
     return totals
 
 
-def prom_sum(prom: PrometheusServer, sample: str, by: tuple[str, ...],
-             match: dict[str, str] | None = None) -> dict[Key, float]:
+def prom_sum(
+    prom: PrometheusServer, sample: str, by: tuple[str, ...], match: dict[str, str] | None = None
+) -> dict[Key, float]:
     selector = ",".join(f'{k}="{v}"' for k, v in (match or {}).items())
     expr = f"sum by ({', '.join(by)}) ({sample}{{{selector}}})"
     return {tuple(row["metric"].get(label, "") for label in by): float(row["value"][1]) for row in prom.query(expr)}
@@ -345,6 +368,7 @@ TRACKED: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
 
 def settled(fleet: Fleet, prom: PrometheusServer, timeout: float = 20) -> dict[str, dict[Key, float]]:
     """Prometheus's view of TRACKED once it equals what the processes serve right now."""
+
     def agree() -> dict[str, dict[Key, float]] | None:
         scrapes = direct_scrape(fleet, ("router", *POOLS))
         seen = {name: prom_sum(prom, *spec) for name, spec in TRACKED.items()}
@@ -362,8 +386,9 @@ def delta(after: dict[Key, float], before: dict[Key, float]) -> dict[Key, float]
 # --------------------------------------------------------------------------- metrics
 
 
-def test_prometheus_counts_exactly_the_traffic_sent(fleet: Fleet, prometheus: PrometheusServer, tickets: TicketSystem,
-                                                    client: ReachClient) -> None:
+def test_prometheus_counts_exactly_the_traffic_sent(
+    fleet: Fleet, prometheus: PrometheusServer, tickets: TicketSystem, client: ReachClient
+) -> None:
     before = settled(fleet, prometheus)
     ids: list[str] = []
     ids += [client.publish(CREATE, ticket_params()) for _ in range(7)]
@@ -373,8 +398,9 @@ def test_prometheus_counts_exactly_the_traffic_sent(fleet: Fleet, prometheus: Pr
         denied = [reader.publish(CREATE, ticket_params()) for _ in range(2)]  # PERMISSION_DENIED
         receipts = {**wait_receipts(client, ids), **wait_receipts(reader, denied)}
     codes = sorted((r.error.code if r.error else "ok") for r in receipts.values())
-    assert codes == sorted(["ok"] * 7 + ["VALIDATION_FAILED"] * 3 + ["DOWNSTREAM_NOT_FOUND"]
-                           + ["PERMISSION_DENIED"] * 2)
+    assert codes == sorted(
+        ["ok"] * 7 + ["VALIDATION_FAILED"] * 3 + ["DOWNSTREAM_NOT_FOUND"] + ["PERMISSION_DENIED"] * 2
+    )
 
     expected = {
         "received": {("native",): 13},
@@ -419,14 +445,27 @@ def test_promtool_check_metrics_passes_on_every_endpoint(fleet: Fleet, prometheu
     assert set(scrapes) == {"router", *POOLS, "beat"}
     for name, body in scrapes.items():
         checked = promtool_check_metrics(body)
-        assert checked.returncode == 0 and not checked.stdout.strip() and not checked.stderr.strip(), \
+        assert checked.returncode == 0 and not checked.stdout.strip() and not checked.stderr.strip(), (
             f"{name}: {checked.stdout!r} {checked.stderr!r}"
+        )
     names = {f.name for body in scrapes.values() for f in text_string_to_metric_families(body.decode())}
-    documented = {"reach_intents_received", "reach_intents_rejected", "reach_intents_dispatched",
-                  "reach_actions_executed", "reach_receipts_published", "reach_downstream_call_seconds",
-                  "reach_queue_wait_seconds", "reach_intent_latency_seconds", "reach_breaker_state",
-                  "reach_connector_health", "reach_queue_depth", "reach_queue_consumers", "reach_dead_letters",
-                  "reach_dead_letters_dropped", "reach_messages_dropped"}
+    documented = {
+        "reach_intents_received",
+        "reach_intents_rejected",
+        "reach_intents_dispatched",
+        "reach_actions_executed",
+        "reach_receipts_published",
+        "reach_downstream_call_seconds",
+        "reach_queue_wait_seconds",
+        "reach_intent_latency_seconds",
+        "reach_breaker_state",
+        "reach_connector_health",
+        "reach_queue_depth",
+        "reach_queue_consumers",
+        "reach_dead_letters",
+        "reach_dead_letters_dropped",
+        "reach_messages_dropped",
+    }
     # counters and histograms appear once they have a child; the gauges are there from the start
     assert {"reach_breaker_state", "reach_connector_health", "reach_queue_depth", "reach_queue_consumers"} <= names
     # prometheus_client also serves a `<counter or histogram>_created` gauge family for each of them
@@ -451,8 +490,9 @@ def test_dashboard_panels_have_unique_ids_and_do_not_overlap() -> None:
             assert target["expr"].strip() and target["refId"], panel["title"]
 
 
-def test_every_dashboard_expression_returns_data_from_prometheus(fleet: Fleet, prometheus: PrometheusServer,
-                                                                 tickets: TicketSystem, client: ReachClient) -> None:
+def test_every_dashboard_expression_returns_data_from_prometheus(
+    fleet: Fleet, prometheus: PrometheusServer, tickets: TicketSystem, client: ReachClient
+) -> None:
     doc = json.loads(DASHBOARD.read_text())
     assert doc["schemaVersion"] >= 36
     variables = {v["name"]: v for v in doc["templating"]["list"]}
@@ -463,9 +503,19 @@ def test_every_dashboard_expression_returns_data_from_prometheus(fleet: Fleet, p
     assert query == "label_values(reach_queue_depth, connector)"
     panels = [p for p in doc["panels"] if p["type"] != "row"]
     titles = {p["title"] for p in panels}
-    assert {"Throughput", "Rejections by code", "End-to-end latency p50 / p95 / p99", "Downstream call p99",
-            "Queue wait p99", "Queue depth", "Consumers", "Breaker state", "Connector health", "Retries",
-            "Actions by outcome"} <= titles
+    assert {
+        "Throughput",
+        "Rejections by code",
+        "End-to-end latency p50 / p95 / p99",
+        "Downstream call p99",
+        "Queue wait p99",
+        "Queue depth",
+        "Consumers",
+        "Breaker state",
+        "Connector health",
+        "Retries",
+        "Actions by outcome",
+    } <= titles
     for panel in panels:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         assert panel["targets"], panel["title"]
@@ -477,9 +527,13 @@ def test_every_dashboard_expression_returns_data_from_prometheus(fleet: Fleet, p
     assert client.call(QUERY, {"tid": tid}, timeout=20).execution.attempts == 2
 
     used = {m for p in panels for t in p["targets"] for m in re.findall(r"\b(reach_[a-z_]+)", t["expr"])}
-    exposed = wait_for(lambda: set(prometheus.api("label/__name__/values")), 10,
-                       f"the dashboard uses metric names the fleet does not expose: {sorted(used)}", every=0.5,
-                       until=lambda names: used <= names)
+    exposed = wait_for(
+        lambda: set(prometheus.api("label/__name__/values")),
+        10,
+        f"the dashboard uses metric names the fleet does not expose: {sorted(used)}",
+        every=0.5,
+        until=lambda names: used <= names,
+    )
     deadline = time.time() + 20
     for panel in panels:
         for target in panel["targets"]:
@@ -493,8 +547,11 @@ def test_every_dashboard_expression_returns_data_from_prometheus(fleet: Fleet, p
                 assert {r["metric"].get("connector") for r in rows} == {TRACED}, (panel["title"], rows)
 
     # the value mappings cover every value the gauges can take
-    mapped = {p["title"]: p["fieldConfig"]["defaults"]["mappings"][0]["options"] for p in panels
-              if p["title"] in ("Breaker state", "Connector health")}
+    mapped = {
+        p["title"]: p["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        for p in panels
+        if p["title"] in ("Breaker state", "Connector health")
+    }
     assert {k: v["text"] for k, v in mapped["Breaker state"].items()} == {"0": "closed", "1": "half-open", "2": "open"}
     assert {k: v["text"] for k, v in mapped["Connector health"].items()} == {"1": "up", "0": "down", "-1": "unknown"}
     assert prometheus.values(f'reach_breaker_state{{connector="{TRACED}"}}', "connector") == {TRACED: 0.0}
@@ -506,7 +563,8 @@ def test_every_dashboard_expression_returns_data_from_prometheus(fleet: Fleet, p
 
 @pytest.mark.parametrize("connector", POOLS)
 def test_traceparent_is_continued_in_receipt_audit_and_every_downstream_attempt(
-        fleet: Fleet, systems: dict[str, TicketSystem], client: ReachClient, connector: str) -> None:
+    fleet: Fleet, systems: dict[str, TicketSystem], client: ReachClient, connector: str
+) -> None:
     system = systems[connector]
     system.state.reset()
     system.state.fail_status, system.state.fail_count = 503, 2
@@ -516,18 +574,23 @@ def test_traceparent_is_continued_in_receipt_audit_and_every_downstream_attempt(
     assert receipt.execution.attempts == 3 and receipt.error.code == "DOWNSTREAM_NOT_FOUND"
     sent = downstream_traceparents(system, "/tickets/TK-0777")
     assert [t for t, _ in sent] == [trace_id] * 3
-    events = wait_for(lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing",
-                      until=lambda found: len(found) >= 6)
+    events = wait_for(
+        lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing", until=lambda found: len(found) >= 6
+    )
     assert [e["stage"] for e in events] == ["received", "dispatched", "attempt", "attempt", "attempt", "receipt"]
     assert {e["trace_id"] for e in events} == {trace_id}
 
 
-@pytest.mark.parametrize("connector", [
-    TRACED,
-    PLAIN,
-])
-def test_each_downstream_attempt_is_a_new_span_of_the_same_trace(fleet: Fleet, systems: dict[str, TicketSystem],
-                                                                 client: ReachClient, connector: str) -> None:
+@pytest.mark.parametrize(
+    "connector",
+    [
+        TRACED,
+        PLAIN,
+    ],
+)
+def test_each_downstream_attempt_is_a_new_span_of_the_same_trace(
+    fleet: Fleet, systems: dict[str, TicketSystem], client: ReachClient, connector: str
+) -> None:
     system = systems[connector]
     system.state.reset()
     system.state.fail_status, system.state.fail_count = 503, 2
@@ -542,15 +605,17 @@ def test_each_downstream_attempt_is_a_new_span_of_the_same_trace(fleet: Fleet, s
 
 @pytest.mark.parametrize("connector", POOLS)
 def test_intent_without_traceparent_gets_a_fresh_trace_also_sent_downstream(
-        fleet: Fleet, systems: dict[str, TicketSystem], client: ReachClient, connector: str) -> None:
+    fleet: Fleet, systems: dict[str, TicketSystem], client: ReachClient, connector: str
+) -> None:
     system = systems[connector]
     system.state.reset()
     receipt = client.call(f"{connector}.query_ticket", {"tid": "TK-0779"}, timeout=20)
     trace_id = receipt.execution.trace_id
     assert re.fullmatch(r"[0-9a-f]{32}", trace_id) and trace_id != "0" * 32
     assert [t for t, _ in downstream_traceparents(system, "/tickets/TK-0779")] == [trace_id]
-    events = wait_for(lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing",
-                      until=lambda found: len(found) >= 4)
+    events = wait_for(
+        lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing", until=lambda found: len(found) >= 4
+    )
     assert {e["trace_id"] for e in events} == {trace_id}
     other = client.call(f"{connector}.query_ticket", {"tid": "TK-0779"}, timeout=20)
     assert other.execution.trace_id != trace_id  # a new trace per intent
@@ -560,15 +625,17 @@ def test_traceparent_amqp_header_is_continued(fleet: Fleet, tickets: TicketSyste
     traceparent, trace_id, _ = new_traceparent()
     intent_id = f"hdr-{uuid.uuid4().hex[:10]}"
     body = {"intent_id": intent_id, "agent_id": "ops_agent", "action": QUERY, "params": {"tid": "TK-0780"}}
-    client.publish_raw(json.dumps(body).encode(), headers={"agent_id": "ops_agent", "traceparent": traceparent},
-                       message_id=intent_id)
+    client.publish_raw(
+        json.dumps(body).encode(), headers={"agent_id": "ops_agent", "traceparent": traceparent}, message_id=intent_id
+    )
     receipt = client.wait(intent_id, timeout=20)
     assert receipt.execution.trace_id == trace_id
     assert [t for t, _ in downstream_traceparents(tickets, "/tickets/TK-0780")] == [trace_id]
 
 
 def test_console_exporter_emits_route_queue_wait_and_downstream_spans_on_the_trace(
-        fleet: Fleet, tickets: TicketSystem, plain: TicketSystem, client: ReachClient) -> None:
+    fleet: Fleet, tickets: TicketSystem, plain: TicketSystem, client: ReachClient
+) -> None:
     traceparent, trace_id, _ = new_traceparent()
     receipt = client.call(CREATE, ticket_params(), traceparent=traceparent, timeout=20)
     assert receipt.success
@@ -593,19 +660,25 @@ def test_console_exporter_emits_route_queue_wait_and_downstream_spans_on_the_tra
 # --------------------------------------------------------------------------- audit
 
 
-def test_one_audit_line_per_stage_with_a_redacted_params_digest(fleet: Fleet, tickets: TicketSystem,
-                                                                client: ReachClient) -> None:
+def test_one_audit_line_per_stage_with_a_redacted_params_digest(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     traceparent, trace_id, _ = new_traceparent()
     params = ticket_params(phone=SECRET)
     receipt = client.call(CREATE, params, traceparent=traceparent, timeout=20)
     assert receipt.success
     assert tickets.requests("POST")[0]["body"]["phone"] == SECRET  # the value was real, and went downstream
-    events = wait_for(lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing",
-                      until=lambda found: len(found) >= 4)
+    events = wait_for(
+        lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing", until=lambda found: len(found) >= 4
+    )
     assert [e["stage"] for e in events] == ["received", "dispatched", "attempt", "receipt"]
     for event in events:
-        assert (event["agent"], event["action"], event["connector"], event["trace_id"]) == \
-            ("ops_agent", "create_ticket", TRACED, trace_id), event
+        assert (event["agent"], event["action"], event["connector"], event["trace_id"]) == (
+            "ops_agent",
+            "create_ticket",
+            TRACED,
+            trace_id,
+        ), event
     received, dispatched, attempt, final = events
     assert received["process"] == dispatched["process"] == "router" and received["format"] == "native"
     assert attempt["process"] == final["process"] == f"pool:{TRACED}"
@@ -615,8 +688,11 @@ def test_one_audit_line_per_stage_with_a_redacted_params_digest(fleet: Fleet, ti
     assert final["status"] == "succeeded" and final["latency_ms"] > 0 and final["attempts"] == 1
     # the digest is taken after redaction: another phone number gives the same digest
     again = client.call(CREATE, dict(params, phone="+1-555-0100"), timeout=20)
-    other = wait_for(lambda: [e for e in audit_events(fleet, again.intent_id) if e["stage"] == "dispatched"], 10,
-                     "no dispatched line")
+    other = wait_for(
+        lambda: [e for e in audit_events(fleet, again.intent_id) if e["stage"] == "dispatched"],
+        10,
+        "no dispatched line",
+    )
     assert other[0]["params_digest"] == dispatched["params_digest"]
 
     assert SECRET not in "\n".join(log_lines(fleet, "router", *POOLS, "beat"))
@@ -624,7 +700,8 @@ def test_one_audit_line_per_stage_with_a_redacted_params_digest(fleet: Fleet, ti
 
 
 def test_an_answered_intent_leaves_its_receipt_and_sent_mark_but_no_delivery_count(
-        fleet: Fleet, tickets: TicketSystem, client: ReachClient) -> None:
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     """The delivery counter only matters until the receipt is out: kept for 24 h it was a fifth
     of the keys the fleet stores per intent."""
     receipt = client.call(CREATE, ticket_params(), timeout=20)
@@ -637,16 +714,24 @@ def test_an_answered_intent_leaves_its_receipt_and_sent_mark_but_no_delivery_cou
     assert store.exists(f"reach:deliveries:{agent}:{receipt.intent_id}") == 0, "the delivery count outlived the receipt"
 
 
-def test_rejected_intent_audit_lines_received_rejected_receipt(fleet: Fleet, tickets: TicketSystem,
-                                                               client: ReachClient) -> None:
+def test_rejected_intent_audit_lines_received_rejected_receipt(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     traceparent, trace_id, _ = new_traceparent()
     receipt = client.call(CREATE, {"description": "no title", "phone": SECRET}, traceparent=traceparent, timeout=20)
     assert receipt.error.code == "VALIDATION_FAILED"
-    events = wait_for(lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing",
-                      until=lambda found: len(found) >= 3)
+    events = wait_for(
+        lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing", until=lambda found: len(found) >= 3
+    )
     assert [e["stage"] for e in events] == ["received", "rejected", "receipt"]
-    assert all(e["process"] == "router" and e["trace_id"] == trace_id and e["agent"] == "ops_agent"
-               and e["action"] == "create_ticket" and e["connector"] == TRACED for e in events), events
+    assert all(
+        e["process"] == "router"
+        and e["trace_id"] == trace_id
+        and e["agent"] == "ops_agent"
+        and e["action"] == "create_ticket"
+        and e["connector"] == TRACED
+        for e in events
+    ), events
     assert events[1]["code"] == "VALIDATION_FAILED"
     assert events[2]["status"] == "rejected" and events[2]["code"] == "VALIDATION_FAILED" and "latency_ms" in events[2]
     assert tickets.requests() == []
@@ -654,23 +739,30 @@ def test_rejected_intent_audit_lines_received_rejected_receipt(fleet: Fleet, tic
     assert SECRET not in all_redis_text()
 
 
-def test_rejected_intent_audit_line_has_a_redacted_params_digest(fleet: Fleet, tickets: TicketSystem,
-                                                                 client: ReachClient) -> None:
+def test_rejected_intent_audit_line_has_a_redacted_params_digest(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     params = {"description": "no title", "phone": SECRET}
     receipt = client.call(CREATE, params, timeout=20)
-    events = wait_for(lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing",
-                      until=lambda found: len(found) >= 3)
+    events = wait_for(
+        lambda: audit_events(fleet, receipt.intent_id), 10, "audit lines missing", until=lambda found: len(found) >= 3
+    )
     (rejected,) = [e for e in events if e["stage"] == "rejected"]
     assert rejected["params_digest"] == params_digest(dict(params, phone=REDACTED))
 
 
-def test_reach_trace_prints_the_stages_in_order_with_timings(fleet: Fleet, tickets: TicketSystem,
-                                                             client: ReachClient) -> None:
+def test_reach_trace_prints_the_stages_in_order_with_timings(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     tickets.state.fail_status, tickets.state.fail_count = 503, 1
     receipt = client.call(QUERY, {"tid": "TK-0404"}, timeout=20)
     assert receipt.execution.attempts == 2
-    done = wait_for(lambda: reach(fleet, "trace", receipt.intent_id), 10, "reach trace never showed five stages",
-                    until=lambda run: run.stdout.count("\n") >= 5)
+    done = wait_for(
+        lambda: reach(fleet, "trace", receipt.intent_id),
+        10,
+        "reach trace never showed five stages",
+        until=lambda run: run.stdout.count("\n") >= 5,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     parsed = parse_trace(done.stdout)
@@ -693,25 +785,36 @@ def test_reach_trace_prints_the_stages_in_order_with_timings(fleet: Fleet, ticke
 
 
 def test_reach_trace_of_an_intent_id_two_agents_used_names_both_and_each_has_its_own(
-        fleet: Fleet, tickets: TicketSystem) -> None:
+    fleet: Fleet, tickets: TicketSystem
+) -> None:
     intent_id = f"shared-{RUN}"
     for agent_id, tid in (("ops_agent", "TK-0201"), ("ops_reader", "TK-0202")):
         with agent(agent_id) as reach_client:
             reach_client.publish(QUERY, {"tid": tid}, intent_id=intent_id)
             assert reach_client.wait(intent_id, timeout=20).agent_id == agent_id
-    both = wait_for(lambda: reach(fleet, "trace", intent_id), 10, "reach trace never saw both agents",
-                    until=lambda run: "ops_reader" in run.stderr)
+    both = wait_for(
+        lambda: reach(fleet, "trace", intent_id),
+        10,
+        "reach trace never saw both agents",
+        until=lambda run: "ops_reader" in run.stderr,
+    )
     assert both.returncode == 1 and "ops_agent, ops_reader" in both.stderr and "--agent" in both.stderr
-    for agent_id, tid in (("ops_agent", "TK-0201"), ("ops_reader", "TK-0202")):
-        mine = wait_for(lambda: reach(fleet, "trace", intent_id, "--agent", agent_id), 10, "no receipt stage",
-                        until=lambda run: "receipt" in run.stdout)
+    for agent_id, _tid in (("ops_agent", "TK-0201"), ("ops_reader", "TK-0202")):
+        mine = wait_for(
+            lambda: reach(fleet, "trace", intent_id, "--agent", agent_id),
+            10,
+            "no receipt stage",
+            until=lambda run: "receipt" in run.stdout,
+        )
         assert mine.returncode == 0, mine.stderr
-        assert {f"agent={agent_id}"} == {word for line in mine.stdout.splitlines() for word in line.split()
-                                         if word.startswith("agent=")}
+        assert {f"agent={agent_id}"} == {
+            word for line in mine.stdout.splitlines() for word in line.split() if word.startswith("agent=")
+        }
 
 
-def test_audit_level_summary_writes_only_the_receipt_and_none_writes_nothing(fleet: Fleet,
-                                                                             tickets: TicketSystem) -> None:
+def test_audit_level_summary_writes_only_the_receipt_and_none_writes_nothing(
+    fleet: Fleet, tickets: TicketSystem
+) -> None:
     seen: dict[str, list[str]] = {}
     for agent_id in ("ops_summary", "ops_silent"):
         with agent(agent_id) as reach_client:
@@ -750,15 +853,29 @@ def json_trace(agent_id: str, intent_id: str) -> list[dict[str, Any]]:
 
 
 def test_status_shows_depth_consumers_in_flight_breaker_health_paused_and_last_error(
-        fleet: Fleet, plain: TicketSystem, client: ReachClient) -> None:
+    fleet: Fleet, plain: TicketSystem, client: ReachClient
+) -> None:
     assert client.call(f"{PLAIN}.query_ticket", {"tid": "TK-0000"}, timeout=20).error.code == "DOWNSTREAM_NOT_FOUND"
     plain.state.delay = 3.0
     slow = client.publish(f"{PLAIN}.create_ticket", ticket_params())
-    rows = wait_for(lambda: status_rows(fleet), 6, "status never showed the intent in flight",
-                    until=lambda found: found[PLAIN]["in_flight"] == 1)
+    rows = wait_for(
+        lambda: status_rows(fleet),
+        6,
+        "status never showed the intent in flight",
+        until=lambda found: found[PLAIN]["in_flight"] == 1,
+    )
     plain_row, tickets_row = rows[PLAIN], rows[TRACED]
-    assert set(plain_row) == {"connector", "queue_depth", "consumers", "in_flight", "workers", "breaker", "health",
-                              "paused", "last_error"}
+    assert set(plain_row) == {
+        "connector",
+        "queue_depth",
+        "consumers",
+        "in_flight",
+        "workers",
+        "breaker",
+        "health",
+        "paused",
+        "last_error",
+    }
     assert (plain_row["queue_depth"], plain_row["consumers"]) == (0, 1) and plain_row["workers"] >= 1
     assert (plain_row["breaker"], plain_row["health"], plain_row["paused"]) == ("closed", "up", False)
     assert plain_row["last_error"].startswith("DOWNSTREAM_NOT_FOUND ") and "ago" in plain_row["last_error"]
@@ -766,8 +883,18 @@ def test_status_shows_depth_consumers_in_flight_breaker_health_paused_and_last_e
     table = reach(fleet, "status")
     assert table.returncode == 0, table.stderr
     header, rule, *body = table.stdout.splitlines()
-    assert header.split() == ["connector", "queued", "consumers", "in-flight", "workers", "breaker", "health",
-                              "paused", "last", "error"]
+    assert header.split() == [
+        "connector",
+        "queued",
+        "consumers",
+        "in-flight",
+        "workers",
+        "breaker",
+        "health",
+        "paused",
+        "last",
+        "error",
+    ]
     cells = next(line for line in body if line.startswith(PLAIN)).split()
     assert [cells[i] for i in (0, 1, 2, 5, 6, 7)] == [PLAIN, "0", "1", "closed", "up", "no"]
     assert cells[8] == "DOWNSTREAM_NOT_FOUND"
@@ -797,7 +924,8 @@ def restart_pool(fleet: Fleet, prometheus: PrometheusServer | None, name: str) -
 
 
 def test_pause_holds_intents_in_the_queue_and_resume_processes_every_one(
-        fleet: Fleet, prometheus: PrometheusServer, plain: TicketSystem, client: ReachClient) -> None:
+    fleet: Fleet, prometheus: PrometheusServer, plain: TicketSystem, client: ReachClient
+) -> None:
     queue = connector_queue(PLAIN).name
     try:
         done = reach(fleet, "pause", PLAIN)
@@ -820,8 +948,11 @@ def test_pause_holds_intents_in_the_queue_and_resume_processes_every_one(
         # a paused pool is alive and ready: it is idle on purpose, and a rollout must not stall on it
         port = fleet.metrics_port(PLAIN)
         assert probe(port, "/healthz")[0] == 200 and probe(port, "/readyz")[0] == 200
-        wait_for(lambda: prom_sum(prometheus, "reach_queue_depth", ("connector",)).get((PLAIN,)) == 10, 10,
-                 "Prometheus never saw the paused queue's depth")
+        wait_for(
+            lambda: prom_sum(prometheus, "reach_queue_depth", ("connector",)).get((PLAIN,)) == 10,
+            10,
+            "Prometheus never saw the paused queue's depth",
+        )
         assert prom_sum(prometheus, "reach_queue_consumers", ("connector",))[(PLAIN,)] == 0
         assert prom_sum(prometheus, "reach_intents_rejected_total", ("code",)) == rejected_before
     finally:
@@ -835,8 +966,9 @@ def test_pause_holds_intents_in_the_queue_and_resume_processes_every_one(
     assert status_rows(fleet)[PLAIN]["paused"] is False
 
 
-def test_pool_restarted_while_paused_stays_paused(fleet: Fleet, prometheus: PrometheusServer, plain: TicketSystem,
-                                                  client: ReachClient) -> None:
+def test_pool_restarted_while_paused_stays_paused(
+    fleet: Fleet, prometheus: PrometheusServer, plain: TicketSystem, client: ReachClient
+) -> None:
     queue = connector_queue(PLAIN).name
     try:
         assert reach(fleet, "pause", PLAIN).returncode == 0
@@ -869,18 +1001,35 @@ def dlq_depth() -> int:
 
 def publish_dead_letter(body: bytes, message_id: str, headers: dict[str, Any]) -> None:
     with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, content_type="application/json",
-                                content_encoding="utf-8", delivery_mode=2, message_id=message_id, headers=headers)
+        conn.Producer().publish(
+            body,
+            exchange=DEFAULT_EXCHANGE,
+            routing_key=DLQ.name,
+            content_type="application/json",
+            content_encoding="utf-8",
+            delivery_mode=2,
+            message_id=message_id,
+            headers=headers,
+        )
 
 
 def publish_intent(body: bytes, message_id: str | None, headers: dict[str, Any]) -> None:
     with Connection(BROKER_URL, transport_options={"confirm_publish": True}) as conn:
-        conn.Producer().publish(body, exchange=INTENTS_EXCHANGE, routing_key="intent", content_type="application/json",
-                                content_encoding="binary", delivery_mode=2, message_id=message_id, headers=headers)
+        conn.Producer().publish(
+            body,
+            exchange=INTENTS_EXCHANGE,
+            routing_key="intent",
+            content_type="application/json",
+            content_encoding="binary",
+            delivery_mode=2,
+            message_id=message_id,
+            headers=headers,
+        )
 
 
 def test_dlq_list_shows_reason_agent_time_and_a_redacted_preview_without_removing(
-        fleet: Fleet, tickets: TicketSystem, client: ReachClient) -> None:
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient
+) -> None:
     purge(DLQ.name)
     not_json, wrong_shape, anonymous = (f"junk-{n}-{uuid.uuid4().hex[:8]}" for n in ("a", "b", "c"))
     publish_intent(b"{not json", not_json, {"agent_id": "ops_agent"})
@@ -914,8 +1063,9 @@ def test_dlq_list_shows_reason_agent_time_and_a_redacted_preview_without_removin
 
 
 @pytest.mark.parametrize("shape", ["router", "pool"])
-def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(fleet: Fleet, tickets: TicketSystem,
-                                                                    client: ReachClient, shape: str) -> None:
+def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient, shape: str
+) -> None:
     purge(DLQ.name)
     intent_id = f"replay-{shape}-{uuid.uuid4().hex[:8]}"
     intent = {"intent_id": intent_id, "agent_id": "ops_agent", "action": CREATE, "params": ticket_params()}
@@ -925,14 +1075,30 @@ def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(fleet: Fleet
     assert first.success and len(tickets.requests("POST")) == 1
 
     # as the router dead-letters an intent / as a pool dead-letters a job
-    headers = {"x-reach-reason": "simulated", "x-reach-intent-id": intent_id, "x-reach-agent-id": "ops_agent",
-               "x-reach-received-at": datetime.now().astimezone().isoformat()}
+    headers = {
+        "x-reach-reason": "simulated",
+        "x-reach-intent-id": intent_id,
+        "x-reach-agent-id": "ops_agent",
+        "x-reach-received-at": datetime.now().astimezone().isoformat(),
+    }
     if shape == "pool":
         now = time.time()
-        body = json.dumps({"v": 1, **intent, "connector": TRACED, "action": "create_ticket",
-                           "idempotency_key": intent_id, "reply_to": "ops_agent", "deadline": None,
-                           "trace_id": first.execution.trace_id, "traceparent": None, "format": "native",
-                           "received_at": now, "dispatched_at": now}).encode()
+        body = json.dumps(
+            {
+                "v": 1,
+                **intent,
+                "connector": TRACED,
+                "action": "create_ticket",
+                "idempotency_key": intent_id,
+                "reply_to": "ops_agent",
+                "deadline": None,
+                "trace_id": first.execution.trace_id,
+                "traceparent": None,
+                "format": "native",
+                "received_at": now,
+                "dispatched_at": now,
+            }
+        ).encode()
         headers["x-reach-connector"] = TRACED
     publish_dead_letter(body, intent_id, headers)
     bystander = f"junk-{uuid.uuid4().hex[:8]}"
@@ -959,18 +1125,35 @@ def pool_letter(intent_id: str, connector: str, params: dict[str, Any]) -> tuple
     """(body, headers) of a job dead-lettered by ``connector``'s pool, as ``PoolRuntime._dead_letter``
     writes it (the params as given: already redacted or not)."""
     now = time.time()
-    job = {"v": 1, "intent_id": intent_id, "agent_id": "ops_agent", "connector": connector, "action": "create_ticket",
-           "params": params, "idempotency_key": intent_id, "reply_to": "ops_agent", "deadline": None,
-           "trace_id": uuid.uuid4().hex, "traceparent": None, "format": "native", "received_at": now,
-           "dispatched_at": now}
-    headers = {"x-reach-reason": "delivered 6 times without finishing (a worker died each time)",
-               "x-reach-intent-id": intent_id, "x-reach-agent-id": "ops_agent", "x-reach-connector": connector}
+    job = {
+        "v": 1,
+        "intent_id": intent_id,
+        "agent_id": "ops_agent",
+        "connector": connector,
+        "action": "create_ticket",
+        "params": params,
+        "idempotency_key": intent_id,
+        "reply_to": "ops_agent",
+        "deadline": None,
+        "trace_id": uuid.uuid4().hex,
+        "traceparent": None,
+        "format": "native",
+        "received_at": now,
+        "dispatched_at": now,
+    }
+    headers = {
+        "x-reach-reason": "delivered 6 times without finishing (a worker died each time)",
+        "x-reach-intent-id": intent_id,
+        "x-reach-agent-id": "ops_agent",
+        "x-reach-connector": connector,
+    }
     return json.dumps(job).encode(), headers
 
 
 @pytest.mark.parametrize("written", ["with_header", "before_the_header"])
-def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(fleet: Fleet, tickets: TicketSystem,
-                                                                        client: ReachClient, written: str) -> None:
+def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(
+    fleet: Fleet, tickets: TicketSystem, client: ReachClient, written: str
+) -> None:
     purge(DLQ.name)
     redacted_id, clean_id = (f"replay-{n}-{uuid.uuid4().hex[:8]}" for n in ("redacted", "clean"))
     body, headers = pool_letter(redacted_id, TRACED, ticket_params(phone=REDACTED))
@@ -983,8 +1166,10 @@ def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(fleet: F
 
     done = reach(fleet, "dlq", "replay")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert (f"not replayed {redacted_id}: its sensitive params were redacted when it was dead-lettered; "
-            "ask the agent to send the intent again") in done.stdout
+    assert (
+        f"not replayed {redacted_id}: its sensitive params were redacted when it was dead-lettered; "
+        "ask the agent to send the intent again"
+    ) in done.stdout
     assert "replayed 1 dead letter(s); 1 kept in reach.dlq" in done.stdout and "not found" not in done.stdout
     # the other letter was replayed as before
     assert client.wait(clean_id, timeout=20).success
@@ -1000,8 +1185,9 @@ def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(fleet: F
     assert all(REDACTED not in json.dumps(r, default=str) for r in tickets.requests())
 
 
-def test_dlq_replay_sends_a_pool_job_as_the_router_does_and_it_runs_once(fleet: Fleet, plain: TicketSystem,
-                                                                           client: ReachClient) -> None:
+def test_dlq_replay_sends_a_pool_job_as_the_router_does_and_it_runs_once(
+    fleet: Fleet, plain: TicketSystem, client: ReachClient
+) -> None:
     purge(DLQ.name)
     queue = connector_queue(PLAIN).name
     intent_id, raw_id = f"replay-wire-{uuid.uuid4().hex[:8]}", f"raw-{uuid.uuid4().hex[:8]}"

@@ -1,5 +1,6 @@
 """The fleet's publisher against the real broker: every message confirmed and delivered exactly
 once from many threads at once, and a lost connection costs no message."""
+
 from __future__ import annotations
 
 import socket
@@ -7,7 +8,6 @@ import threading
 import uuid
 
 import pytest
-
 from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
@@ -53,8 +53,14 @@ def test_twenty_threads_publishing_at_once_get_every_message_confirmed_once(kind
     def send(thread: int) -> None:
         try:
             for i in range(50):
-                pub.publish(f"{thread}-{i}".encode(), exchange=EXCHANGE, routing_key=queue.name,
-                            headers={"n": i}, message_id=f"{thread}-{i}", correlation_id="c")
+                pub.publish(
+                    f"{thread}-{i}".encode(),
+                    exchange=EXCHANGE,
+                    routing_key=queue.name,
+                    headers={"n": i},
+                    message_id=f"{thread}-{i}",
+                    correlation_id="c",
+                )
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 

@@ -1,4 +1,5 @@
 """Rate limits in the real Redis: atomic, shared by every router replica."""
+
 from __future__ import annotations
 
 import threading

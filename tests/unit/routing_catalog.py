@@ -1,4 +1,5 @@
 """A catalog for router unit tests (no services needed)."""
+
 from __future__ import annotations
 
 from pathlib import Path

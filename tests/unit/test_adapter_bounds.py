@@ -2,6 +2,7 @@
 
 The system is an ``httpx.MockTransport``, so each test sees exactly what would have been sent.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,25 @@ from connectors.schema import DEFAULT_MAX_PROBLEMS, MAX_HEADER_VALUE_BYTES, MAX_
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
 
-GET_ONE = {"action": "get_thing", "path": "GET /things/{tid}", "permission": "read",
-           "input": {"tid": {"required": True}, "note": {"in": "header", "name": "X-Note"}, "q": {}}}
-CREATE = {"action": "create_thing", "path": "POST /things", "permission": "write", "idempotent": False,
-          "input": {"name": {}}}
-READ_WITH_OUTPUT = {"action": "read_thing", "path": "GET /thing", "permission": "read",
-                    "output": {"a": {"type": "object"}}}
+GET_ONE = {
+    "action": "get_thing",
+    "path": "GET /things/{tid}",
+    "permission": "read",
+    "input": {"tid": {"required": True}, "note": {"in": "header", "name": "X-Note"}, "q": {}},
+}
+CREATE = {
+    "action": "create_thing",
+    "path": "POST /things",
+    "permission": "write",
+    "idempotent": False,
+    "input": {"name": {}},
+}
+READ_WITH_OUTPUT = {
+    "action": "read_thing",
+    "path": "GET /thing",
+    "permission": "read",
+    "output": {"a": {"type": "object"}},
+}
 READ = {"action": "read_any", "path": "GET /any", "permission": "read"}
 
 
@@ -37,10 +51,12 @@ class System:
         return httpx.Response(self.status, content=self.content, headers=self.headers)
 
 
-def call(system: System, action: str, params: dict[str, Any] | None = None, ctx: CallContext | None = None,
-         **adapter: Any) -> Outcome:
-    spec = ConnectorSpec.model_validate({"name": "sys", "endpoint": "http://sys.example",
-                                         "actions": [GET_ONE, CREATE, READ_WITH_OUTPUT, READ]})
+def call(
+    system: System, action: str, params: dict[str, Any] | None = None, ctx: CallContext | None = None, **adapter: Any
+) -> Outcome:
+    spec = ConnectorSpec.model_validate(
+        {"name": "sys", "endpoint": "http://sys.example", "actions": [GET_ONE, CREATE, READ_WITH_OUTPUT, READ]}
+    )
     client = HttpAdapter(spec, environ={}, transport=httpx.MockTransport(system), **adapter)
     try:
         found = spec.action(action)
@@ -56,6 +72,7 @@ def nested(levels: int) -> bytes:
 
 
 # -- over-long params never raise and are never sent --------------------------------------------
+
 
 def test_a_100k_path_parameter_is_refused_unsent_naming_the_field() -> None:
     system = System()
@@ -95,6 +112,7 @@ def test_an_over_long_query_string_is_refused_unsent(size: int) -> None:
 
 
 # -- answers nested too deep ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("levels", [300, 100_000])  # past orjson's 254; past Python's recursion limit
 def test_a_deep_answer_to_a_write_keeps_the_success_with_a_marker(levels: int) -> None:
@@ -147,22 +165,33 @@ def test_a_deep_error_answer_maps_by_its_status() -> None:
     assert outcome.code is ErrorCode.DOWNSTREAM_ERROR and "503" in outcome.message
 
 
-@pytest.mark.parametrize("text, depth", [
-    (b"{}", 1), (b'{"a":[1,{"b":[]}]}', 4), (b"[[],[[]]]", 3), (b'"[[["', 0), (b'["\\\\", [[]]]', 3),
-    (b'["\\"[[[", {}]', 2), (b'{"a": "\\\\\\"]]]["}', 1),
-])
+@pytest.mark.parametrize(
+    "text, depth",
+    [
+        (b"{}", 1),
+        (b'{"a":[1,{"b":[]}]}', 4),
+        (b"[[],[[]]]", 3),
+        (b'"[[["', 0),
+        (b'["\\\\", [[]]]', 3),
+        (b'["\\"[[[", {}]', 2),
+        (b'{"a": "\\\\\\"]]]["}', 1),
+    ],
+)
 def test_json_depth_counts_only_brackets_outside_strings(text: bytes, depth: int) -> None:
     assert json_depth(text) == depth
 
 
 # -- answers too large ---------------------------------------------------------------------------
 
+
 def test_an_oversized_answer_to_a_write_keeps_the_success_with_a_marker() -> None:
     system = System(b'{"blob":"' + b"x" * 5000 + b'"}', status=201)
     outcome = call(system, "create_thing", max_response_bytes=1024)
     assert outcome.ok and outcome.http_status == 201
-    assert outcome.data == {"_reach_omitted": "the system's answer is larger than 1024 bytes, the limit",
-                            "bytes": len(system.content)}
+    assert outcome.data == {
+        "_reach_omitted": "the system's answer is larger than 1024 bytes, the limit",
+        "bytes": len(system.content),
+    }
 
 
 def test_an_oversized_error_answer_maps_by_its_status() -> None:
@@ -172,9 +201,20 @@ def test_an_oversized_error_answer_maps_by_its_status() -> None:
 
 def test_an_answer_breaking_the_declared_output_in_many_ways_keeps_a_bounded_list() -> None:
     strays = json.dumps({"a": {f"k{i}": i for i in range(60_000)}}).encode()  # each an unknown property
-    spec = ConnectorSpec.model_validate({"name": "sys", "endpoint": "http://sys.example", "actions": [
-        {"action": "read_thing", "path": "GET /thing", "permission": "read",
-         "output": {"a": {"type": "object", "properties": {"x": {}}}}}]})
+    spec = ConnectorSpec.model_validate(
+        {
+            "name": "sys",
+            "endpoint": "http://sys.example",
+            "actions": [
+                {
+                    "action": "read_thing",
+                    "path": "GET /thing",
+                    "permission": "read",
+                    "output": {"a": {"type": "object", "properties": {"x": {}}}},
+                }
+            ],
+        }
+    )
     client = HttpAdapter(spec, environ={}, transport=httpx.MockTransport(System(strays)))
     try:
         outcome = client.call(spec.actions[0], {}, CallContext("intent-1"))

@@ -3,6 +3,7 @@
 A problem is asserted by file AND line: the YAML snippets mark the line a problem must point at
 with a trailing ``#!`` comment, so the expected line numbers are read from the text itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from workers.ops.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 @pytest.fixture(autouse=True, params=["libyaml", "pyyaml"])
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with libyaml first (as installed from wheels) and with PyYAML's own parser
@@ -28,8 +30,10 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
         monkeypatch.setattr(loader, "_Composer", loader._PyComposer)
         monkeypatch.setattr(loader, "_COMPOSERS", (loader._PyComposer,))
     elif loader._Composer is loader._PyComposer:
-        pytest.fail("PyYAML has no libyaml here: catalogs load 3-4x slower; install PyYAML from its wheel "
-                    "(pip install --force-reinstall --only-binary :all: pyyaml)")
+        pytest.fail(
+            "PyYAML has no libyaml here: catalogs load 3-4x slower; install PyYAML from its wheel "
+            "(pip install --force-reinstall --only-binary :all: pyyaml)"
+        )
     return str(request.param)
 
 
@@ -124,14 +128,20 @@ def catalog_of(directory: Path) -> Catalog:
 def assert_reported(directory: Path, file: Path, line: int, *fragments: str) -> None:
     """The problem is in the library's list and in `reach validate`'s output, which exits 1."""
     problems = problems_of(directory)
-    hits = [p for p in problems if p.file == str(file) and p.line == line
-            and all(f.lower() in p.message.lower() for f in fragments)]
+    hits = [
+        p
+        for p in problems
+        if p.file == str(file) and p.line == line and all(f.lower() in p.message.lower() for f in fragments)
+    ]
     assert hits, f"no problem at {file.name}:{line} mentioning {fragments}; got:\n" + "\n".join(map(str, problems))
     result = validate(directory)
     assert result.exit_code == 1, result.output
     assert f"{file}:{line}:" in result.stdout
-    assert any(all(f.lower() in out.lower() for f in fragments)
-               for out in result.stdout.splitlines() if out.startswith(f"{file}:{line}:"))
+    assert any(
+        all(f.lower() in out.lower() for f in fragments)
+        for out in result.stdout.splitlines()
+        if out.startswith(f"{file}:{line}:")
+    )
 
 
 # -- the design example and what is read ------------------------------------------------------
@@ -186,15 +196,23 @@ def test_the_shipped_example_catalog_validates() -> None:
 
 
 def test_several_documents_files_yml_and_nested_directories_are_all_read(tmp_path: Path) -> None:
-    write(tmp_path, "tickets.yaml", TICKETS + """\
+    write(
+        tmp_path,
+        "tickets.yaml",
+        TICKETS
+        + """\
 ---
 agent_app:
   name: desk_bot
   connector_bindings:
     - connector: tickets
       allowed_actions: [create_ticket]
-""")
-    write(tmp_path, "crm.yml", """\
+""",
+    )
+    write(
+        tmp_path,
+        "crm.yml",
+        """\
         connector:
           name: crm
           endpoint: http://127.0.0.1:8001
@@ -203,8 +221,12 @@ agent_app:
               path: GET /customers
               input:
                 email: { type: string, required: true }
-        """)
-    write(tmp_path, "teams/support/bots.yaml", """\
+        """,
+    )
+    write(
+        tmp_path,
+        "teams/support/bots.yaml",
+        """\
         agent_app:
           name: crm_bot
           connector_bindings:
@@ -218,12 +240,17 @@ agent_app:
               allowed_actions: ["*"]
             - connector: tickets
               allowed_actions: ["*"]
-        """)
+        """,
+    )
     write(tmp_path, "notes.txt", "this: is not: a catalog: file")
     catalog = catalog_of(tmp_path)
     assert set(catalog.connectors) == {"tickets", "crm"}
     assert set(catalog.agents) == {"desk_bot", "crm_bot", "all_bot"}
-    assert sorted(catalog.visible_actions("all_bot")) == ["crm.find_customer", "tickets.create_ticket", "tickets.query_ticket"]
+    assert sorted(catalog.visible_actions("all_bot")) == [
+        "crm.find_customer",
+        "tickets.create_ticket",
+        "tickets.query_ticket",
+    ]
     result = validate(tmp_path)
     assert result.exit_code == 0, result.output
     assert "ok: 2 connector(s), 3 action(s), 3 agent app(s)" in result.stdout
@@ -246,7 +273,8 @@ def test_directory_without_yaml_files_is_a_problem(tmp_path: Path) -> None:
 
 # (snippet appended to TICKETS as a second document or replacing it, fragments the message must hold)
 CONNECTOR_PROBLEMS = {
-    "unknown_field_key": ("""\
+    "unknown_field_key": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -257,8 +285,11 @@ connector:
         title:
           type: string
           requried: true   #!
-""", ("requried", "unknown key")),
-    "unknown_field_type": ("""\
+""",
+        ("requried", "unknown key"),
+    ),
+    "unknown_field_type": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -268,24 +299,33 @@ connector:
       input:
         title:
           type: strng   #!
-""", ("type", "strng")),
-    "bad_method_in_path": ("""\
+""",
+        ("type", "strng"),
+    ),
+    "bad_method_in_path": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
   actions:
     - action: a
       path: FETCH /x   #!
-""", ("FETCH", "method")),
-    "path_without_method": ("""\
+""",
+        ("FETCH", "method"),
+    ),
+    "path_without_method": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
   actions:
     - action: a
       path: /x   #!
-""", ("METHOD /template",)),
-    "path_parameter_not_declared": ("""\
+""",
+        ("METHOD /template",),
+    ),
+    "path_parameter_not_declared": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -294,8 +334,11 @@ connector:
       path: GET /items/{item_id}
       input:
         id: { type: string }
-""", ("{item_id}", "not declared")),
-    "duration_with_words": ("""\
+""",
+        ("{item_id}", "not declared"),
+    ),
+    "duration_with_words": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -303,8 +346,11 @@ connector:
     - action: a
       path: GET /a
       timeout: 5 seconds   #!
-""", ("timeout", "5 seconds", "not a duration")),
-    "duration_as_bare_number": ("""\
+""",
+        ("timeout", "5 seconds", "not a duration"),
+    ),
+    "duration_as_bare_number": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -312,8 +358,11 @@ connector:
     - action: a
       path: GET /a
       timeout: 5   #!
-""", ("timeout", "not a duration")),
-    "zero_duration": ("""\
+""",
+        ("timeout", "not a duration"),
+    ),
+    "zero_duration": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -321,8 +370,11 @@ connector:
   actions:
     - action: a
       path: GET /a
-""", ("reset_timeout", "longer than zero")),
-    "bad_allowed_hours_on_action": ("""\
+""",
+        ("reset_timeout", "longer than zero"),
+    ),
+    "bad_allowed_hours_on_action": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -330,8 +382,11 @@ connector:
     - action: a
       path: GET /a
       allowed_hours: "8-22"   #!
-""", ("allowed_hours", "08:00-22:00")),
-    "enum_without_values": ("""\
+""",
+        ("allowed_hours", "08:00-22:00"),
+    ),
+    "enum_without_values": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -340,16 +395,22 @@ connector:
       path: GET /a
       input:
         level: { type: enum }   #!
-""", ("values",)),
-    "endpoint_not_a_url": ("""\
+""",
+        ("values",),
+    ),
+    "endpoint_not_a_url": (
+        """\
 connector:
   name: c
   endpoint: localhost:8000   #!
   actions:
     - action: a
       path: GET /a
-""", ("endpoint", "http")),
-    "unknown_connector_key": ("""\
+""",
+        ("endpoint", "http"),
+    ),
+    "unknown_connector_key": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -357,8 +418,11 @@ connector:
   actions:
     - action: a
       path: GET /a
-""", ("idempotency_heder", "unknown key")),
-    "auth_inline_secret": ("""\
+""",
+        ("idempotency_heder", "unknown key"),
+    ),
+    "auth_inline_secret": (
+        """\
 connector:
   name: c
   endpoint: http://127.0.0.1:8000
@@ -368,7 +432,9 @@ connector:
   actions:
     - action: a
       path: GET /a
-""", ("token", "unknown key")),
+""",
+        ("token", "unknown key"),
+    ),
 }
 
 
@@ -381,7 +447,8 @@ def test_connector_problem_is_reported_with_file_and_line(tmp_path: Path, case: 
 
 
 AGENT_PROBLEMS = {
-    "binding_to_unknown_connector": ("""\
+    "binding_to_unknown_connector": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
@@ -389,8 +456,11 @@ agent_app:
       allowed_actions: [query_ticket]
     - connector: tikets   #!
       allowed_actions: [query_ticket]
-""", ("tikets", "unknown connector")),
-    "binding_to_unknown_action": ("""\
+""",
+        ("tikets", "unknown connector"),
+    ),
+    "binding_to_unknown_action": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
@@ -398,47 +468,65 @@ agent_app:
       allowed_actions:
         - query_ticket
         - close_ticket   #!
-""", ("close_ticket", "no action")),
-    "bad_rate_limit": ("""\
+""",
+        ("close_ticket", "no action"),
+    ),
+    "bad_rate_limit": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
     - connector: tickets
       allowed_actions: [query_ticket]
       rate_limit: 10/day   #!
-""", ("rate_limit", "10/day")),
-    "zero_rate_limit": ("""\
+""",
+        ("rate_limit", "10/day"),
+    ),
+    "zero_rate_limit": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
     - connector: tickets
       allowed_actions: [query_ticket]
       rate_limit: 0/min   #!
-""", ("rate_limit",)),
-    "impossible_allowed_hours": ("""\
+""",
+        ("rate_limit",),
+    ),
+    "impossible_allowed_hours": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
     - connector: tickets
       allowed_actions: [query_ticket]
       allowed_hours: "25:00-22:00 Asia/Shanghai"   #!
-""", ("allowed_hours", "impossible")),
-    "allowed_hours_unknown_zone": ("""\
+""",
+        ("allowed_hours", "impossible"),
+    ),
+    "allowed_hours_unknown_zone": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
     - connector: tickets
       allowed_actions: [query_ticket]
       allowed_hours: "08:00-22:00 Mars/Olympus"   #!
-""", ("allowed_hours", "Mars/Olympus")),
-    "binding_key_typo": ("""\
+""",
+        ("allowed_hours", "Mars/Olympus"),
+    ),
+    "binding_key_typo": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
     - connector: tickets
       allowed_action: [query_ticket]   #!
-""", ("allowed_action", "unknown key")),
-    "connector_bound_twice": ("""\
+""",
+        ("allowed_action", "unknown key"),
+    ),
+    "connector_bound_twice": (
+        """\
 agent_app:
   name: bot
   connector_bindings:
@@ -446,7 +534,9 @@ agent_app:
       allowed_actions: [query_ticket]
     - connector: tickets   #!
       allowed_actions: [create_ticket]
-""", ("tickets", "twice")),
+""",
+        ("tickets", "twice"),
+    ),
 }
 
 
@@ -465,12 +555,16 @@ def test_names_outside_the_key_safe_charset_are_refused_with_the_rule(tmp_path: 
     """Redis keys start with "<agent>:" and "<connector>:", so no ':' or '.' (and one spelling
     per name: lowercase only)."""
     if kind == "connector":
-        text = f"connector:\n  name: {name}   #!\n  endpoint: http://127.0.0.1:8000\n" \
-               "  actions:\n    - action: a\n      path: GET /a\n"
+        text = (
+            f"connector:\n  name: {name}   #!\n  endpoint: http://127.0.0.1:8000\n"
+            "  actions:\n    - action: a\n      path: GET /a\n"
+        )
     else:
         write(tmp_path, "tickets.yaml", TICKETS)
-        text = f"agent_app:\n  name: {name}   #!\n  connector_bindings:\n    - connector: tickets\n" \
-               "      allowed_actions: [query_ticket]\n"
+        text = (
+            f"agent_app:\n  name: {name}   #!\n  connector_bindings:\n    - connector: tickets\n"
+            "      allowed_actions: [query_ticket]\n"
+        )
     path = write(tmp_path, "named.yaml", text)
     assert_reported(tmp_path, path, 2, repr(name), "^[a-z][a-z0-9_]{0,62}$")
 
@@ -478,8 +572,12 @@ def test_names_outside_the_key_safe_charset_are_refused_with_the_rule(tmp_path: 
 @pytest.mark.parametrize("name", ["d", "desk", "desk_eu", "ticket_desk_bot2", "a" * 63])
 def test_lowercase_names_with_digits_and_underscores_are_accepted(tmp_path: Path, name: str) -> None:
     write(tmp_path, "tickets.yaml", TICKETS)
-    write(tmp_path, "named.yaml", f"agent_app:\n  name: {name}\n  connector_bindings:\n    - connector: tickets\n"
-                                  "      allowed_actions: [query_ticket]\n")
+    write(
+        tmp_path,
+        "named.yaml",
+        f"agent_app:\n  name: {name}\n  connector_bindings:\n    - connector: tickets\n"
+        "      allowed_actions: [query_ticket]\n",
+    )
     assert name in catalog_of(tmp_path).agents
 
 
@@ -553,11 +651,14 @@ connector:
         assert_reported(tmp_path, path, line, "twice")
 
 
-@pytest.mark.parametrize("text, line, fragment", [
-    ("connector:\n  name: c\n  endpoint: http://x\n   actions: []\n", 4, "not valid YAML"),
-    ("connector:\n  name: c\n  actions: [a, b\n", 4, "not valid YAML"),
-    ("connector:\n  name: 'c\n", 3, "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, line, fragment",
+    [
+        ("connector:\n  name: c\n  endpoint: http://x\n   actions: []\n", 4, "not valid YAML"),
+        ("connector:\n  name: c\n  actions: [a, b\n", 4, "not valid YAML"),
+        ("connector:\n  name: 'c\n", 3, "not valid YAML"),
+    ],
+)
 def test_invalid_yaml_syntax_is_reported_with_its_line(tmp_path: Path, text: str, line: int, fragment: str) -> None:
     path = write(tmp_path, "broken.yaml", text)
     assert_reported(tmp_path, path, line, fragment)
@@ -565,7 +666,11 @@ def test_invalid_yaml_syntax_is_reported_with_its_line(tmp_path: Path, text: str
 
 def test_invalid_yaml_in_one_file_does_not_hide_problems_in_another(tmp_path: Path) -> None:
     write(tmp_path, "a.yaml", "connector:\n  name: c\n  endpoint: http://x\n   actions: []\n")
-    other = write(tmp_path, "b.yaml", "agent_app:\n  name: bot\n  connector_bindings:\n    - connector: ghost\n      allowed_actions: [x]\n")
+    other = write(
+        tmp_path,
+        "b.yaml",
+        "agent_app:\n  name: bot\n  connector_bindings:\n    - connector: ghost\n      allowed_actions: [x]\n",
+    )
     assert_reported(tmp_path, other, 4, "ghost")
 
 
@@ -574,8 +679,12 @@ def test_invalid_yaml_in_a_later_document_keeps_nothing_of_its_file(tmp_path: Pa
     and none of its documents, not even those before the broken one, join the catalog."""
     text = TICKETS + "---\nagent_app:\n  name: bot\n  connector_bindings: [\n"
     broken = write(tmp_path, "tickets.yaml", text)
-    other = write(tmp_path, "bots.yaml", "agent_app:\n  name: helper\n  connector_bindings:\n"
-                                         "    - connector: tickets   #!\n      allowed_actions: [query_ticket]\n")
+    other = write(
+        tmp_path,
+        "bots.yaml",
+        "agent_app:\n  name: helper\n  connector_bindings:\n"
+        "    - connector: tickets   #!\n      allowed_actions: [query_ticket]\n",
+    )
     problems = problems_of(tmp_path)
     in_broken = [p for p in problems if p.file == str(broken)]
     assert len(in_broken) == 1 and "not valid YAML" in in_broken[0].message, problems
@@ -587,10 +696,13 @@ def test_a_file_only_pyyaml_reads_loads_as_before_libyaml_was_used(tmp_path: Pat
     """libyaml refuses a ':' right before '}' in a flow mapping; PyYAML reads `extra:` as a key
     with no value. Such a file is read again by PyYAML: its real problem is named, and its other
     documents load."""
-    text = TICKETS.replace("title: { type: string, required: true }",
-                           "title: { type: string, required: true, extra:}   #!") + \
-        "---\nagent_app:\n  name: bot\n  connector_bindings:\n    - connector: nowhere   #!\n" \
+    text = (
+        TICKETS.replace(
+            "title: { type: string, required: true }", "title: { type: string, required: true, extra:}   #!"
+        )
+        + "---\nagent_app:\n  name: bot\n  connector_bindings:\n    - connector: nowhere   #!\n"
         "      allowed_actions: [x]\n"
+    )
     path = write(tmp_path, "tickets.yaml", text)
     problems = problems_of(tmp_path)
     assert not any("not valid YAML" in p.message for p in problems), problems
@@ -604,8 +716,10 @@ def test_a_file_no_parser_reads_gets_pyyamls_message(tmp_path: Path) -> None:
 
 
 def test_a_file_changed_between_loading_and_building_names_the_documents_first_line(tmp_path: Path) -> None:
-    text = TICKETS + "---\nagent_app:   #!\n  name: bot\n  connector_bindings:\n    - connector: ghost\n" \
+    text = (
+        TICKETS + "---\nagent_app:   #!\n  name: bot\n  connector_bindings:\n    - connector: ghost\n"
         "      allowed_actions: [x]\n"
+    )
     path = write(tmp_path, "tickets.yaml", text)
     loaded = load_directory(tmp_path)
     path.write_text("connector: {}\n---\n" + textwrap.dedent(text), encoding="utf-8")
@@ -614,13 +728,21 @@ def test_a_file_changed_between_loading_and_building_names_the_documents_first_l
     assert [(p.file, p.line) for p in ghost] == [(str(path), marked_lines(text)[0])]
 
 
-@pytest.mark.parametrize("document, line", [
-    ("foo:\n  bar: 1\n", 1),
-    ("connector:\n  name: c\n  endpoint: http://127.0.0.1:1\n  actions: [{action: a, path: GET /a}]\nagent_app:\n  name: b\n", 1),
-    ("- just\n- a list\n", 1),
-    ("hello\n", 1),
-])
-def test_document_that_is_neither_connector_nor_agent_app_is_a_problem(tmp_path: Path, document: str, line: int) -> None:
+@pytest.mark.parametrize(
+    "document, line",
+    [
+        ("foo:\n  bar: 1\n", 1),
+        (
+            "connector:\n  name: c\n  endpoint: http://127.0.0.1:1\n  actions: [{action: a, path: GET /a}]\nagent_app:\n  name: b\n",
+            1,
+        ),
+        ("- just\n- a list\n", 1),
+        ("hello\n", 1),
+    ],
+)
+def test_document_that_is_neither_connector_nor_agent_app_is_a_problem(
+    tmp_path: Path, document: str, line: int
+) -> None:
     text = TICKETS + "---\n" + document
     path = write(tmp_path, "mixed.yaml", text)
     assert_reported(tmp_path, path, TICKETS.count("\n") + 1 + line, "exactly one of connector: or agent_app:")
@@ -712,7 +834,11 @@ connector:
 def test_binding_to_a_broken_connector_is_not_reported_twice(tmp_path: Path) -> None:
     text = "connector:\n  name: c\n  endpoint: http://127.0.0.1:1\n  actions:\n    - action: a\n      path: FETCH /a\n"
     write(tmp_path, "c.yaml", text)
-    write(tmp_path, "bot.yaml", "agent_app:\n  name: bot\n  connector_bindings:\n    - connector: c\n      allowed_actions: [a]\n")
+    write(
+        tmp_path,
+        "bot.yaml",
+        "agent_app:\n  name: bot\n  connector_bindings:\n    - connector: c\n      allowed_actions: [a]\n",
+    )
     problems = problems_of(tmp_path)
     assert len(problems) == 1 and "FETCH" in problems[0].message
 
@@ -805,7 +931,11 @@ def test_catalog_for_an_unknown_agent_exits_with_the_usage_code(tmp_path: Path) 
 
 
 def test_catalog_on_a_broken_catalog_exits_with_the_configuration_code(tmp_path: Path) -> None:
-    write(tmp_path, "c.yaml", "connector:\n  name: c\n  endpoint: http://x\n  actions:\n    - action: a\n      path: FETCH /a\n")
+    write(
+        tmp_path,
+        "c.yaml",
+        "connector:\n  name: c\n  endpoint: http://x\n  actions:\n    - action: a\n      path: FETCH /a\n",
+    )
     result = run_catalog(tmp_path, "--format", "json")
     assert result.exit_code == 2
     assert "FETCH" in result.stderr
@@ -871,11 +1001,14 @@ def test_resolve_accepts_bare_dotted_and_tool_names(two_systems: Catalog, name: 
     assert resolved(two_systems.resolve(name, "both_bot")) == "helpdesk.query_ticket"
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("itsm.create_ticket", "itsm.create_ticket"),
-    ("itsm__create_ticket", "itsm.create_ticket"),
-    ("helpdesk__create_ticket", "helpdesk.create_ticket"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("itsm.create_ticket", "itsm.create_ticket"),
+        ("itsm__create_ticket", "itsm.create_ticket"),
+        ("helpdesk__create_ticket", "helpdesk.create_ticket"),
+    ],
+)
 def test_a_qualified_name_picks_its_connector_among_several(two_systems: Catalog, name: str, expected: str) -> None:
     assert resolved(two_systems.resolve(name, "both_bot")) == expected
 
@@ -909,7 +1042,9 @@ def test_the_agents_bindings_decide_when_it_is_bound_to_one_candidate(two_system
     assert resolved(two_systems.resolve("create_ticket", "helpdesk_bot")) == "helpdesk.create_ticket"
 
 
-@pytest.mark.parametrize("domain, expected", [("customer_service", "helpdesk.create_ticket"), ("it_ops", "itsm.create_ticket")])
+@pytest.mark.parametrize(
+    "domain, expected", [("customer_service", "helpdesk.create_ticket"), ("it_ops", "itsm.create_ticket")]
+)
 def test_the_context_domain_decides_between_bound_connectors(two_systems: Catalog, domain: str, expected: str) -> None:
     assert resolved(two_systems.resolve("create_ticket", "both_bot", domain=domain)) == expected
 
@@ -952,7 +1087,9 @@ def test_permission_is_granted_for_bound_and_wildcard_actions(two_systems: Catal
 
 
 @pytest.mark.parametrize("agent", ["idle_bot", "ghost"])
-def test_a_shared_action_the_agent_may_use_on_no_connector_is_permission_denied(two_systems: Catalog, agent: str) -> None:
+def test_a_shared_action_the_agent_may_use_on_no_connector_is_permission_denied(
+    two_systems: Catalog, agent: str
+) -> None:
     result = two_systems.resolve("create_ticket", agent)
     assert isinstance(result, Refusal)
     assert result.code is ErrorCode.PERMISSION_DENIED
@@ -965,7 +1102,8 @@ def test_a_kubernetes_configmap_volume_is_read_once(tmp_path: Path) -> None:
     stamp = tmp_path / "..2026_11_29_12_00_00.000000001"
     stamp.mkdir()
     (stamp / "tickets.yaml").write_text(
-        "connector:\n  name: t\n  endpoint: http://127.0.0.1:9\n  actions:\n    - action: a\n      path: GET /a\n")
+        "connector:\n  name: t\n  endpoint: http://127.0.0.1:9\n  actions:\n    - action: a\n      path: GET /a\n"
+    )
     os.symlink(stamp.name, tmp_path / "..data")
     os.symlink("..data/tickets.yaml", tmp_path / "tickets.yaml")
     result = load_directory(tmp_path)

@@ -1,5 +1,6 @@
 """examples/ keeps working for someone reading the repository, and never drifts from what
 ``reach demo`` ships in the package (workers/ops/demo_assets/ is the source)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,8 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_examples_ticket_system_help_exits_0_and_describes_the_port() -> None:
-    done = subprocess.run([sys.executable, "examples/ticket_system.py", "--help"], cwd=REPO, capture_output=True, check=False,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "examples/ticket_system.py", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert "usage: ticket_system.py" in done.stdout and "port" in done.stdout
 
@@ -31,7 +38,8 @@ def test_the_examples_catalog_is_a_copy_of_the_packaged_demo_catalog() -> None:
     ours = (REPO / "examples" / "catalog" / "tickets.yaml").read_bytes()
     assert ours == (CATALOG_DIR / "tickets.yaml").read_bytes(), (
         "examples/catalog/tickets.yaml differs from workers/ops/demo_assets/catalog/tickets.yaml (the source): "
-        "cp workers/ops/demo_assets/catalog/tickets.yaml examples/catalog/tickets.yaml")
+        "cp workers/ops/demo_assets/catalog/tickets.yaml examples/catalog/tickets.yaml"
+    )
     assert sorted(p.name for p in (REPO / "examples" / "catalog").iterdir()) == ["tickets.yaml"]
 
 

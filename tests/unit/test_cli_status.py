@@ -1,5 +1,6 @@
 """``reach status`` and ``reach setup`` from an operator's shell, where there may be no catalog and
 the broker or Redis may not answer (nothing listens on the ports used here)."""
+
 from __future__ import annotations
 
 import socket
@@ -33,8 +34,11 @@ def test_keys_of_agents_and_processes_name_no_connector() -> None:
 
 def test_status_without_a_catalog_says_redis_did_not_answer(tmp_path: Path) -> None:
     port = closed_port()
-    env = {"REACH_CATALOG": str(tmp_path / "none"), "REACH_REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0",
-           "REACH_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{port}//"}
+    env = {
+        "REACH_CATALOG": str(tmp_path / "none"),
+        "REACH_REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0",
+        "REACH_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{port}//",
+    }
     result = CliRunner().invoke(main, ["status"], env=env)
     assert result.exit_code == 2, result.output
     assert "cannot read the fleet's state: Redis did not answer" in result.stderr
@@ -44,8 +48,9 @@ def test_status_without_a_catalog_says_redis_did_not_answer(tmp_path: Path) -> N
 
 def test_setup_without_a_catalog_says_the_broker_did_not_answer(tmp_path: Path) -> None:
     url = f"amqp://guest:s3cret@127.0.0.1:{closed_port()}//"
-    result = CliRunner().invoke(main, ["setup", "--skip-broker-policy"],
-                                env={"REACH_CATALOG": str(tmp_path / "none"), "REACH_BROKER_URL": url})
+    result = CliRunner().invoke(
+        main, ["setup", "--skip-broker-policy"], env={"REACH_CATALOG": str(tmp_path / "none"), "REACH_BROKER_URL": url}
+    )
     assert result.exit_code == 2, result.output
     assert "declaring the base topology" in result.stderr
     assert f"cannot declare the topology on RabbitMQ at {redact_url(url)}" in result.stderr

@@ -1,4 +1,5 @@
 """The one table printer (``workers.ops.table``) outside a terminal: what scripts and tests parse."""
+
 from __future__ import annotations
 
 import io
@@ -13,7 +14,9 @@ def render(header: tuple[str, ...], rows: list[tuple[object, ...]], **kwargs: in
 
 
 def test_plain_output_is_a_header_a_rule_of_dashes_and_one_line_per_row() -> None:
-    lines = render(("connector", "queued", "last error"), [("tickets", 0, "-"), ("crm", None, "DOWNSTREAM_TIMEOUT 3s ago")])
+    lines = render(
+        ("connector", "queued", "last error"), [("tickets", 0, "-"), ("crm", None, "DOWNSTREAM_TIMEOUT 3s ago")]
+    )
     assert lines[0].split() == ["connector", "queued", "last", "error"]
     assert set(lines[1]) == {"-", " "} and lines[1].startswith("-")
     assert [line.split()[:2] for line in lines[2:]] == [["tickets", "0"], ["crm", "None"]]

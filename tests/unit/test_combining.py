@@ -1,5 +1,6 @@
 """The combiner behind the Redis batcher and the receipt publisher: who runs a batch, and that no
 item is lost, run twice or left waiting."""
+
 from __future__ import annotations
 
 import threading

@@ -1,6 +1,7 @@
 """Dead letters whose sensitive params were redacted: pools mark them with a header, and
 `reach dlq replay` recognizes them by that header or, for letters written before pools did, by
 the redaction marker in their params — such a letter must never be sent back to a system."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ import pytest
 
 from connectors.catalog import Catalog
 from tests.unit.routing_catalog import routing_catalog
+from workers.observability.redaction import REDACTED, REDACTED_HEADER, contains_redacted
 from workers.ops.fleet import DeadLetter, was_redacted
 from workers.pool.runtime import PoolRuntime
-from workers.observability.redaction import REDACTED, REDACTED_HEADER, contains_redacted
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,16 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
 
 def letter(body: Any, headers: dict[str, Any] | None = None, connector: str = "tickets") -> DeadLetter:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return DeadLetter(message_id="i-1", reason="poison", agent="a", connector=connector, received_at="",
-                      preview="", body=raw, headers={"x-reach-connector": connector, **(headers or {})})
+    return DeadLetter(
+        message_id="i-1",
+        reason="poison",
+        agent="a",
+        connector=connector,
+        received_at="",
+        preview="",
+        body=raw,
+        headers={"x-reach-connector": connector, **(headers or {})},
+    )
 
 
 def job(params: Any, action: str = "create_ticket") -> dict[str, Any]:
@@ -40,30 +49,36 @@ def test_the_pools_header_marks_a_letter_redacted_whatever_its_body(value: Any) 
     assert was_redacted(letter(b"{not json", {REDACTED_HEADER: value}))
 
 
-@pytest.mark.parametrize("params", [
-    {"title": "t", "api_token": REDACTED},
-    {"title": "t", "card": {"number": REDACTED, "holder": "h"}},
-    {"title": "t", "tokens": ["x", REDACTED]},
-    {"title": "t", "cards": [{"number": REDACTED}]},
-    REDACTED,  # an action the pool's catalog did not know: all params replaced
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"title": "t", "api_token": REDACTED},
+        {"title": "t", "card": {"number": REDACTED, "holder": "h"}},
+        {"title": "t", "tokens": ["x", REDACTED]},
+        {"title": "t", "cards": [{"number": REDACTED}]},
+        REDACTED,  # an action the pool's catalog did not know: all params replaced
+    ],
+)
 def test_a_letter_without_the_header_is_recognized_by_the_marker_in_its_params(params: Any) -> None:
     assert was_redacted(letter(job(params)))
     # the router's letters are intents, redacted the same way (no header)
     assert was_redacted(letter({"action": "tickets.create_ticket", "params": params}, connector=""))
 
 
-@pytest.mark.parametrize("body,headers", [
-    (job({"title": "t", "api_token": "s3cret", "card": {"number": "4111", "holder": "h"}}), {}),
-    (job({"title": "t"}), {REDACTED_HEADER: "false"}),
-    (job({}), {}),
-    (job(None), {}),
-    ({"action": "tickets.create_ticket", "note": REDACTED}, {}),  # the marker outside the params
-    (b"{not json", {}),
-    (b"\xff\xfe", {}),
-    (b"[" * 100_000 + b"]" * 100_000, {}),
-    ([[job({"api_token": REDACTED})], {}, {}], {}),  # a raw task message (not a job letter)
-])
+@pytest.mark.parametrize(
+    "body,headers",
+    [
+        (job({"title": "t", "api_token": "s3cret", "card": {"number": "4111", "holder": "h"}}), {}),
+        (job({"title": "t"}), {REDACTED_HEADER: "false"}),
+        (job({}), {}),
+        (job(None), {}),
+        ({"action": "tickets.create_ticket", "note": REDACTED}, {}),  # the marker outside the params
+        (b"{not json", {}),
+        (b"\xff\xfe", {}),
+        (b"[" * 100_000 + b"]" * 100_000, {}),
+        ([[job({"api_token": REDACTED})], {}, {}], {}),  # a raw task message (not a job letter)
+    ],
+)
 def test_neither_header_nor_marker_is_not_redacted(body: Any, headers: dict[str, Any]) -> None:
     assert not was_redacted(letter(body, headers))
 
@@ -93,10 +108,13 @@ def dead_letter(catalog: Catalog, the_job: dict[str, Any]) -> tuple[dict[str, An
     return json.loads(body), options["headers"]
 
 
-@pytest.mark.parametrize("params", [
-    {"title": "t", "api_token": "s3cret"},
-    {"title": "t", "card": {"number": "4111", "holder": "h"}},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"title": "t", "api_token": "s3cret"},
+        {"title": "t", "card": {"number": "4111", "holder": "h"}},
+    ],
+)
 def test_the_pool_marks_a_letter_whose_params_it_redacted(catalog: Catalog, params: dict[str, Any]) -> None:
     body, headers = dead_letter(catalog, job(params))
     assert headers[REDACTED_HEADER] == "true" and headers["x-reach-connector"] == "tickets"

@@ -1,5 +1,6 @@
 """Fair consumption (workers/transport/consuming.py): lanes per sender served round-robin, the bytes held
 bounded, back-pressure through the prefetch, and shutdown."""
+
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,14 @@ from unittest import mock
 
 from kombu.common import QoS
 
-from workers.transport.consuming import ANONYMOUS, MESSAGE_OVERHEAD, PEEK_BYTES, FairLanes, sender_key, threaded_consumer
+from workers.transport.consuming import (
+    ANONYMOUS,
+    MESSAGE_OVERHEAD,
+    PEEK_BYTES,
+    FairLanes,
+    sender_key,
+    threaded_consumer,
+)
 
 
 class FakeChannel:
@@ -18,8 +26,14 @@ class FakeChannel:
 
 
 class FakeMessage:
-    def __init__(self, body: bytes | str = b"{}", *, user_id: str | None = None, headers: dict[str, Any] | None = None,
-                 name: str = "") -> None:
+    def __init__(
+        self,
+        body: bytes | str = b"{}",
+        *,
+        user_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
         self.body = body
         self.properties = {"user_id": user_id, "message_id": name} if user_id else {"message_id": name}
         self.headers = headers or {}
@@ -36,6 +50,7 @@ class FakeMessage:
 
 
 # -- sender_key ---------------------------------------------------------------------------------
+
 
 def test_sender_is_user_id_then_header_then_body_peek_then_anonymous() -> None:
     body = b'{"action": "x", "agent_id": "from-body"}'
@@ -59,6 +74,7 @@ def test_sender_key_is_bounded_and_never_reads_the_whole_body() -> None:
 
 
 # -- FairLanes ----------------------------------------------------------------------------------
+
 
 def test_round_robin_across_senders_fifo_within_one() -> None:
     lanes = FairLanes()
@@ -136,10 +152,24 @@ def test_close_with_drain_hands_out_the_rest_then_none_and_wakes_takers() -> Non
 
 # -- the consumer ------------------------------------------------------------------------------
 
-def _consumer(handle: Any, *, threads: int = 2, hold_bytes: int | None = None, lanes: bool = True,
-              drain: bool = False, prefetch: int = 100) -> Any:
-    cls = threaded_consumer(handle, threads, "test-fair", lane_of=sender_key if lanes else None,
-                            hold_bytes=hold_bytes, drain_on_shutdown=drain)
+
+def _consumer(
+    handle: Any,
+    *,
+    threads: int = 2,
+    hold_bytes: int | None = None,
+    lanes: bool = True,
+    drain: bool = False,
+    prefetch: int = 100,
+) -> Any:
+    cls = threaded_consumer(
+        handle,
+        threads,
+        "test-fair",
+        lane_of=sender_key if lanes else None,
+        hold_bytes=hold_bytes,
+        drain_on_shutdown=drain,
+    )
     consumer = cls.__new__(cls)  # no Celery app: only what the class uses
     consumer.hub = None
     consumer._pending_operations = deque()

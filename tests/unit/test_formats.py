@@ -246,9 +246,7 @@ def test_loads_strict_rejects_deep_nesting() -> None:
         loads_strict(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)
 
 
-@pytest.mark.parametrize(
-    "text", ['"\\ud800"', '{"\\udc00": 1}', '["ok", {"a": ["\\uDBFF"]}]', '"\ud800"']
-)
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"\\udc00": 1}', '["ok", {"a": ["\\uDBFF"]}]', '"\ud800"'])
 def test_loads_strict_rejects_unpaired_surrogates(text: str) -> None:
     with pytest.raises(FormatError, match="surrogate"):
         loads_strict(text)
@@ -267,13 +265,7 @@ def test_loads_strict_rejects_overlong_integers() -> None:
 
 # -- fuzzing: nothing but FormatError comes out --------------------------------------------------
 
-_json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text()
-)
+_json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 _keys = st.sampled_from(
     [
         "action",
@@ -290,10 +282,7 @@ _keys = st.sampled_from(
     ]
 ) | st.text(max_size=5)
 _json_values = st.recursive(
-    _json_scalars
-    | st.sampled_from(
-        ["function", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]
-    ),
+    _json_scalars | st.sampled_from(["function", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=5),
     max_leaves=30,
 )
@@ -327,9 +316,7 @@ def test_normalize_of_arbitrary_bytes_and_text_raises_only_format_error(data: by
         {
             "id": _json_values,
             "type": st.just("function"),
-            "function": st.fixed_dictionaries(
-                {"name": _json_values, "arguments": st.text(max_size=50) | _json_values}
-            ),
+            "function": st.fixed_dictionaries({"name": _json_values, "arguments": st.text(max_size=50) | _json_values}),
         }
     )
 )

@@ -1,4 +1,5 @@
 """The router's answers to hostile messages, without services: each is answered once, within bounds."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from tests.unit.routing_catalog import routing_catalog
 from tests.unit.test_router_decide import CountingLimiter, code_of, message, router
 from workers.router.intake import RawMessage
-from workers.transport.receipts import ReceiptLimits, fit
 from workers.router.routing import INVALID_ALLOWANCE, Answer
 from workers.state.ratelimit import Rate
+from workers.transport.receipts import ReceiptLimits, fit
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,9 @@ def deep(levels: int) -> Any:
 
 @pytest.mark.parametrize("reply_to", ["bot." + "x" * 309, "bot." + "é" * 200])
 def test_reply_to_over_255_bytes_is_invalid_and_answered_on_the_agents_own_key(catalog: Catalog, reply_to: str) -> None:
-    decision = router(catalog).decide(message({"agent_id": "bot", "action": "query_ticket", "params": {"tid": "1"},
-                                               "reply_to": reply_to}))
+    decision = router(catalog).decide(
+        message({"agent_id": "bot", "action": "query_ticket", "params": {"tid": "1"}, "reply_to": reply_to})
+    )
     assert code_of(decision) == "INVALID_INTENT"
     assert "255 bytes" in decision.receipt.error.message  # type: ignore[union-attr]
     assert isinstance(decision, Answer) and decision.routing_key == "bot"
@@ -40,22 +42,26 @@ def test_reply_to_over_255_bytes_is_invalid_and_answered_on_the_agents_own_key(c
 def test_params_nested_past_the_limit_are_refused_before_validation(catalog: Catalog) -> None:
     for levels in (33, 40, 1000):
         card = '{"a":' * levels + '"leaf"' + "}" * levels  # (json.dumps itself recurses)
-        body = ('{"agent_id": "bot", "intent_id": "deep-1", "action": "create_ticket", "params": {"title": "t", '
-                f'"card": {card}}}}}').encode()
+        body = (
+            '{"agent_id": "bot", "intent_id": "deep-1", "action": "create_ticket", "params": {"title": "t", '
+            f'"card": {card}}}}}'
+        ).encode()
         decision = router(catalog).decide(message(body))
         assert code_of(decision) == "INVALID_INTENT"
         assert "at most 32" in decision.receipt.error.message  # type: ignore[union-attr]
         # the sender is told, under its own intent id
         assert isinstance(decision, Answer) and decision.routing_key == "bot"
         assert decision.receipt.intent_id == "deep-1"
-    within = router(catalog).decide(message({"agent_id": "bot", "action": "create_ticket",
-                                             "params": {"title": "t", "x": deep(20)}}))
+    within = router(catalog).decide(
+        message({"agent_id": "bot", "action": "create_ticket", "params": {"title": "t", "x": deep(20)}})
+    )
     assert code_of(within) == "VALIDATION_FAILED"  # deep enough to be read, then judged by the schema
 
 
 def test_the_depth_limit_is_configurable(catalog: Catalog) -> None:
-    decision = router(catalog, max_depth=4).decide(message({"agent_id": "bot", "action": "create_ticket",
-                                                            "params": {"title": "t", "card": deep(5)}}))
+    decision = router(catalog, max_depth=4).decide(
+        message({"agent_id": "bot", "action": "create_ticket", "params": {"title": "t", "card": deep(5)}})
+    )
     assert "at most 4" in decision.receipt.error.message  # type: ignore[union-attr]
 
 
@@ -69,8 +75,9 @@ def test_unreadable_properties_are_answered_to_the_broker_login_only(catalog: Ca
 
 
 def test_an_oversize_body_is_refused_by_its_size_alone(catalog: Catalog) -> None:
-    decision = router(catalog).decide(RawMessage(body=b"", headers={"agent_id": "bot"},
-                                                 oversize=(50 * 1024 * 1024, "ab" * 32)))
+    decision = router(catalog).decide(
+        RawMessage(body=b"", headers={"agent_id": "bot"}, oversize=(50 * 1024 * 1024, "ab" * 32))
+    )
     assert code_of(decision) == "INVALID_INTENT"
     assert "52428800 bytes" in decision.receipt.error.message  # type: ignore[union-attr]
 
@@ -102,12 +109,28 @@ def test_valid_intents_do_not_touch_the_invalid_allowance(catalog: Catalog) -> N
 
 
 def _receipt(details: int, data: Any = None) -> Receipt:
-    error = None if details < 0 else ErrorInfo(code=ErrorCode.VALIDATION_FAILED, message="m" * 10_000, retryable=False,
-                                               suggestion="s", details=[{"field": f"f{i}", "message": "not declared"}
-                                                                        for i in range(details)])
-    return Receipt(intent_id="i", agent_id="bot", action="a", connector="c", status="rejected" if error else "succeeded",
-                   success=error is None, data=data, error=error,
-                   execution=Execution(trace_id="t", received_at="now", finished_at="now"))
+    error = (
+        None
+        if details < 0
+        else ErrorInfo(
+            code=ErrorCode.VALIDATION_FAILED,
+            message="m" * 10_000,
+            retryable=False,
+            suggestion="s",
+            details=[{"field": f"f{i}", "message": "not declared"} for i in range(details)],
+        )
+    )
+    return Receipt(
+        intent_id="i",
+        agent_id="bot",
+        action="a",
+        connector="c",
+        status="rejected" if error else "succeeded",
+        success=error is None,
+        data=data,
+        error=error,
+        execution=Execution(trace_id="t", received_at="now", finished_at="now"),
+    )
 
 
 def test_receipt_details_are_cut_with_a_count_of_the_rest() -> None:

@@ -1,4 +1,5 @@
 """allowed_hours windows."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -12,17 +13,20 @@ def utc(text: str) -> datetime:
     return datetime.fromisoformat(text + "+00:00")
 
 
-@pytest.mark.parametrize("window, moment, open_", [
-    ("08:00-22:00 Asia/Shanghai", "2026-01-10T00:00:00", True),    # 08:00 local
-    ("08:00-22:00 Asia/Shanghai", "2026-01-09T23:59:00", False),   # 07:59 local
-    ("08:00-22:00 Asia/Shanghai", "2026-01-10T14:00:00", False),   # 22:00 local: end is exclusive
-    ("22:00-06:00 Europe/Berlin", "2026-01-10T22:30:00", True),     # 23:30 local (winter, +01:00)
-    ("22:00-06:00 Europe/Berlin", "2026-01-10T04:59:00", True),     # 05:59 local
-    ("22:00-06:00 Europe/Berlin", "2026-01-10T05:00:00", False),    # 06:00 local
-    ("08:00-24:00 UTC", "2026-01-10T23:59:00", True),
-    ("08:00-24:00 UTC", "2026-01-10T07:00:00", False),
-    ("00:00-24:00 UTC", "2026-01-10T03:00:00", True),
-])
+@pytest.mark.parametrize(
+    "window, moment, open_",
+    [
+        ("08:00-22:00 Asia/Shanghai", "2026-01-10T00:00:00", True),  # 08:00 local
+        ("08:00-22:00 Asia/Shanghai", "2026-01-09T23:59:00", False),  # 07:59 local
+        ("08:00-22:00 Asia/Shanghai", "2026-01-10T14:00:00", False),  # 22:00 local: end is exclusive
+        ("22:00-06:00 Europe/Berlin", "2026-01-10T22:30:00", True),  # 23:30 local (winter, +01:00)
+        ("22:00-06:00 Europe/Berlin", "2026-01-10T04:59:00", True),  # 05:59 local
+        ("22:00-06:00 Europe/Berlin", "2026-01-10T05:00:00", False),  # 06:00 local
+        ("08:00-24:00 UTC", "2026-01-10T23:59:00", True),
+        ("08:00-24:00 UTC", "2026-01-10T07:00:00", False),
+        ("00:00-24:00 UTC", "2026-01-10T03:00:00", True),
+    ],
+)
 def test_window_is_open(window: str, moment: str, open_: bool) -> None:
     assert parse_window(window).is_open(utc(moment)) is open_
 

@@ -4,6 +4,7 @@
 body) and answers whatever status/body/headers/delay a test sets. A second Recorder, the *sink*,
 stands for "somewhere else": nothing an agent sends may ever reach it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,7 +50,7 @@ class Seen:
 @dataclass
 class Reply:
     status: int = 200
-    body: Any = field(default_factory=dict)   # bytes are sent as they are, anything else as JSON
+    body: Any = field(default_factory=dict)  # bytes are sent as they are, anything else as JSON
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     trickle: tuple[int, float] | None = None  # (bytes, seconds between bytes) for a slow body
@@ -66,7 +67,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         with self.server.lock:
-            self.server.seen.append(Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            self.server.seen.append(
+                Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
             reply = self.server.reply
         if reply.delay:
             time.sleep(reply.delay)
@@ -145,8 +148,13 @@ def connector(endpoint: str, *actions: dict[str, Any], **extra: Any) -> Connecto
     return ConnectorSpec.model_validate({"name": "sys", "endpoint": endpoint, "actions": list(actions), **extra})
 
 
-def call(spec: ConnectorSpec, action: str, params: dict[str, Any] | None = None, ctx: CallContext | None = None,
-         environ: dict[str, str] | None = None) -> Outcome:
+def call(
+    spec: ConnectorSpec,
+    action: str,
+    params: dict[str, Any] | None = None,
+    ctx: CallContext | None = None,
+    environ: dict[str, str] | None = None,
+) -> Outcome:
     adapter = HttpAdapter(spec, environ={} if environ is None else environ)
     try:
         found = spec.action(action)
@@ -166,8 +174,15 @@ def closed_port() -> int:
 
 
 def test_method_and_path_come_from_the_action(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "close", "path": "PATCH /tickets/{tid}/state", "permission": "write",
-                                  "input": {"tid": {"required": True}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "close",
+            "path": "PATCH /tickets/{tid}/state",
+            "permission": "write",
+            "input": {"tid": {"required": True}},
+        },
+    )
     outcome = call(spec, "close", {"tid": "TK-0001"})
     assert outcome.ok, outcome
     (seen,) = server.seen
@@ -181,16 +196,39 @@ def test_endpoint_base_path_prefixes_the_template(server: Recorder) -> None:
 
 
 HOSTILE_SEGMENTS = [
-    "../x", "..", ".", "...", "%2F", "%2e%2e", "a/b", "x?y=1", "x#f", "a\r\nb", "a\nHost: evil.com",
-    "@evil.com", "http://evil.com/", "//evil.com/x", "@127.0.0.1:{sink}", "http://127.0.0.1:{sink}/",
-    "//127.0.0.1:{sink}/x", "127.0.0.1:{sink}", "../../../../etc/passwd", "..\\..\\x", " x ", "%", "é/ü", "a;b=c",
+    "../x",
+    "..",
+    ".",
+    "...",
+    "%2F",
+    "%2e%2e",
+    "a/b",
+    "x?y=1",
+    "x#f",
+    "a\r\nb",
+    "a\nHost: evil.com",
+    "@evil.com",
+    "http://evil.com/",
+    "//evil.com/x",
+    "@127.0.0.1:{sink}",
+    "http://127.0.0.1:{sink}/",
+    "//127.0.0.1:{sink}/x",
+    "127.0.0.1:{sink}",
+    "../../../../etc/passwd",
+    "..\\..\\x",
+    " x ",
+    "%",
+    "é/ü",
+    "a;b=c",
 ]
 
 
 @pytest.mark.parametrize("template", HOSTILE_SEGMENTS)
 def test_path_parameter_stays_one_segment_whatever_it_holds(server: Recorder, sink: Recorder, template: str) -> None:
     value = template.replace("{sink}", str(sink.port))
-    spec = connector(server.url, {"action": "get", "path": "GET /items/{id}/detail", "input": {"id": {"required": True}}})
+    spec = connector(
+        server.url, {"action": "get", "path": "GET /items/{id}/detail", "input": {"id": {"required": True}}}
+    )
     outcome = call(spec, "get", {"id": value})
     assert outcome.sent and outcome.http_status == 200, outcome
     (seen,) = server.seen
@@ -202,8 +240,9 @@ def test_path_parameter_stays_one_segment_whatever_it_holds(server: Recorder, si
 
 
 def test_path_parameter_of_a_write_stays_one_segment(server: Recorder, sink: Recorder) -> None:
-    spec = connector(server.url, {"action": "put", "path": "PUT /items/{id}", "permission": "write",
-                                  "input": {"id": {}, "name": {}}})
+    spec = connector(
+        server.url, {"action": "put", "path": "PUT /items/{id}", "permission": "write", "input": {"id": {}, "name": {}}}
+    )
     outcome = call(spec, "put", {"id": f"../../http://127.0.0.1:{sink.port}/", "name": "n"})
     assert outcome.ok
     assert server.seen[0].raw_path.count("/") == 2 and server.seen[0].json() == {"name": "n"}
@@ -223,9 +262,19 @@ def test_ticket_system_sees_a_traversal_attempt_as_a_ticket_id(tickets: TicketSy
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 def test_get_and_delete_params_go_to_the_query_string(server: Recorder, method: str) -> None:
-    spec = connector(server.url, {"action": "find", "path": f"{method} /items", "input": {
-        "q": {}, "limit": {"type": "integer"}, "active": {"type": "boolean"},
-        "tags": {"type": "array", "items": {"type": "string"}}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "find",
+            "path": f"{method} /items",
+            "input": {
+                "q": {},
+                "limit": {"type": "integer"},
+                "active": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    )
     assert call(spec, "find", {"q": "a&b=c", "limit": 5, "active": True, "tags": ["x", "y"]}).ok
     (seen,) = server.seen
     assert seen.method == method and seen.path == "/items"
@@ -235,8 +284,15 @@ def test_get_and_delete_params_go_to_the_query_string(server: Recorder, method: 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH"])
 def test_post_put_patch_params_go_to_a_json_body(server: Recorder, method: str) -> None:
-    spec = connector(server.url, {"action": "save", "path": f"{method} /items", "permission": "write", "input": {
-        "name": {}, "count": {"type": "integer"}, "ok": {"type": "boolean"}, "meta": {"type": "object"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "save",
+            "path": f"{method} /items",
+            "permission": "write",
+            "input": {"name": {}, "count": {"type": "integer"}, "ok": {"type": "boolean"}, "meta": {"type": "object"}},
+        },
+    )
     params = {"name": "Zoë", "count": 3, "ok": False, "meta": {"a": [1, None]}}
     assert call(spec, "save", params).ok
     (seen,) = server.seen
@@ -246,14 +302,22 @@ def test_post_put_patch_params_go_to_a_json_body(server: Recorder, method: str) 
 
 
 def test_in_and_name_place_each_param_where_the_catalog_says(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "add_line", "path": "POST /orders/{oid}/lines", "permission": "write", "input": {
-        "oid": {"required": True},
-        "sku": {"name": "skuId"},
-        "qty": {"type": "integer"},
-        "note": {"in": "header", "name": "X-Note"},
-        "page": {"type": "integer", "in": "query"},
-        "dry_run": {"type": "boolean", "in": "query", "name": "dryRun"},
-    }})
+    spec = connector(
+        server.url,
+        {
+            "action": "add_line",
+            "path": "POST /orders/{oid}/lines",
+            "permission": "write",
+            "input": {
+                "oid": {"required": True},
+                "sku": {"name": "skuId"},
+                "qty": {"type": "integer"},
+                "note": {"in": "header", "name": "X-Note"},
+                "page": {"type": "integer", "in": "query"},
+                "dry_run": {"type": "boolean", "in": "query", "name": "dryRun"},
+            },
+        },
+    )
     params = {"oid": "O-1", "sku": "A1", "qty": 3, "note": "gift wrap", "page": 2, "dry_run": True}
     assert call(spec, "add_line", params).ok
     (seen,) = server.seen
@@ -264,66 +328,131 @@ def test_in_and_name_place_each_param_where_the_catalog_says(server: Recorder) -
 
 
 def test_body_placed_param_on_a_get_is_sent_as_json(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "search", "path": "GET /search", "input": {
-        "filter": {"type": "object", "in": "body"}, "page": {"type": "integer"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "search",
+            "path": "GET /search",
+            "input": {"filter": {"type": "object", "in": "body"}, "page": {"type": "integer"}},
+        },
+    )
     assert call(spec, "search", {"filter": {"x": 1}, "page": 1}).ok
     (seen,) = server.seen
     assert seen.query == {"page": ["1"]} and seen.json() == {"filter": {"x": 1}}
 
 
 def test_as_string_sends_booleans_and_numbers_as_text(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "set", "path": "POST /flags", "permission": "write", "input": {
-        "enabled": {"type": "boolean", "as": "string"}, "level": {"type": "integer", "as": "string"},
-        "ratio": {"type": "number", "as": "string"}, "plain": {"type": "boolean"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "set",
+            "path": "POST /flags",
+            "permission": "write",
+            "input": {
+                "enabled": {"type": "boolean", "as": "string"},
+                "level": {"type": "integer", "as": "string"},
+                "ratio": {"type": "number", "as": "string"},
+                "plain": {"type": "boolean"},
+            },
+        },
+    )
     assert call(spec, "set", {"enabled": True, "level": 5, "ratio": 0.5, "plain": True}).ok
     assert server.seen[0].json() == {"enabled": "true", "level": "5", "ratio": "0.5", "plain": True}
 
 
 @pytest.mark.parametrize("value", ["2024-06-15T02:00:00+00:00", "2024-06-15T02:00:00Z", "2024-06-15T10:00:00+08:00"])
 def test_datetime_is_converted_to_the_systems_zone_and_format(server: Recorder, value: str) -> None:
-    spec = connector(server.url, {"action": "book", "path": "POST /bookings", "permission": "write", "input": {
-        "start": {"type": "datetime", "format": "%Y-%m-%d %H:%M:%S", "timezone": "Asia/Shanghai"},
-        "end": {"type": "datetime", "timezone": "Asia/Shanghai"},
-        "raw": {"type": "datetime"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "book",
+            "path": "POST /bookings",
+            "permission": "write",
+            "input": {
+                "start": {"type": "datetime", "format": "%Y-%m-%d %H:%M:%S", "timezone": "Asia/Shanghai"},
+                "end": {"type": "datetime", "timezone": "Asia/Shanghai"},
+                "raw": {"type": "datetime"},
+            },
+        },
+    )
     assert call(spec, "book", {"start": value, "end": value, "raw": value}).ok
     assert server.seen[0].json() == {"start": "2024-06-15 10:00:00", "end": "2024-06-15T10:00:00+08:00", "raw": value}
 
 
 def test_converted_datetime_and_date_in_the_query_string(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "report", "path": "GET /report", "input": {
-        "since": {"type": "datetime", "format": "%Y-%m-%d %H:%M:%S", "timezone": "Asia/Shanghai"},
-        "day": {"type": "date", "format": "%d/%m/%Y"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "report",
+            "path": "GET /report",
+            "input": {
+                "since": {"type": "datetime", "format": "%Y-%m-%d %H:%M:%S", "timezone": "Asia/Shanghai"},
+                "day": {"type": "date", "format": "%d/%m/%Y"},
+            },
+        },
+    )
     assert call(spec, "report", {"since": "2024-06-15T02:00:00+00:00", "day": "2024-06-15"}).ok
     assert server.seen[0].query == {"since": ["2024-06-15 10:00:00"], "day": ["15/06/2024"]}
 
 
 def test_null_as_controls_what_an_accepted_null_becomes_in_the_body(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "upd", "path": "PUT /x", "permission": "write", "input": {
-        "empty": {"nullable": True, "null_as": ""}, "gone": {"nullable": True, "null_as": "omit"},
-        "null": {"nullable": True, "null_as": "null"}, "plain": {"nullable": True}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "upd",
+            "path": "PUT /x",
+            "permission": "write",
+            "input": {
+                "empty": {"nullable": True, "null_as": ""},
+                "gone": {"nullable": True, "null_as": "omit"},
+                "null": {"nullable": True, "null_as": "null"},
+                "plain": {"nullable": True},
+            },
+        },
+    )
     assert call(spec, "upd", {"empty": None, "gone": None, "null": None, "plain": None}).ok
     assert server.seen[0].json() == {"empty": "", "null": None, "plain": None}
 
 
 def test_null_as_in_the_query_string(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "find", "path": "GET /x", "input": {
-        "empty": {"nullable": True, "null_as": ""}, "gone": {"nullable": True, "null_as": "omit"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "find",
+            "path": "GET /x",
+            "input": {"empty": {"nullable": True, "null_as": ""}, "gone": {"nullable": True, "null_as": "omit"}},
+        },
+    )
     assert call(spec, "find", {"empty": None, "gone": None}).ok
     assert server.seen[0].query == {"empty": [""]}
 
 
 @pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "line\nbreak", "nul\x00"])
 def test_header_value_with_control_characters_is_never_sent(server: Recorder, value: str) -> None:
-    spec = connector(server.url, {"action": "note", "path": "POST /notes", "permission": "write",
-                                  "input": {"note": {"in": "header", "name": "X-Note"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "note",
+            "path": "POST /notes",
+            "permission": "write",
+            "input": {"note": {"in": "header", "name": "X-Note"}},
+        },
+    )
     outcome = call(spec, "note", {"note": value})
     assert outcome.code is ErrorCode.VALIDATION_FAILED and outcome.sent is False
     assert server.seen == []
 
 
 def test_non_ascii_header_value_is_refused_without_raising(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "note", "path": "POST /notes", "permission": "write",
-                                  "input": {"note": {"in": "header", "name": "X-Note"}}})
+    spec = connector(
+        server.url,
+        {
+            "action": "note",
+            "path": "POST /notes",
+            "permission": "write",
+            "input": {"note": {"in": "header", "name": "X-Note"}},
+        },
+    )
     outcome = call(spec, "note", {"note": "café"})
     assert outcome.code is ErrorCode.VALIDATION_FAILED and outcome.sent is False
     assert server.seen == []
@@ -333,15 +462,21 @@ def test_non_ascii_header_value_is_refused_without_raising(server: Recorder) -> 
 
 
 def test_api_key_in_a_header_comes_from_the_given_environment(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "get", "path": "GET /x"},
-                     auth={"type": "api_key", "in": "header", "name": "X-API-Key", "key_env": "SYS_KEY"})
+    spec = connector(
+        server.url,
+        {"action": "get", "path": "GET /x"},
+        auth={"type": "api_key", "in": "header", "name": "X-API-Key", "key_env": "SYS_KEY"},
+    )
     assert call(spec, "get", environ={"SYS_KEY": "k-123"}).ok
     assert server.seen[0].headers["x-api-key"] == "k-123"
 
 
 def test_api_key_in_the_query_string_sits_beside_the_actions_params(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "get", "path": "GET /x", "input": {"q": {}}},
-                     auth={"type": "api_key", "in": "query", "name": "apikey", "key_env": "SYS_KEY"})
+    spec = connector(
+        server.url,
+        {"action": "get", "path": "GET /x", "input": {"q": {}}},
+        auth={"type": "api_key", "in": "query", "name": "apikey", "key_env": "SYS_KEY"},
+    )
     assert call(spec, "get", {"q": "hello"}, environ={"SYS_KEY": "k-123"}).ok
     assert server.seen[0].query == {"q": ["hello"], "apikey": ["k-123"]}
     assert server.seen[0].path == "/x"
@@ -354,19 +489,26 @@ def test_bearer_token_comes_from_the_given_environment(server: Recorder) -> None
 
 
 def test_basic_auth_comes_from_the_given_environment(server: Recorder) -> None:
-    spec = connector(server.url, {"action": "get", "path": "GET /x"},
-                     auth={"type": "basic", "username_env": "SYS_USER", "password_env": "SYS_PASS"})
+    spec = connector(
+        server.url,
+        {"action": "get", "path": "GET /x"},
+        auth={"type": "basic", "username_env": "SYS_USER", "password_env": "SYS_PASS"},
+    )
     assert call(spec, "get", environ={"SYS_USER": "alice", "SYS_PASS": "p@ss:word"}).ok
     assert server.seen[0].headers["authorization"] == "Basic " + base64.b64encode(b"alice:p@ss:word").decode()
 
 
-@pytest.mark.parametrize("auth, env, missing", [
-    ({"type": "api_key", "name": "X-API-Key", "key_env": "SYS_KEY"}, {}, "SYS_KEY"),
-    ({"type": "bearer", "token_env": "SYS_TOKEN"}, {"SYS_TOKEN": ""}, "SYS_TOKEN"),
-    ({"type": "basic", "username_env": "SYS_USER", "password_env": "SYS_PASS"}, {"SYS_USER": "alice"}, "SYS_PASS"),
-])
-def test_missing_secret_names_the_variable(monkeypatch: pytest.MonkeyPatch, auth: dict[str, Any],
-                                           env: dict[str, str], missing: str) -> None:
+@pytest.mark.parametrize(
+    "auth, env, missing",
+    [
+        ({"type": "api_key", "name": "X-API-Key", "key_env": "SYS_KEY"}, {}, "SYS_KEY"),
+        ({"type": "bearer", "token_env": "SYS_TOKEN"}, {"SYS_TOKEN": ""}, "SYS_TOKEN"),
+        ({"type": "basic", "username_env": "SYS_USER", "password_env": "SYS_PASS"}, {"SYS_USER": "alice"}, "SYS_PASS"),
+    ],
+)
+def test_missing_secret_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, auth: dict[str, Any], env: dict[str, str], missing: str
+) -> None:
     monkeypatch.setenv(missing, "from-os-environ")  # the injected environment is the only one read
     spec = connector("http://127.0.0.1:9", {"action": "get", "path": "GET /x"}, auth=auth)
     with pytest.raises(MissingSecret, match=missing):
@@ -384,13 +526,16 @@ def test_no_auth_sends_no_credentials(server: Recorder) -> None:
 READ = {"action": "get", "path": "GET /x", "input": {"id": {}}}
 
 
-@pytest.mark.parametrize("status, body, data", [
-    (200, {"ticket_id": "TK-1", "status": "open"}, {"ticket_id": "TK-1", "status": "open"}),
-    (201, {"id": 1}, {"id": 1}),
-    (204, b"", {}),
-    (200, [1, 2], {"result": [1, 2]}),
-    (200, b"plain text", {"result": "plain text"}),
-])
+@pytest.mark.parametrize(
+    "status, body, data",
+    [
+        (200, {"ticket_id": "TK-1", "status": "open"}, {"ticket_id": "TK-1", "status": "open"}),
+        (201, {"id": 1}, {"id": 1}),
+        (204, b"", {}),
+        (200, [1, 2], {"result": [1, 2]}),
+        (200, b"plain text", {"result": "plain text"}),
+    ],
+)
 def test_2xx_is_ok_with_the_data(server: Recorder, status: int, body: Any, data: Any) -> None:
     server.answer(status, body)
     outcome = call(connector(server.url, READ), "get")
@@ -398,13 +543,16 @@ def test_2xx_is_ok_with_the_data(server: Recorder, status: int, body: Any, data:
     assert outcome.data == data and outcome.http_status == status
 
 
-@pytest.mark.parametrize("status, body", [
-    (400, {"detail": "priority is not valid"}),
-    (422, {"detail": "priority is not valid"}),
-    (422, {"message": "priority is not valid"}),
-    (422, {"detail": [{"loc": ["body", "priority"], "msg": "priority is not valid"}]}),
-    (400, b"priority is not valid"),
-])
+@pytest.mark.parametrize(
+    "status, body",
+    [
+        (400, {"detail": "priority is not valid"}),
+        (422, {"detail": "priority is not valid"}),
+        (422, {"message": "priority is not valid"}),
+        (422, {"detail": [{"loc": ["body", "priority"], "msg": "priority is not valid"}]}),
+        (400, b"priority is not valid"),
+    ],
+)
 def test_400_and_422_pass_on_the_systems_own_message(server: Recorder, status: int, body: Any) -> None:
     server.answer(status, body)
     outcome = call(connector(server.url, READ), "get")
@@ -415,8 +563,15 @@ def test_400_and_422_pass_on_the_systems_own_message(server: Recorder, status: i
 
 
 def test_ticket_system_422_reaches_the_agent_in_its_words(tickets: TicketSystem) -> None:
-    spec = connector(tickets.url, {"action": "create_ticket", "path": "POST /tickets", "permission": "write",
-                                   "input": {"title": {}, "priority": {}}})
+    spec = connector(
+        tickets.url,
+        {
+            "action": "create_ticket",
+            "path": "POST /tickets",
+            "permission": "write",
+            "input": {"title": {}, "priority": {}},
+        },
+    )
     outcome = call(spec, "create_ticket", {"title": "printer", "priority": "urgent"})
     assert outcome.code is ErrorCode.DOWNSTREAM_VALIDATION_FAILED
     assert "priority must be one of low, medium, high" in outcome.message
@@ -424,16 +579,19 @@ def test_ticket_system_422_reaches_the_agent_in_its_words(tickets: TicketSystem)
     assert ok.ok and ok.data["ticket_id"] == "TK-0001" and ok.data["priority"] == "high"
 
 
-@pytest.mark.parametrize("status, code, retryable", [
-    (401, ErrorCode.DOWNSTREAM_AUTH_FAILED, False),
-    (403, ErrorCode.DOWNSTREAM_AUTH_FAILED, False),
-    (404, ErrorCode.DOWNSTREAM_NOT_FOUND, False),
-    (409, ErrorCode.DOWNSTREAM_CONFLICT, False),
-    (429, ErrorCode.DOWNSTREAM_RATE_LIMITED, True),
-    (500, ErrorCode.DOWNSTREAM_ERROR, True),
-    (502, ErrorCode.DOWNSTREAM_ERROR, True),
-    (503, ErrorCode.DOWNSTREAM_ERROR, True),
-])
+@pytest.mark.parametrize(
+    "status, code, retryable",
+    [
+        (401, ErrorCode.DOWNSTREAM_AUTH_FAILED, False),
+        (403, ErrorCode.DOWNSTREAM_AUTH_FAILED, False),
+        (404, ErrorCode.DOWNSTREAM_NOT_FOUND, False),
+        (409, ErrorCode.DOWNSTREAM_CONFLICT, False),
+        (429, ErrorCode.DOWNSTREAM_RATE_LIMITED, True),
+        (500, ErrorCode.DOWNSTREAM_ERROR, True),
+        (502, ErrorCode.DOWNSTREAM_ERROR, True),
+        (503, ErrorCode.DOWNSTREAM_ERROR, True),
+    ],
+)
 def test_error_status_maps_to_its_code(server: Recorder, status: int, code: ErrorCode, retryable: bool) -> None:
     server.answer(status, {"detail": f"the system says {status}"})
     outcome = call(connector(server.url, READ), "get")
@@ -465,8 +623,10 @@ def test_connection_refused_is_unreachable_and_never_sent() -> None:
 
 
 def test_a_refused_write_is_unreachable_too_not_unknown() -> None:
-    spec = connector(f"http://127.0.0.1:{closed_port()}",
-                     {"action": "create", "path": "POST /x", "permission": "write", "idempotent": False})
+    spec = connector(
+        f"http://127.0.0.1:{closed_port()}",
+        {"action": "create", "path": "POST /x", "permission": "write", "idempotent": False},
+    )
     outcome = call(spec, "create")
     assert outcome.code is ErrorCode.DOWNSTREAM_UNREACHABLE and outcome.sent is False
 
@@ -492,9 +652,11 @@ def test_read_timeout_on_an_idempotent_action_is_downstream_timeout(server: Reco
 
 def test_read_timeout_on_a_non_idempotent_write_is_outcome_unknown(server: Recorder) -> None:
     server.answer(201, {"id": 1}, delay=2.0)
-    spec = connector(server.url,
-                     {"action": "create", "path": "POST /things", "permission": "write", "idempotent": False, "timeout": "300ms"},
-                     {"action": "find", "path": "GET /things"})
+    spec = connector(
+        server.url,
+        {"action": "create", "path": "POST /things", "permission": "write", "idempotent": False, "timeout": "300ms"},
+        {"action": "find", "path": "GET /things"},
+    )
     outcome, elapsed = timed(spec, "create")
     assert outcome.code is ErrorCode.OUTCOME_UNKNOWN
     assert (outcome.code.status, outcome.code.retryable) == ("unknown", False)
@@ -506,8 +668,10 @@ def test_read_timeout_on_a_non_idempotent_write_is_outcome_unknown(server: Recor
 
 def test_read_timeout_on_a_write_declared_idempotent_is_downstream_timeout(server: Recorder) -> None:
     server.answer(200, {}, delay=2.0)
-    spec = connector(server.url, {"action": "put", "path": "PUT /things/1", "permission": "write",
-                                  "idempotent": True, "timeout": "300ms"})
+    spec = connector(
+        server.url,
+        {"action": "put", "path": "PUT /things/1", "permission": "write", "idempotent": True, "timeout": "300ms"},
+    )
     outcome, elapsed = timed(spec, "put")
     assert outcome.code is ErrorCode.DOWNSTREAM_TIMEOUT and elapsed < 1.5
 
@@ -535,17 +699,26 @@ def test_a_trickling_answer_is_cut_off_at_the_actions_timeout(server: Recorder) 
 
 # -- declared output, error rules, redirects, size --------------------------------------------
 
-WITH_OUTPUT = {"action": "query_ticket", "path": "GET /tickets/{tid}", "input": {"tid": {}},
-               "output": {"status": {"type": "enum", "values": ["open", "closed"]}}}
+WITH_OUTPUT = {
+    "action": "query_ticket",
+    "path": "GET /tickets/{tid}",
+    "input": {"tid": {}},
+    "output": {"status": {"type": "enum", "values": ["open", "closed"]}},
+}
 
 
-@pytest.mark.parametrize("body, field_code", [
-    ({"ticket_id": "TK-1"}, ("status", "required")),
-    ({"status": "pending"}, ("status", "enum")),
-    ({"status": None}, ("status", "null")),
-    (b"", ("status", "required")),
-])
-def test_missing_or_wrong_declared_output_is_a_contract_violation(server: Recorder, body: Any, field_code: tuple[str, str]) -> None:
+@pytest.mark.parametrize(
+    "body, field_code",
+    [
+        ({"ticket_id": "TK-1"}, ("status", "required")),
+        ({"status": "pending"}, ("status", "enum")),
+        ({"status": None}, ("status", "null")),
+        (b"", ("status", "required")),
+    ],
+)
+def test_missing_or_wrong_declared_output_is_a_contract_violation(
+    server: Recorder, body: Any, field_code: tuple[str, str]
+) -> None:
     server.answer(200, body)
     outcome = call(connector(server.url, WITH_OUTPUT), "query_ticket", {"tid": "TK-1"})
     assert outcome.code is ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION
@@ -555,14 +728,29 @@ def test_missing_or_wrong_declared_output_is_a_contract_violation(server: Record
 
 def test_declared_output_present_is_ok(server: Recorder) -> None:
     server.answer(200, {"status": "closed", "extra": 1})
-    assert call(connector(server.url, WITH_OUTPUT), "query_ticket", {"tid": "TK-1"}).data == {"status": "closed", "extra": 1}
+    assert call(connector(server.url, WITH_OUTPUT), "query_ticket", {"tid": "TK-1"}).data == {
+        "status": "closed",
+        "extra": 1,
+    }
 
 
-ERROR_RULES = {"action": "order", "path": "POST /orders", "permission": "write", "input": {"sku": {}}, "errors": [
-    {"status": 400, "field": "error.code", "equals": "OUT_OF_STOCK", "code": "DOWNSTREAM_CONFLICT",
-     "message": "The item is out of stock", "suggestion": "Offer the customer another sku."},
-    {"status": 418, "code": "DOWNSTREAM_ERROR"},
-]}
+ERROR_RULES = {
+    "action": "order",
+    "path": "POST /orders",
+    "permission": "write",
+    "input": {"sku": {}},
+    "errors": [
+        {
+            "status": 400,
+            "field": "error.code",
+            "equals": "OUT_OF_STOCK",
+            "code": "DOWNSTREAM_CONFLICT",
+            "message": "The item is out of stock",
+            "suggestion": "Offer the customer another sku.",
+        },
+        {"status": 418, "code": "DOWNSTREAM_ERROR"},
+    ],
+}
 
 
 def test_error_rule_maps_status_and_body_field_to_its_code_and_words(server: Recorder) -> None:
@@ -639,8 +827,11 @@ def test_no_idempotency_header_unless_the_connector_declares_one(server: Recorde
 
 
 def test_ticket_system_deduplicates_by_the_forwarded_key(tickets: TicketSystem) -> None:
-    spec = connector(tickets.url, {"action": "create_ticket", "path": "POST /tickets", "permission": "write",
-                                   "input": {"title": {}}}, idempotency_header="Idempotency-Key")
+    spec = connector(
+        tickets.url,
+        {"action": "create_ticket", "path": "POST /tickets", "permission": "write", "input": {"title": {}}},
+        idempotency_header="Idempotency-Key",
+    )
     ctx = CallContext("intent-1", idempotency_key="same-key")
     first = call(spec, "create_ticket", {"title": "printer"}, ctx)
     second = call(spec, "create_ticket", {"title": "printer"}, ctx)

@@ -1,4 +1,5 @@
 """The consumer boundary: AMQP properties and bodies from hostile senders are read within bounds."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,14 @@ from amqp.serialization import decode_properties_basic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.transport.inbound import OVERSIZE, SENT_ENCODING, UNREADABLE, BoundedMessage, make_frame_handler, read_properties
+from workers.transport.inbound import (
+    OVERSIZE,
+    SENT_ENCODING,
+    UNREADABLE,
+    BoundedMessage,
+    make_frame_handler,
+    read_properties,
+)
 
 
 def shortstr(raw: bytes) -> bytes:
@@ -58,19 +66,47 @@ def test_unknown_field_type_and_truncated_tables_are_refused() -> None:
 
 
 def test_compression_header_is_dropped_so_no_body_is_decompressed() -> None:
-    raw = properties(0x2000, table(shortstr(b"compression") + b"S" + struct.pack(">I", 19) + b"application/x-bzip2"
-                                   + shortstr(b"agent_id") + b"S" + struct.pack(">I", 4) + b"desk"))
+    raw = properties(
+        0x2000,
+        table(
+            shortstr(b"compression")
+            + b"S"
+            + struct.pack(">I", 19)
+            + b"application/x-bzip2"
+            + shortstr(b"agent_id")
+            + b"S"
+            + struct.pack(">I", 4)
+            + b"desk"
+        ),
+    )
     props = read_properties(raw, 0)
     assert UNREADABLE not in props
     assert props["application_headers"] == {"agent_id": "desk"}
 
 
 def test_ordinary_properties_decode_exactly_as_py_amqp_does() -> None:
-    message = amqp.Message(b"{}", content_type="application/json", content_encoding="utf-8", message_id="m-1",
-                           user_id="desk", reply_to="desk.x", correlation_id="c", delivery_mode=2, priority=3,
-                           timestamp=1_700_000_000, application_headers={
-                               "task": "reach.execute", "id": "x", "timelimit": [None, None], "n": 5, "f": 1.5,
-                               "ok": True, "when": datetime(2026, 1, 2, 3, 4, 5), "nested": {"a": {"b": [1, "c"]}}})
+    message = amqp.Message(
+        b"{}",
+        content_type="application/json",
+        content_encoding="utf-8",
+        message_id="m-1",
+        user_id="desk",
+        reply_to="desk.x",
+        correlation_id="c",
+        delivery_mode=2,
+        priority=3,
+        timestamp=1_700_000_000,
+        application_headers={
+            "task": "reach.execute",
+            "id": "x",
+            "timelimit": [None, None],
+            "n": 5,
+            "f": 1.5,
+            "ok": True,
+            "when": datetime(2026, 1, 2, 3, 4, 5),
+            "nested": {"a": {"b": [1, "c"]}},
+        },
+    )
     raw = message._serialize_properties()
     assert read_properties(raw, 0) == decode_properties_basic(raw, 0)[0]
 
@@ -84,7 +120,9 @@ def test_no_byte_string_makes_property_reading_raise(raw: bytes) -> None:
 
 def test_content_encoding_is_kept_aside_so_the_body_stays_the_bytes_sent() -> None:
     message = BoundedMessage()
-    header = struct.pack(">HxxQ", 60, 2) + properties(0x8000 | 0x4000, shortstr(b"application/json"), shortstr(b"utf-16"))
+    header = struct.pack(">HxxQ", 60, 2) + properties(
+        0x8000 | 0x4000, shortstr(b"application/json"), shortstr(b"utf-16")
+    )
     message.inbound_header(header)
     assert "content_encoding" not in message.properties
     assert message.properties[SENT_ENCODING] == "utf-16"

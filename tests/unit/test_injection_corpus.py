@@ -1,5 +1,6 @@
 """Injection corpus for the request builder: whatever an agent puts in a path, query or header
 param, no request leaves for another host, port or path (checked with a listening sink)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -15,11 +16,47 @@ from tests.unit.test_http_adapter import Recorder
 
 SINK_PLACEHOLDER = "SINKPORT"
 CORPUS = [
-    "..", ".", "../", "../../admin", "..%2f", "%2e%2e", "%2e%2e%2f", "%252e%252e", "%2F", "/", "a/b", "//evil.example/x",
-    "..\\..\\win", "x?admin=1", "x#frag", "x;jsessionid=1", "a\r\nX-Injected: 1", "a\nb", "@evil.example",
-    "user:pw@127.0.0.1:SINKPORT", "http://127.0.0.1:SINKPORT/", "//127.0.0.1:SINKPORT/x", "127.0.0.1:SINKPORT",
-    "[::1]:SINKPORT", "0x7f000001", "2130706433", "\u2025", "\uff0e\uff0e\uff0f", "\u2215etc\u2215passwd",
-    "\u202egnp.exe", "\x00", "%00", "é", "\U0001f642", " ", "%20", "\t", "a&b=c", "=", "+", "%",
+    "..",
+    ".",
+    "../",
+    "../../admin",
+    "..%2f",
+    "%2e%2e",
+    "%2e%2e%2f",
+    "%252e%252e",
+    "%2F",
+    "/",
+    "a/b",
+    "//evil.example/x",
+    "..\\..\\win",
+    "x?admin=1",
+    "x#frag",
+    "x;jsessionid=1",
+    "a\r\nX-Injected: 1",
+    "a\nb",
+    "@evil.example",
+    "user:pw@127.0.0.1:SINKPORT",
+    "http://127.0.0.1:SINKPORT/",
+    "//127.0.0.1:SINKPORT/x",
+    "127.0.0.1:SINKPORT",
+    "[::1]:SINKPORT",
+    "0x7f000001",
+    "2130706433",
+    "\u2025",
+    "\uff0e\uff0e\uff0f",
+    "\u2215etc\u2215passwd",
+    "\u202egnp.exe",
+    "\x00",
+    "%00",
+    "é",
+    "\U0001f642",
+    " ",
+    "%20",
+    "\t",
+    "a&b=c",
+    "=",
+    "+",
+    "%",
 ]
 
 
@@ -32,20 +69,24 @@ def servers() -> Iterator[tuple[Recorder, Recorder]]:
 
 
 def connector(url: str) -> ConnectorSpec:
-    return ConnectorSpec.model_validate({
-        "name": "items",
-        "endpoint": url + "/api",
-        "idempotency_header": "Idempotency-Key",
-        "actions": [{
-            "action": "get_item",
-            "path": "GET /items/{id}/detail",
-            "input": {
-                "id": {"type": "string", "required": True},
-                "q": {"type": "string"},
-                "note": {"type": "string", "in": "header", "name": "X-Note"},
-            },
-        }],
-    })
+    return ConnectorSpec.model_validate(
+        {
+            "name": "items",
+            "endpoint": url + "/api",
+            "idempotency_header": "Idempotency-Key",
+            "actions": [
+                {
+                    "action": "get_item",
+                    "path": "GET /items/{id}/detail",
+                    "input": {
+                        "id": {"type": "string", "required": True},
+                        "q": {"type": "string"},
+                        "note": {"type": "string", "in": "header", "name": "X-Note"},
+                    },
+                }
+            ],
+        }
+    )
 
 
 def _values(sink: Recorder) -> list[str]:
@@ -79,7 +120,9 @@ def test_no_request_leaves_the_endpoint_or_template(servers: tuple[Recorder, Rec
             path, _, query = request.raw_path.partition("?")
             segments = path.split("/")
             # exactly /api/items/<one segment>/detail
-            assert segments[:3] == ["", "api", "items"] and segments[4:] == ["detail"] and len(segments) == 5, request.raw_path
+            assert segments[:3] == ["", "api", "items"] and segments[4:] == ["detail"] and len(segments) == 5, (
+                request.raw_path
+            )
             assert "#" not in request.raw_path
             if place == "path":
                 assert unquote(segments[3]) == value

@@ -1,5 +1,6 @@
 """The router->pool job: one frozen, versioned model whose JSON is the one routers have always
 written, so pools read jobs queued before an upgrade; anything else is refused with a reason."""
+
 from __future__ import annotations
 
 import json
@@ -57,14 +58,17 @@ def test_the_job_is_frozen() -> None:
         parse_job(TODAYS_JOB).intent_id = "other"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("change,field", [
-    ({"v": 2}, "v"),
-    ({"v": "1"}, "v"),
-    ({"surprise": "x"}, "surprise"),
-    ({"params": ["not", "an", "object"]}, "params"),
-    ({"intent_id": ""}, "intent_id"),
-    ({"deadline": "tomorrow"}, "deadline"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"v": 2}, "v"),
+        ({"v": "1"}, "v"),
+        ({"surprise": "x"}, "surprise"),
+        ({"params": ["not", "an", "object"]}, "params"),
+        ({"intent_id": ""}, "intent_id"),
+        ({"deadline": "tomorrow"}, "deadline"),
+    ],
+)
 def test_a_job_of_another_version_or_shape_is_refused_with_the_reason(change: dict[str, Any], field: str) -> None:
     with pytest.raises(JobDecodeError) as refused:
         parse_job({**TODAYS_JOB, **change})

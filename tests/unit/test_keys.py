@@ -1,4 +1,5 @@
 """Every Redis key comes from workers/state/keys.py, and no agent's input can reach another agent's keys."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -42,8 +43,9 @@ def test_the_same_intent_id_under_two_agents_never_collides_once_colons_are_refu
     assert keys.receipt("desk", "eu:X") != keys.receipt("desk_eu", "X")
 
 
-@pytest.mark.parametrize("name", ["desk:eu", "desk.eu", "Desk", "desk-eu", "-", "", "_x", "1x", "a" * 64, "a b",
-                                  "desk\n"])
+@pytest.mark.parametrize(
+    "name", ["desk:eu", "desk.eu", "Desk", "desk-eu", "-", "", "_x", "1x", "a" * 64, "a b", "desk\n"]
+)
 def test_names_with_colons_dots_or_capitals_are_refused(name: str) -> None:
     assert not AGENT_ID_PATTERN.match(name)
     with pytest.raises(ValueError, match="agent_id"):
@@ -66,8 +68,13 @@ def test_a_trailing_newline_is_not_part_of_any_id(field: str) -> None:
 
 
 def test_connector_keys() -> None:
-    assert [keys.breaker("c"), keys.health("c"), keys.paused("c"), keys.workers("c"), keys.last_error("c")] == \
-        ["reach:breaker:c", "reach:health:c", "reach:paused:c", "reach:workers:c", "reach:last-error:c"]
+    assert [keys.breaker("c"), keys.health("c"), keys.paused("c"), keys.workers("c"), keys.last_error("c")] == [
+        "reach:breaker:c",
+        "reach:health:c",
+        "reach:paused:c",
+        "reach:workers:c",
+        "reach:last-error:c",
+    ]
     assert keys.alive("h:1:ab") == "reach:alive:h:1:ab" and keys.abandoned("a1") == "reach:abandoned:a1"
 
 
@@ -89,7 +96,12 @@ def test_glob_characters_in_an_intent_id_match_only_themselves() -> None:
 def test_no_module_but_keys_spells_a_redis_key() -> None:
     """The one-place rule: "reach:<prefix>:" literals live in workers/state/keys.py only."""
     literal = re.compile(r"""["']reach:[a-z-]+:""")
-    offenders = [f"{path.relative_to(REPO)}:{n}" for root in ("workers", "producers", "connectors")
-                 for path in (REPO / root).rglob("*.py") if path.name != "keys.py"
-                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if literal.search(line)]
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}"
+        for root in ("workers", "producers", "connectors")
+        for path in (REPO / root).rglob("*.py")
+        if path.name != "keys.py"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if literal.search(line)
+    ]
     assert offenders == []

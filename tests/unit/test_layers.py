@@ -1,5 +1,6 @@
 """Dependencies point one way: producers <- connectors <- workers, and inside workers lower layers
 never import higher ones (the order is in workers/__init__.py). Function-level imports count too."""
+
 from __future__ import annotations
 
 import ast
@@ -83,7 +84,7 @@ def test_no_import_cycles() -> None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycle.extend(trail[trail.index(nxt):] + [node, nxt] if nxt in trail else [node, nxt])
+                cycle.extend(trail[trail.index(nxt) :] + [node, nxt] if nxt in trail else [node, nxt])
                 return True
             if state.get(nxt) is None and visit(nxt, trail + [node]):
                 return True

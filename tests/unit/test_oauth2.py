@@ -1,4 +1,5 @@
 """OAuth2 client credentials against a real local token endpoint and API."""
+
 from __future__ import annotations
 
 import base64
@@ -80,12 +81,20 @@ ENV = {"CRM_CLIENT_ID": "client-1", "CRM_CLIENT_SECRET": "s3cret"}
 
 
 def adapter(server: AuthServer, env: dict[str, str] = ENV) -> tuple[HttpAdapter, ConnectorSpec]:
-    spec = ConnectorSpec.model_validate({
-        "name": "crm", "endpoint": server.url,
-        "auth": {"type": "oauth2_client_credentials", "token_url": server.url + "/token",
-                 "client_id_env": "CRM_CLIENT_ID", "client_secret_env": "CRM_CLIENT_SECRET", "scope": "tickets"},
-        "actions": [{"action": "me", "path": "GET /me"}],
-    })
+    spec = ConnectorSpec.model_validate(
+        {
+            "name": "crm",
+            "endpoint": server.url,
+            "auth": {
+                "type": "oauth2_client_credentials",
+                "token_url": server.url + "/token",
+                "client_id_env": "CRM_CLIENT_ID",
+                "client_secret_env": "CRM_CLIENT_SECRET",
+                "scope": "tickets",
+            },
+            "actions": [{"action": "me", "path": "GET /me"}],
+        }
+    )
     return HttpAdapter(spec, environ=env), spec
 
 

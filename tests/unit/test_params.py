@@ -1,4 +1,5 @@
 """ParamValidator: an agent's params against an action's declared input (design.md section 4)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors.schema import (DEFAULT_MAX_PROBLEMS, MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES,
-                               FieldProblem, ParamValidator, Problems, suggestion_for)
+from connectors.schema import (
+    DEFAULT_MAX_PROBLEMS,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_PATH_SEGMENT_BYTES,
+    MAX_URL_BYTES,
+    FieldProblem,
+    ParamValidator,
+    Problems,
+    suggestion_for,
+)
 from connectors.spec import ActionSpec
 
 
@@ -16,7 +25,9 @@ def validator(fields: dict[str, Any], path: str = "POST /things") -> ParamValida
     return ParamValidator(ActionSpec.model_validate({"action": "act", "path": path, "input": fields}))
 
 
-def check(fields: dict[str, Any], params: dict[str, Any], path: str = "POST /things") -> tuple[dict[str, Any], list[FieldProblem]]:
+def check(
+    fields: dict[str, Any], params: dict[str, Any], path: str = "POST /things"
+) -> tuple[dict[str, Any], list[FieldProblem]]:
     return validator(fields, path).validate(params)
 
 
@@ -86,7 +97,9 @@ INVALID = [
 
 
 @pytest.mark.parametrize("spec, value, code, words", INVALID)
-def test_value_of_the_wrong_type_is_reported_for_its_field(spec: dict[str, Any], value: Any, code: str, words: str) -> None:
+def test_value_of_the_wrong_type_is_reported_for_its_field(
+    spec: dict[str, Any], value: Any, code: str, words: str
+) -> None:
     problem = only_problem({"v": spec}, {"v": value})
     assert (problem.field, problem.code) == ("v", code)
     assert words.lower() in problem.message.lower()
@@ -108,8 +121,12 @@ def test_enum_violation_is_reported_with_allowed_values() -> None:
     assert problem.code == "enum"
     assert problem.allowed == ["low", "medium", "high"]
     assert "low, medium, high" in problem.message and "urgent" in problem.message
-    assert problem.to_detail() == {"field": "priority", "code": "enum", "message": problem.message,
-                                   "allowed": ["low", "medium", "high"]}
+    assert problem.to_detail() == {
+        "field": "priority",
+        "code": "enum",
+        "message": problem.message,
+        "allowed": ["low", "medium", "high"],
+    }
 
 
 def test_array_items_are_checked_each_with_its_index() -> None:
@@ -118,11 +135,16 @@ def test_array_items_are_checked_each_with_its_index() -> None:
 
 
 def test_object_properties_are_checked_with_dotted_names() -> None:
-    fields = {"address": {"type": "object", "properties": {
-        "city": {"type": "string", "required": True},
-        "zip": {"type": "string", "pattern": r"^\d{5}$"},
-        "country": {"type": "string", "default": "FR"},
-    }}}
+    fields = {
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "required": True},
+                "zip": {"type": "string", "pattern": r"^\d{5}$"},
+                "country": {"type": "string", "default": "FR"},
+            },
+        }
+    }
     cleaned, problems = check(fields, {"address": {"zip": "ABCDE", "street": "x"}})
     assert codes(problems) == {"address.city": "required", "address.zip": "pattern", "address.street": "unknown"}
     cleaned, problems = check(fields, {"address": {"city": "Lyon"}})
@@ -139,10 +161,12 @@ def test_missing_required_fields_are_all_reported() -> None:
 
 
 def test_defaults_are_applied_for_missing_fields_only() -> None:
-    fields = {"priority": {"type": "enum", "values": ["low", "medium", "high"], "default": "medium"},
-              "notify": {"type": "boolean", "default": False},
-              "retries": {"type": "integer", "default": 0},
-              "note": {"type": "string"}}
+    fields = {
+        "priority": {"type": "enum", "values": ["low", "medium", "high"], "default": "medium"},
+        "notify": {"type": "boolean", "default": False},
+        "retries": {"type": "integer", "default": 0},
+        "note": {"type": "string"},
+    }
     cleaned, problems = check(fields, {})
     assert problems == []
     assert cleaned == {"priority": "medium", "notify": False, "retries": 0}
@@ -151,7 +175,9 @@ def test_defaults_are_applied_for_missing_fields_only() -> None:
 
 
 def test_unknown_param_is_rejected_with_a_suggestion() -> None:
-    _, problems = check({"title": {"type": "string"}, "priority": {"type": "string"}}, {"title": "x", "priorty": "high"})
+    _, problems = check(
+        {"title": {"type": "string"}, "priority": {"type": "string"}}, {"title": "x", "priorty": "high"}
+    )
     assert codes(problems) == {"priorty": "unknown"}
     assert "did you mean priority?" in problems[0].message
 
@@ -169,8 +195,11 @@ def test_unknown_param_on_an_action_without_input_is_rejected() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    fields = {"title": {"required": True, "max_length": 5}, "count": {"type": "integer", "min": 1},
-              "level": {"type": "enum", "values": ["a", "b"]}}
+    fields = {
+        "title": {"required": True, "max_length": 5},
+        "count": {"type": "integer", "min": 1},
+        "level": {"type": "enum", "values": ["a", "b"]},
+    }
     _, problems = check(fields, {"title": "too long title", "count": 0, "level": "c", "extra": 1})
     assert codes(problems) == {"title": "max_length", "count": "min", "level": "enum", "extra": "unknown"}
 
@@ -178,28 +207,34 @@ def test_every_problem_is_reported_at_once() -> None:
 # -- bounds, patterns, null -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, value, code", [
-    ({"type": "integer", "min": 1}, 0, "min"),
-    ({"type": "integer", "max": 10}, 11, "max"),
-    ({"type": "number", "min": 0.5}, 0.25, "min"),
-    ({"type": "number", "max": 1.5}, 1.75, "max"),
-    ({"type": "string", "min_length": 3}, "ab", "min_length"),
-    ({"type": "string", "max_length": 3}, "abcd", "max_length"),
-    ({"type": "array", "items": {"type": "string"}, "min_length": 1}, [], "min_length"),
-    ({"type": "array", "items": {"type": "string"}, "max_length": 2}, ["a", "b", "c"], "max_length"),
-    ({"type": "string", "pattern": r"^TK-\d{4}$"}, "TK-12", "pattern"),
-])
+@pytest.mark.parametrize(
+    "spec, value, code",
+    [
+        ({"type": "integer", "min": 1}, 0, "min"),
+        ({"type": "integer", "max": 10}, 11, "max"),
+        ({"type": "number", "min": 0.5}, 0.25, "min"),
+        ({"type": "number", "max": 1.5}, 1.75, "max"),
+        ({"type": "string", "min_length": 3}, "ab", "min_length"),
+        ({"type": "string", "max_length": 3}, "abcd", "max_length"),
+        ({"type": "array", "items": {"type": "string"}, "min_length": 1}, [], "min_length"),
+        ({"type": "array", "items": {"type": "string"}, "max_length": 2}, ["a", "b", "c"], "max_length"),
+        ({"type": "string", "pattern": r"^TK-\d{4}$"}, "TK-12", "pattern"),
+    ],
+)
 def test_bounds_and_patterns_are_enforced(spec: dict[str, Any], value: Any, code: str) -> None:
     problem = only_problem({"v": spec}, {"v": value})
     assert problem.code == code
 
 
-@pytest.mark.parametrize("spec, value", [
-    ({"type": "integer", "min": 1, "max": 10}, 1),
-    ({"type": "integer", "min": 1, "max": 10}, 10),
-    ({"type": "string", "min_length": 3, "max_length": 3}, "abc"),
-    ({"type": "string", "pattern": r"^TK-\d{4}$"}, "TK-0001"),
-])
+@pytest.mark.parametrize(
+    "spec, value",
+    [
+        ({"type": "integer", "min": 1, "max": 10}, 1),
+        ({"type": "integer", "min": 1, "max": 10}, 10),
+        ({"type": "string", "min_length": 3, "max_length": 3}, "abc"),
+        ({"type": "string", "pattern": r"^TK-\d{4}$"}, "TK-0001"),
+    ],
+)
 def test_values_on_the_bounds_are_accepted(spec: dict[str, Any], value: Any) -> None:
     assert check({"v": spec}, {"v": value})[1] == []
 
@@ -234,16 +269,19 @@ def test_empty_path_parameter_is_refused() -> None:
 SECRET = "s3cr3t-Value-9F"
 
 
-@pytest.mark.parametrize("spec", [
-    {"type": "string", "sensitive": True, "pattern": r"^\d{4}$"},
-    {"type": "string", "sensitive": True, "max_length": 4},
-    {"type": "string", "sensitive": True, "min_length": 40},
-    {"type": "enum", "sensitive": True, "values": ["a", "b"]},
-    {"type": "integer", "sensitive": True},
-    {"type": "date", "sensitive": True},
-    {"type": "datetime", "sensitive": True},
-    {"type": "string", "sensitive": True, "in": "header", "name": "X-Token"},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "string", "sensitive": True, "pattern": r"^\d{4}$"},
+        {"type": "string", "sensitive": True, "max_length": 4},
+        {"type": "string", "sensitive": True, "min_length": 40},
+        {"type": "enum", "sensitive": True, "values": ["a", "b"]},
+        {"type": "integer", "sensitive": True},
+        {"type": "date", "sensitive": True},
+        {"type": "datetime", "sensitive": True},
+        {"type": "string", "sensitive": True, "in": "header", "name": "X-Token"},
+    ],
+)
 def test_sensitive_value_never_appears_in_a_problem(spec: dict[str, Any]) -> None:
     value = SECRET + "\n" if spec.get("in") == "header" else SECRET
     _, problems = check({"token": spec}, {"token": value})
@@ -257,10 +295,16 @@ def test_non_sensitive_value_is_shown_to_help_the_model() -> None:
     assert "12a4" in problem.message
 
 
-@pytest.mark.parametrize("spec, value", [
-    ({"type": "array", "sensitive": True, "items": {"type": "string", "pattern": r"^\d+$"}}, [SECRET]),
-    ({"type": "object", "sensitive": True, "properties": {"pin": {"type": "enum", "values": ["a", "b"]}}}, {"pin": SECRET}),
-])
+@pytest.mark.parametrize(
+    "spec, value",
+    [
+        ({"type": "array", "sensitive": True, "items": {"type": "string", "pattern": r"^\d+$"}}, [SECRET]),
+        (
+            {"type": "object", "sensitive": True, "properties": {"pin": {"type": "enum", "values": ["a", "b"]}}},
+            {"pin": SECRET},
+        ),
+    ],
+)
 def test_values_inside_a_sensitive_array_or_object_never_appear_in_a_problem(spec: dict[str, Any], value: Any) -> None:
     _, problems = check({"secret": spec}, {"secret": value})
     assert problems
@@ -270,7 +314,9 @@ def test_values_inside_a_sensitive_array_or_object_never_appear_in_a_problem(spe
 # -- header-placed params -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "line\nbreak", "carriage\rreturn", "nul\x00byte", "tab\tbed", "del\x7f"])
+@pytest.mark.parametrize(
+    "value", ["a\r\nX-Injected: 1", "line\nbreak", "carriage\rreturn", "nul\x00byte", "tab\tbed", "del\x7f"]
+)
 def test_header_param_with_control_characters_is_refused(value: str) -> None:
     problem = only_problem({"note": {"type": "string", "in": "header", "name": "X-Note"}}, {"note": value})
     assert (problem.field, problem.code) == ("note", "header")
@@ -284,8 +330,12 @@ def test_line_breaks_are_fine_outside_headers() -> None:
 
 
 def test_suggestion_names_every_field_with_its_problem() -> None:
-    fields = {"title": {"required": True}, "count": {"type": "integer", "max": 3},
-              "level": {"type": "enum", "values": ["a", "b"]}, "when": {"type": "date"}}
+    fields = {
+        "title": {"required": True},
+        "count": {"type": "integer", "max": 3},
+        "level": {"type": "enum", "values": ["a", "b"]},
+        "when": {"type": "date"},
+    }
     _, problems = check(fields, {"count": 9, "level": "z", "when": "soon", "colour": "red"})
     text = suggestion_for(problems)
     for name in ("title", "count", "level", "when", "colour"):
@@ -319,8 +369,11 @@ KITCHEN_SINK = {
 }
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
     max_leaves=20,
 )
@@ -397,5 +450,6 @@ def test_max_problems_sets_how_many_are_kept() -> None:
 
 def test_a_missing_path_parameter_is_counted_once_when_the_list_is_full() -> None:
     _, problems = validator({"tid": {"required": True}}, path="GET /t/{tid}").validate(
-        {f"k{i}": 1 for i in range(5)}, max_problems=2)
+        {f"k{i}": 1 for i in range(5)}, max_problems=2
+    )
     assert problems.total == 6

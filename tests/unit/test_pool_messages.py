@@ -1,6 +1,7 @@
 """What the pool does with each message on its queue, before and after running the job: the
 job is read as data, infrastructure failures put it back instead of acking it unanswered, and a
 message that is not a job is dead-lettered, never dropped."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,22 @@ class FakeRuntime:
         self.dead_jobs.append((job if isinstance(job, dict) else job.model_dump(), reason))
 
 
-JOB = {"v": 1, "intent_id": "i-1", "agent_id": "a", "connector": "c", "action": "x", "params": {},
-       "idempotency_key": "i-1", "reply_to": "a", "deadline": None, "trace_id": "t" * 32, "traceparent": None,
-       "format": "native", "received_at": 1.0, "dispatched_at": 2.0}
+JOB = {
+    "v": 1,
+    "intent_id": "i-1",
+    "agent_id": "a",
+    "connector": "c",
+    "action": "x",
+    "params": {},
+    "idempotency_key": "i-1",
+    "reply_to": "a",
+    "deadline": None,
+    "trace_id": "t" * 32,
+    "traceparent": None,
+    "format": "native",
+    "received_at": 1.0,
+    "dispatched_at": 2.0,
+}
 
 
 def test_a_task_message_is_read_as_its_job() -> None:
@@ -55,14 +69,17 @@ def test_a_task_message_is_read_as_its_job() -> None:
     assert job == Job.model_validate(JOB)
 
 
-@pytest.mark.parametrize("body,task,why", [
-    ([[JOB], {}, {}], "celery.chord_unlock", "not a reach.execute message"),
-    ([[JOB], {}, {}], None, "not a reach.execute message"),
-    (b"{not json", EXECUTE_TASK, "not a task message of JSON"),
-    ([], EXECUTE_TASK, "not a task message of JSON"),
-    ([["a string"], {}, {}], EXECUTE_TASK, "not a job object"),
-    ([[JOB, JOB], {}, {}], EXECUTE_TASK, "not a job object"),
-])
+@pytest.mark.parametrize(
+    "body,task,why",
+    [
+        ([[JOB], {}, {}], "celery.chord_unlock", "not a reach.execute message"),
+        ([[JOB], {}, {}], None, "not a reach.execute message"),
+        (b"{not json", EXECUTE_TASK, "not a task message of JSON"),
+        ([], EXECUTE_TASK, "not a task message of JSON"),
+        ([["a string"], {}, {}], EXECUTE_TASK, "not a job object"),
+        ([[JOB, JOB], {}, {}], EXECUTE_TASK, "not a job object"),
+    ],
+)
 def test_anything_else_is_refused_with_a_reason(body: Any, task: str | None, why: str) -> None:
     with pytest.raises(JobDecodeError, match=why):
         decode_job(FakeMessage(body, task))  # type: ignore[arg-type]

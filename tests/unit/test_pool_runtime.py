@@ -1,6 +1,7 @@
 """The pool in-process: ``PoolRuntime`` driven directly with a scripted adapter, an in-memory
 Redis, ledger and publisher. What is asserted is what an agent and the system observe: receipts
 published, dead letters, and how often the system was called."""
+
 from __future__ import annotations
 
 import json
@@ -128,8 +129,18 @@ class FakeLedger:
         self.alive = alive if alive is not None else {WORKER}
         self.abandoned: list[str] = []
 
-    def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str, attempt: str,
-              max_deliveries: int, breaker_key: str | None = None, batcher: Any = None) -> Begin:
+    def begin(
+        self,
+        sent_key: str,
+        deliveries_key: str,
+        key: str,
+        params_hash: str,
+        intent_id: str,
+        attempt: str,
+        max_deliveries: int,
+        breaker_key: str | None = None,
+        batcher: Any = None,
+    ) -> Begin:
         if self._client.exists(sent_key):
             return Begin("sent", "", "", 0, False)
         n = self._client.incr(deliveries_key)
@@ -141,8 +152,9 @@ class FakeLedger:
     def _claim(self, key: str, params_hash: str, intent_id: str) -> tuple[Claim, bool]:
         record = self._client.data.get(key)
         if record is None:
-            self._client.hset(key, mapping={"state": "in_progress", "hash": params_hash, "owner": WORKER,
-                                            "intent": intent_id})
+            self._client.hset(
+                key, mapping={"state": "in_progress", "hash": params_hash, "owner": WORKER, "intent": intent_id}
+            )
             return Claim("claimed"), False
         if record["hash"] != params_hash:
             return Claim("reused", "", record["intent"]), False
@@ -186,10 +198,25 @@ class FakePublisher:
         self._client = client
         self.published: list[dict[str, Any]] = []
 
-    def publish(self, body: bytes, *, exchange: Any, routing_key: str, headers: dict[str, Any] | None = None,
-                then: Callable[[Any], None] | None = None, **properties: Any) -> None:
-        self.published.append({"exchange": exchange.name, "routing_key": routing_key, "body": body,
-                               "headers": headers or {}, **properties})
+    def publish(
+        self,
+        body: bytes,
+        *,
+        exchange: Any,
+        routing_key: str,
+        headers: dict[str, Any] | None = None,
+        then: Callable[[Any], None] | None = None,
+        **properties: Any,
+    ) -> None:
+        self.published.append(
+            {
+                "exchange": exchange.name,
+                "routing_key": routing_key,
+                "body": body,
+                "headers": headers or {},
+                **properties,
+            }
+        )
         if then is not None:
             pipe = self._client.pipeline()
             then(pipe)
@@ -227,10 +254,14 @@ class Pool:
         self.adapter = adapter
         audit = Audit(None, "pool:tickets", batcher=self.batcher)  # type: ignore[arg-type]
         self.runtime = PoolRuntime(
-            catalog.connectors["tickets"], catalog, adapter,
+            catalog.connectors["tickets"],
+            catalog,
+            adapter,
             state=PoolState(self.redis, self.batcher, self.ledger),  # type: ignore[arg-type]
             output=PoolOutput(ReceiptSink(self.publisher, self.redis, 600), self.publisher, audit),  # type: ignore[arg-type]
-            options=PoolOptions(max_deliveries=3, wait_for_holder_seconds=0.0), sleep=lambda _: None)
+            options=PoolOptions(max_deliveries=3, wait_for_holder_seconds=0.0),
+            sleep=lambda _: None,
+        )
 
     def receipts(self) -> list[Receipt]:
         return self.publisher.receipts()
@@ -245,10 +276,20 @@ def job(**changes: Any) -> Job:
     now = time.time()
     intent_id = changes.pop("intent_id", "i-1")
     fields: dict[str, Any] = {
-        "intent_id": intent_id, "agent_id": "bot", "connector": "tickets", "action": "create_ticket",
-        "params": {"title": "t", "priority": "medium"}, "idempotency_key": intent_id, "reply_to": "bot",
-        "deadline": None, "trace_id": "0" * 31 + "1", "traceparent": None, "format": "native",
-        "received_at": now, "dispatched_at": now}
+        "intent_id": intent_id,
+        "agent_id": "bot",
+        "connector": "tickets",
+        "action": "create_ticket",
+        "params": {"title": "t", "priority": "medium"},
+        "idempotency_key": intent_id,
+        "reply_to": "bot",
+        "deadline": None,
+        "trace_id": "0" * 31 + "1",
+        "traceparent": None,
+        "format": "native",
+        "received_at": now,
+        "dispatched_at": now,
+    }
     return Job(**{**fields, **changes})
 
 
@@ -331,8 +372,12 @@ def test_a_write_whose_worker_died_mid_call_is_outcome_unknown_without_a_call(ca
     the_job = job()
     # a worker that died while it was sending the request holds the record
     pool.redis.data[keys.idempotency("bot", "tickets", "create_ticket", "i-1")] = {
-        "state": "in_progress", "owner": "dead-worker", "intent": "i-1", "sending": "1",
-        "hash": params_hash(the_job.params)}
+        "state": "in_progress",
+        "owner": "dead-worker",
+        "intent": "i-1",
+        "sending": "1",
+        "hash": params_hash(the_job.params),
+    }
     pool.runtime.execute(the_job, redelivered=True)
     [receipt] = pool.receipts()
     assert receipt.error is not None and receipt.error.code is ErrorCode.OUTCOME_UNKNOWN
@@ -343,8 +388,12 @@ def test_a_read_whose_worker_died_is_simply_run_again(catalog: Catalog) -> None:
     pool = Pool(catalog, FakeAdapter(Outcome(True, data={"tid": "1"})))
     read = job(action="query_ticket", params={"tid": "1"})
     pool.redis.data[keys.idempotency("bot", "tickets", "query_ticket", "i-1")] = {
-        "state": "in_progress", "owner": "dead-worker", "intent": "i-1", "sending": "1",
-        "hash": params_hash(read.params)}
+        "state": "in_progress",
+        "owner": "dead-worker",
+        "intent": "i-1",
+        "sending": "1",
+        "hash": params_hash(read.params),
+    }
     pool.runtime.execute(read, redelivered=True)
     [receipt] = pool.receipts()
     assert receipt.status == "succeeded" and len(pool.adapter.calls) == 1
@@ -383,8 +432,13 @@ def test_a_job_delivered_too_often_is_dead_lettered_once_and_answered(catalog: C
 
 
 def test_a_read_is_retried_after_a_transient_failure_and_answered_once(catalog: Catalog) -> None:
-    pool = Pool(catalog, FakeAdapter(Outcome(False, code=ErrorCode.DOWNSTREAM_ERROR, sent=True, http_status=503),
-                                     Outcome(True, data={"tid": "1"})))
+    pool = Pool(
+        catalog,
+        FakeAdapter(
+            Outcome(False, code=ErrorCode.DOWNSTREAM_ERROR, sent=True, http_status=503),
+            Outcome(True, data={"tid": "1"}),
+        ),
+    )
     pool.runtime.execute(job(action="query_ticket", params={"tid": "1"}))
     [receipt] = pool.receipts()
     assert receipt.status == "succeeded" and receipt.execution.attempts == 2 and len(pool.adapter.calls) == 2
@@ -401,7 +455,9 @@ def test_an_adapter_that_raises_becomes_an_internal_receipt(catalog: Catalog) ->
     assert receipt.error is not None and receipt.error.code is ErrorCode.INTERNAL
 
 
-def test_when_redis_fails_before_the_outcome_is_kept_the_claim_is_given_up_and_the_job_requeued(catalog: Catalog) -> None:
+def test_when_redis_fails_before_the_outcome_is_kept_the_claim_is_given_up_and_the_job_requeued(
+    catalog: Catalog,
+) -> None:
     pool = Pool(catalog, FakeAdapter())
     real_call = pool.batcher.call
 
@@ -419,8 +475,9 @@ def test_when_redis_fails_before_the_outcome_is_kept_the_claim_is_given_up_and_t
 
 
 @pytest.mark.parametrize("change,field", [({"v": 2}, "v"), ({"extra": 1}, "extra"), ({"deadline": "soon"}, "deadline")])
-def test_a_job_that_does_not_parse_is_dead_lettered_with_the_reason_never_run(catalog: Catalog, change: dict[str, Any],
-                                                                              field: str) -> None:
+def test_a_job_that_does_not_parse_is_dead_lettered_with_the_reason_never_run(
+    catalog: Catalog, change: dict[str, Any], field: str
+) -> None:
     pool = Pool(catalog, FakeAdapter())
     doc = {**job(params={"title": "t", "api_token": "s3cret"}).model_dump(), **change}
     message = TaskMessage(doc)

@@ -1,4 +1,5 @@
 """Retry decisions, without a network: which failures are retried, how long it waits, when it stops."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -8,8 +9,8 @@ import pytest
 from connectors.adapters.base import Outcome
 from connectors.spec import RetryPolicy
 from producers.wire import ErrorCode
-from workers.state.breaker import Permit
 from workers.pool.retry import backoff, run_with_retries, should_retry
+from workers.state.breaker import Permit
 
 POLICY = RetryPolicy(max_attempts=3, initial_backoff="100ms", max_backoff="5s")
 
@@ -25,8 +26,9 @@ def failing(code: ErrorCode, *, sent: bool = True, retry_after_ms: int | None = 
 OK = Outcome(True, data={"ok": True}, downstream_ms=1.0)
 
 
-def run(seq: list[Outcome], *, safe: bool, deadline: float | None = None, gate: object = None,
-        now: float = 1000.0) -> tuple[object, list[float], int]:
+def run(
+    seq: list[Outcome], *, safe: bool, deadline: float | None = None, gate: object = None, now: float = 1000.0
+) -> tuple[object, list[float], int]:
     calls = iter(seq)
     sleeps: list[float] = []
     count = 0
@@ -36,23 +38,34 @@ def run(seq: list[Outcome], *, safe: bool, deadline: float | None = None, gate: 
         count += 1
         return next(calls)
 
-    result = run_with_retries(call, POLICY, safe_to_repeat=safe, deadline=deadline, gate=gate,  # type: ignore[arg-type]
-                              sleep=sleeps.append, clock=lambda: now + sum(sleeps), rand=lambda: 0.5)
+    result = run_with_retries(
+        call,
+        POLICY,
+        safe_to_repeat=safe,
+        deadline=deadline,
+        gate=gate,  # type: ignore[arg-type]
+        sleep=sleeps.append,
+        clock=lambda: now + sum(sleeps),
+        rand=lambda: 0.5,
+    )
     return result, sleeps, count
 
 
-@pytest.mark.parametrize("outcome, safe, retried", [
-    (failing(ErrorCode.DOWNSTREAM_UNREACHABLE, sent=False), False, True),   # never reached the system
-    (failing(ErrorCode.DOWNSTREAM_RATE_LIMITED), False, True),              # 429: the system refused it
-    (failing(ErrorCode.DOWNSTREAM_ERROR), True, True),                      # 5xx on a safe call
-    (failing(ErrorCode.DOWNSTREAM_ERROR), False, False),                    # 5xx on a non-idempotent write
-    (failing(ErrorCode.DOWNSTREAM_TIMEOUT), True, True),
-    (failing(ErrorCode.OUTCOME_UNKNOWN), False, False),                     # sent, no answer: never again
-    (failing(ErrorCode.DOWNSTREAM_VALIDATION_FAILED), True, False),         # 4xx never
-    (failing(ErrorCode.DOWNSTREAM_NOT_FOUND), True, False),
-    (failing(ErrorCode.DOWNSTREAM_CONFLICT), True, False),
-    (failing(ErrorCode.DOWNSTREAM_AUTH_FAILED), True, False),
-])
+@pytest.mark.parametrize(
+    "outcome, safe, retried",
+    [
+        (failing(ErrorCode.DOWNSTREAM_UNREACHABLE, sent=False), False, True),  # never reached the system
+        (failing(ErrorCode.DOWNSTREAM_RATE_LIMITED), False, True),  # 429: the system refused it
+        (failing(ErrorCode.DOWNSTREAM_ERROR), True, True),  # 5xx on a safe call
+        (failing(ErrorCode.DOWNSTREAM_ERROR), False, False),  # 5xx on a non-idempotent write
+        (failing(ErrorCode.DOWNSTREAM_TIMEOUT), True, True),
+        (failing(ErrorCode.OUTCOME_UNKNOWN), False, False),  # sent, no answer: never again
+        (failing(ErrorCode.DOWNSTREAM_VALIDATION_FAILED), True, False),  # 4xx never
+        (failing(ErrorCode.DOWNSTREAM_NOT_FOUND), True, False),
+        (failing(ErrorCode.DOWNSTREAM_CONFLICT), True, False),
+        (failing(ErrorCode.DOWNSTREAM_AUTH_FAILED), True, False),
+    ],
+)
 def test_only_transient_failures_are_retried(outcome: Outcome, safe: bool, retried: bool) -> None:
     assert should_retry(outcome, safe) is retried
     result, sleeps, count = run([outcome, outcome, outcome], safe=safe)
@@ -127,8 +140,15 @@ def test_open_breaker_means_no_call_and_connector_unavailable() -> None:
     assert result.outcome.code is ErrorCode.CONNECTOR_UNAVAILABLE and result.outcome.retry_after_ms == 1500  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("bad", [{"max_attempts": 0}, {"max_attempts": 100}, {"initial_backoff": "10s", "max_backoff": "1s"},
-                                 {"initial_backoff": "soon"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_attempts": 0},
+        {"max_attempts": 100},
+        {"initial_backoff": "10s", "max_backoff": "1s"},
+        {"initial_backoff": "soon"},
+    ],
+)
 def test_nonsense_retry_policies_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**bad)  # type: ignore[arg-type]

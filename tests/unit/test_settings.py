@@ -3,6 +3,7 @@
 The "Configuration" table is looked for in README.md and docs/*.md; every copy found must agree
 with ``workers.settings.Settings`` (names, defaults), and at least one must exist.
 """
+
 from __future__ import annotations
 
 import re
@@ -82,10 +83,15 @@ def test_keyword_arguments_are_the_whole_truth(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_variables_named_after_another_word_set_their_field() -> None:
-    read = Settings.from_env({"REACH_CATALOG": "cat", "REACH_RECEIPT_TTL": "60", "REACH_IDEMPOTENCY_TTL": "61",
-                              "REACH_DLQ_TTL": "62"})
-    assert (read.catalog_dir, read.receipt_ttl_seconds, read.idempotency_ttl_seconds, read.dlq_ttl_seconds) == \
-        ("cat", 60, 61, 62)
+    read = Settings.from_env(
+        {"REACH_CATALOG": "cat", "REACH_RECEIPT_TTL": "60", "REACH_IDEMPOTENCY_TTL": "61", "REACH_DLQ_TTL": "62"}
+    )
+    assert (read.catalog_dir, read.receipt_ttl_seconds, read.idempotency_ttl_seconds, read.dlq_ttl_seconds) == (
+        "cat",
+        60,
+        61,
+        62,
+    )
     assert Settings(catalog_dir="c", receipt_ttl_seconds=5).catalog_dir == "c"
 
 
@@ -136,17 +142,23 @@ def test_every_bad_variable_is_named_at_once() -> None:
     assert "REACH_MAX_DEPTH='deep'" in str(caught.value) and "REACH_DLQ_TTL='soon'" in str(caught.value)
 
 
-@pytest.mark.parametrize("raw, seconds", [("3600", 3600), ("24h", 86400), ("90m", 5400), ("45s", 45),
-                                          ("1.5h", 5400), (" 2h ", 7200), ("1500ms", 1)])
+@pytest.mark.parametrize(
+    "raw, seconds",
+    [("3600", 3600), ("24h", 86400), ("90m", 5400), ("45s", 45), ("1.5h", 5400), (" 2h ", 7200), ("1500ms", 1)],
+)
 def test_durations_are_whole_seconds_or_a_duration(raw: str, seconds: int) -> None:
-    for variable, field in [("REACH_RECEIPT_TTL", "receipt_ttl_seconds"),
-                            ("REACH_IDEMPOTENCY_TTL", "idempotency_ttl_seconds"),
-                            ("REACH_DLQ_TTL", "dlq_ttl_seconds")]:
+    for variable, field in [
+        ("REACH_RECEIPT_TTL", "receipt_ttl_seconds"),
+        ("REACH_IDEMPOTENCY_TTL", "idempotency_ttl_seconds"),
+        ("REACH_DLQ_TTL", "dlq_ttl_seconds"),
+    ]:
         assert getattr(Settings.from_env({variable: raw}), field) == seconds
 
 
-@pytest.mark.parametrize("raw, value", [("1", True), ("0", False), ("true", True), ("FALSE", False),
-                                        ("yes", True), ("off", False), (" On ", True)])
+@pytest.mark.parametrize(
+    "raw, value",
+    [("1", True), ("0", False), ("true", True), ("FALSE", False), ("yes", True), ("off", False), (" On ", True)],
+)
 def test_flags_are_1_or_0_true_or_false(raw: str, value: bool) -> None:
     read = Settings.from_env({"REACH_ROUTER_FAIR": raw, "REACH_REQUIRE_USER_ID": raw, "REACH_DLQ_KEEP_UNPARSABLE": raw})
     assert read.router_fair is read.require_user_id is read.dlq_keep_unparsable is value
@@ -169,8 +181,10 @@ def test_a_misspelt_variable_is_reported_with_the_likely_name(caplog: pytest.Log
 
 def test_the_client_reads_only_the_broker_url() -> None:
     assert ClientSettings.from_env({}).broker_url == DEFAULT_BROKER_URL == Settings().broker_url
-    assert ClientSettings.from_env({"REACH_BROKER_URL": " amqp://a@b// ", "REACH_MAX_DEPTH": "x"}).broker_url == \
-        "amqp://a@b//"
+    assert (
+        ClientSettings.from_env({"REACH_BROKER_URL": " amqp://a@b// ", "REACH_MAX_DEPTH": "x"}).broker_url
+        == "amqp://a@b//"
+    )
     assert env_name(ClientSettings, "broker_url") == "REACH_BROKER_URL"
 
 
@@ -180,10 +194,10 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
     allowed = {
         "producers/settings.py",
         "workers/settings.py",
-        "connectors/loader.py",   # ${VAR} in endpoints
-        "connectors/auth.py",     # the secrets a connector's auth names
+        "connectors/loader.py",  # ${VAR} in endpoints
+        "connectors/auth.py",  # the secrets a connector's auth names
         "workers/ops/agents.py",  # --password-env VAR: the operator names the variable
-        "workers/ops/demo.py",    # the environment of the processes the demo starts
+        "workers/ops/demo.py",  # the environment of the processes the demo starts
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables
     }
     readers = re.compile(r"os\.getenv|os\.environ|environ\.get\(")

@@ -6,11 +6,10 @@ Stages: received, rejected | dispatched (router); attempt (one per downstream ca
 after sensitive fields were redacted. A binding's ``audit_level`` chooses how much is written:
 ``full`` every stage, ``summary`` the receipt only, ``none`` nothing.
 """
+
 from __future__ import annotations
 
 import json
-import sys
-import threading
 import time
 from typing import Any
 
@@ -22,7 +21,6 @@ from workers.state.ledger import params_hash
 
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
-
 
 
 def params_digest(redacted_params: Any) -> str:
@@ -40,8 +38,9 @@ class Audit:
         self._process = process
         self._batcher = batcher
 
-    def events(self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full",
-               agent: str | None = None) -> None:
+    def events(
+        self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full", agent: str | None = None
+    ) -> None:
         """Several stages at once: one line each; their Redis writes in one round trip (or batch).
 
         The trace is kept under ``agent``, by default the ``agent`` field of the stages."""
@@ -71,8 +70,14 @@ class Audit:
         for stage, fields in stages:
             if level == "none" or (level == "summary" and stage != "receipt"):
                 continue
-            doc = {"ts": fields.pop("ts", now), "event": "reach.audit", "stage": stage, "intent_id": intent_id,
-                   "process": self._process, **{k: v for k, v in fields.items() if v is not None}}
+            doc = {
+                "ts": fields.pop("ts", now),
+                "event": "reach.audit",
+                "stage": stage,
+                "intent_id": intent_id,
+                "process": self._process,
+                **{k: v for k, v in fields.items() if v is not None},
+            }
             lines.append(json.dumps(doc, separators=(",", ":"), ensure_ascii=True, default=str))
         return lines
 
@@ -96,8 +101,7 @@ def read_trace(client: redis.Redis, agent: str | None, intent_id: str) -> list[d
     return sorted((json.loads(raw) for raw in raw_lines), key=lambda e: e["ts"])
 
 
-def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10,
-                 max_scanned: int = 1_000_000) -> list[str]:
+def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10, max_scanned: int = 1_000_000) -> list[str]:
     """The agents that have a trace for this intent id: a SCAN over ``reach:trace:*:<id>`` that
     stops after ``limit`` matches or ``max_scanned`` keys looked at, whichever comes first."""
     found: list[str] = []

@@ -4,6 +4,7 @@ outcome, format, status) — never intent ids, trace ids or free text. Latencies
 Each process uses the threads or solo pool, so the default single-process registry is correct;
 ``FleetCollector`` (router only) reads shared state from Redis and the broker at scrape time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,24 +21,44 @@ disable_created_metrics()  # the *_created series would double every scrape for 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 INTENTS_RECEIVED = Counter("reach_intents_received", "Intents read from reach.intents, by format", ["format"])
-INTENTS_REJECTED = Counter("reach_intents_rejected", "Intents answered by the router without dispatch, by code", ["code"])
+INTENTS_REJECTED = Counter(
+    "reach_intents_rejected", "Intents answered by the router without dispatch, by code", ["code"]
+)
 INTENTS_DISPATCHED = Counter("reach_intents_dispatched", "Intents dispatched to a connector queue", ["connector"])
-ACTIONS_EXECUTED = Counter("reach_actions_executed", "Intents finished by a pool, by outcome",
-                           ["connector", "action", "outcome"])
+ACTIONS_EXECUTED = Counter(
+    "reach_actions_executed", "Intents finished by a pool, by outcome", ["connector", "action", "outcome"]
+)
 RETRIES = Counter("reach_retries", "Downstream calls repeated after a transient failure", ["connector"])
-DEAD_LETTERS = Counter("reach_dead_letters", "Messages put in reach.dlq, by how much of the body was kept",
-                       ["kept"])
-DEAD_LETTERS_DROPPED = Counter("reach_dead_letters_dropped", "Dead letters not kept, by reason (dlq_full, "
-                               "sender_over_limit, publish_failed)", ["reason"])
-MESSAGES_DROPPED = Counter("reach_messages_dropped", "Messages acked without a receipt because none could be "
-                           "sent (the reason is logged)", ["reason"])
+DEAD_LETTERS = Counter("reach_dead_letters", "Messages put in reach.dlq, by how much of the body was kept", ["kept"])
+DEAD_LETTERS_DROPPED = Counter(
+    "reach_dead_letters_dropped",
+    "Dead letters not kept, by reason (dlq_full, sender_over_limit, publish_failed)",
+    ["reason"],
+)
+MESSAGES_DROPPED = Counter(
+    "reach_messages_dropped",
+    "Messages acked without a receipt because none could be sent (the reason is logged)",
+    ["reason"],
+)
 RECEIPTS_PUBLISHED = Counter("reach_receipts_published", "Receipts published, by status", ["status"])
-DOWNSTREAM_SECONDS = Histogram("reach_downstream_call_seconds", "Time spent calling the downstream system per intent",
-                               ["connector"], buckets=_LATENCY_BUCKETS)
-QUEUE_WAIT_SECONDS = Histogram("reach_queue_wait_seconds", "Time a dispatched intent waited in its connector queue",
-                               ["connector"], buckets=_LATENCY_BUCKETS)
-INTENT_LATENCY_SECONDS = Histogram("reach_intent_latency_seconds", "From the router reading an intent to its receipt",
-                                   ["connector"], buckets=_LATENCY_BUCKETS)
+DOWNSTREAM_SECONDS = Histogram(
+    "reach_downstream_call_seconds",
+    "Time spent calling the downstream system per intent",
+    ["connector"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "reach_queue_wait_seconds",
+    "Time a dispatched intent waited in its connector queue",
+    ["connector"],
+    buckets=_LATENCY_BUCKETS,
+)
+INTENT_LATENCY_SECONDS = Histogram(
+    "reach_intent_latency_seconds",
+    "From the router reading an intent to its receipt",
+    ["connector"],
+    buckets=_LATENCY_BUCKETS,
+)
 
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 _HEALTH_VALUE = {"up": 1, "down": 0, "unknown": -1}
@@ -55,10 +76,16 @@ class FleetCollector(Collector):
         from workers.state import keys
         from workers.transport.topology import connector_queue
 
-        breaker = GaugeMetricFamily("reach_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["connector"])
-        health = GaugeMetricFamily("reach_connector_health", "Health checks: 1 up, 0 down, -1 unknown", labels=["connector"])
+        breaker = GaugeMetricFamily(
+            "reach_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=["connector"]
+        )
+        health = GaugeMetricFamily(
+            "reach_connector_health", "Health checks: 1 up, 0 down, -1 unknown", labels=["connector"]
+        )
         depth = GaugeMetricFamily("reach_queue_depth", "Intents waiting in the connector's queue", labels=["connector"])
-        consumers = GaugeMetricFamily("reach_queue_consumers", "Consumers on the connector's queue", labels=["connector"])
+        consumers = GaugeMetricFamily(
+            "reach_queue_consumers", "Consumers on the connector's queue", labels=["connector"]
+        )
         try:
             pipe = self._redis.pipeline(transaction=False)
             for name in self._connectors:

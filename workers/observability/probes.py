@@ -8,6 +8,7 @@
 
 Never ``celery inspect ping``: that is a broadcast through the broker for every probe.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,9 +61,13 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/healthz":
             age = time.monotonic() - state.last_beat
             ok = state.alive()
-            return self._send(200 if ok else 503, f"{'ok' if ok else 'stalled'}: loop heartbeat {age:.1f}s ago\n".encode())
+            return self._send(
+                200 if ok else 503, f"{'ok' if ok else 'stalled'}: loop heartbeat {age:.1f}s ago\n".encode()
+            )
         if path == "/readyz":
-            return self._send(200 if state.ready else 503, f"{'ready' if state.ready else 'not ready'}: {state.detail}\n".encode())
+            return self._send(
+                200 if state.ready else 503, f"{'ready' if state.ready else 'not ready'}: {state.detail}\n".encode()
+            )
         self._send(404, b"try /metrics, /healthz or /readyz\n")
 
 

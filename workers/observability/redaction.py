@@ -1,4 +1,5 @@
 """Removing sensitive values (fields declared ``sensitive: true``) before anything is kept."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ unless an SDK is configured: ``OTEL_TRACES_EXPORTER=console`` (one JSON span per
 or ``otlp`` (needs opentelemetry-exporter-otlp installed). Without a tracer provider, ``span``
 yields None at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,12 +72,15 @@ def configure_tracing(service: str) -> bool:
 
 def _sdk_installed() -> bool:
     """Whether a real tracer provider is set (by ``configure_tracing`` or by the deployment)."""
-    return not isinstance(otel_trace.get_tracer_provider(), (otel_trace.ProxyTracerProvider, otel_trace.NoOpTracerProvider))
+    return not isinstance(
+        otel_trace.get_tracer_provider(), (otel_trace.ProxyTracerProvider, otel_trace.NoOpTracerProvider)
+    )
 
 
 @contextlib.contextmanager
-def span(name: str, traceparent: str | None, *, start_time: float | None = None,
-         attributes: dict[str, Any] | None = None) -> Iterator[Any]:
+def span(
+    name: str, traceparent: str | None, *, start_time: float | None = None, attributes: dict[str, Any] | None = None
+) -> Iterator[Any]:
     """A span whose parent is the intent's traceparent. ``start_time`` (epoch seconds) lets a
     span begin in the past, e.g. queue wait from the moment of dispatch."""
     if otel_trace is None or traceparent is None or not _sdk_installed():
@@ -85,11 +89,17 @@ def span(name: str, traceparent: str | None, *, start_time: float | None = None,
     tracer = otel_trace.get_tracer("agent-reach")
     try:
         _, trace_id, span_id, flags = traceparent.split("-")
-        parent = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)))
+        parent = SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
+        )
         context = otel_trace.set_span_in_context(NonRecordingSpan(parent))
     except (ValueError, TypeError):
         context = None
     start_ns = int(start_time * 1e9) if start_time is not None else None
-    with tracer.start_as_current_span(name, context=context, start_time=start_ns,
-                                      attributes={k: v for k, v in (attributes or {}).items() if v is not None}) as current:
+    with tracer.start_as_current_span(
+        name,
+        context=context,
+        start_time=start_ns,
+        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+    ) as current:
         yield current

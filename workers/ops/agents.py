@@ -24,6 +24,7 @@ user gets per-user limits (max-connections, max-channels), and the vhost gets th
 ``reach-agent-queues`` (an unused ``amq.gen-*`` queue expires with its bindings; its length is
 capped) and a queue limit, because RabbitMQ has no per-user queue limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,16 @@ from urllib.parse import unquote, urlsplit
 import click
 
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
-from workers.ops.broker_policy import (AGENT_QUEUE_POLICY, DEFAULT_VHOST_MAX_QUEUES, AgentLimits, AgentQueuePolicy,
-                                   check_max_queues, policy_command, user_limits_command, vhost_limits_command)
+from workers.ops.broker_policy import (
+    AGENT_QUEUE_POLICY,
+    DEFAULT_VHOST_MAX_QUEUES,
+    AgentLimits,
+    AgentQueuePolicy,
+    check_max_queues,
+    policy_command,
+    user_limits_command,
+    vhost_limits_command,
+)
 from workers.settings import Settings, SettingsError
 from workers.transport.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
 
@@ -96,8 +105,9 @@ def agent_permissions(agent: str) -> AgentPermissions:
     )
 
 
-def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = True,
-                         limits: AgentLimits = AgentLimits()) -> list[list[str]]:
+def rabbitmqctl_commands(
+    agent: str, vhost: str = "/", password_stdin: bool = True, limits: AgentLimits = AgentLimits()
+) -> list[list[str]]:
     """The rabbitmqctl commands that create ``agent`` with ``limits`` and :func:`agent_permissions`.
 
     With ``password_stdin`` add_user reads the password from stdin (it strips the line end);
@@ -113,13 +123,26 @@ def rabbitmqctl_commands(agent: str, vhost: str = "/", password_stdin: bool = Tr
         add_user,
         user_limits_command(agent, limits),
         ["rabbitmqctl", "set_permissions", f"--vhost={vhost}", "--", agent, perms.configure, perms.write, perms.read],
-        ["rabbitmqctl", "set_topic_permissions", f"--vhost={vhost}", "--", agent, perms.topic_exchange,
-         perms.topic_write, perms.topic_read],
+        [
+            "rabbitmqctl",
+            "set_topic_permissions",
+            f"--vhost={vhost}",
+            "--",
+            agent,
+            perms.topic_exchange,
+            perms.topic_write,
+            perms.topic_read,
+        ],
     ]
 
 
-def create_agent_user(agent: str, password: str, vhost: str = "/",
-                      rabbitmqctl: str | Sequence[str] = "rabbitmqctl", limits: AgentLimits = AgentLimits()) -> None:
+def create_agent_user(
+    agent: str,
+    password: str,
+    vhost: str = "/",
+    rabbitmqctl: str | Sequence[str] = "rabbitmqctl",
+    limits: AgentLimits = AgentLimits(),
+) -> None:
     """Create the agent's user (or change its password if it exists), limit it and set its permissions.
 
     The vhost gets the default agent-queue policy and queue limit of :mod:`workers.ops.broker_policy`
@@ -138,8 +161,10 @@ def create_agent_user(agent: str, password: str, vhost: str = "/",
             before the failure has no permissions yet (it can open no vhost); run it again.
     """
     if not password or password != password.strip() or any(c in password for c in "\r\n"):
-        raise ValueError("the password must be non-empty, without line breaks or leading/trailing "
-                         "whitespace (rabbitmqctl strips them when reading stdin)")
+        raise ValueError(
+            "the password must be non-empty, without line breaks or leading/trailing "
+            "whitespace (rabbitmqctl strips them when reading stdin)"
+        )
     add_user, set_limits, *grants = rabbitmqctl_commands(agent, vhost, limits=limits)
     prefix = _prefix(rabbitmqctl)
     result = _run(prefix, add_user[1:], stdin=password + "\n", check=False)
@@ -163,8 +188,12 @@ class BrokerBounds:
     changed: tuple[str, ...]  # what this call set: "policy", "max-queues"
 
 
-def apply_broker_policy(vhost: str, policy: AgentQueuePolicy | None = None, max_queues: int | None = None,
-                        rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> BrokerBounds:
+def apply_broker_policy(
+    vhost: str,
+    policy: AgentQueuePolicy | None = None,
+    max_queues: int | None = None,
+    rabbitmqctl: str | Sequence[str] = "rabbitmqctl",
+) -> BrokerBounds:
     """Give ``vhost`` the operator policy for agents' ``amq.gen-*`` queues and a queue limit.
 
     Args:
@@ -208,7 +237,8 @@ def _operator_policy(prefix: list[str], vhost: str) -> dict[str, Any] | None:
                 return dict(json.loads(definition) if isinstance(definition, str) else definition)
     except (ValueError, AttributeError, TypeError) as exc:
         raise AgentUserError(
-            f"unexpected output of rabbitmqctl list_operator_policies: {listed.stdout[:500]!r}") from exc
+            f"unexpected output of rabbitmqctl list_operator_policies: {listed.stdout[:500]!r}"
+        ) from exc
     return None
 
 
@@ -244,7 +274,8 @@ def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[
         elsewhere = [p for p in json.loads(listed.stdout or "[]") if p.get("vhost") != vhost]
     except (ValueError, AttributeError) as exc:
         raise AgentUserError(
-            f"unexpected output of rabbitmqctl list_user_permissions: {listed.stdout[:500]!r}") from exc
+            f"unexpected output of rabbitmqctl list_user_permissions: {listed.stdout[:500]!r}"
+        ) from exc
     if elsewhere:
         _run(prefix, ["clear_topic_permissions", f"--vhost={vhost}", "--", agent])
         _run(prefix, ["clear_permissions", f"--vhost={vhost}", "--", agent])
@@ -261,14 +292,18 @@ def _prefix(rabbitmqctl: str | Sequence[str]) -> list[str]:
     return shlex.split(rabbitmqctl) if isinstance(rabbitmqctl, str) else list(rabbitmqctl)
 
 
-def _run(prefix: list[str], args: list[str], *, stdin: str | None = None,
-         check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(
+    prefix: list[str], args: list[str], *, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     try:
-        result = subprocess.run([*prefix, *args], input=stdin if stdin is not None else "", capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run(
+            [*prefix, *args], input=stdin if stdin is not None else "", capture_output=True, text=True, timeout=120
+        )
     except FileNotFoundError as exc:
-        raise AgentUserError(f"{prefix[0]!r} not found: run this where rabbitmqctl works, or print the "
-                             "commands with --print and run them on the broker host") from exc
+        raise AgentUserError(
+            f"{prefix[0]!r} not found: run this where rabbitmqctl works, or print the "
+            "commands with --print and run them on the broker host"
+        ) from exc
     except subprocess.TimeoutExpired as exc:
         raise AgentUserError(f"rabbitmqctl {args[0]} did not finish within {exc.timeout:g} s") from exc
     if check and result.returncode != 0:
@@ -304,8 +339,11 @@ def _checked_name(name: str) -> str:
     except ValueError as exc:
         _fail(str(exc))
     if "." in name:
-        click.echo(f"warning: {name!r} contains '.': it may read the receipts of any agent named "
-                   f"{name!r} + '.<suffix>', so do not also create such agents", err=True)
+        click.echo(
+            f"warning: {name!r} contains '.': it may read the receipts of any agent named "
+            f"{name!r} + '.<suffix>', so do not also create such agents",
+            err=True,
+        )
     return name
 
 
@@ -316,17 +354,35 @@ def agent_user() -> None:
 
 @agent_user.command("create")
 @click.argument("name")
-@click.option("--password-env", metavar="VAR", help="Take the password from this environment variable "
-              "(default: generate one and print it once).")
+@click.option(
+    "--password-env",
+    metavar="VAR",
+    help="Take the password from this environment variable (default: generate one and print it once).",
+)
 @click.option("--vhost", help="Default: the vhost of $REACH_BROKER_URL.")
-@click.option("--print", "print_only", is_flag=True, help="Only print the rabbitmqctl commands, with a "
-              "password placeholder, to run on the broker host.")
-@click.option("--max-connections", type=click.IntRange(min=1), default=AgentLimits.max_connections,
-              show_default=True, help="Connections the user may hold at once (in all vhosts).")
-@click.option("--max-channels", type=click.IntRange(min=1), default=AgentLimits.max_channels,
-              show_default=True, help="Channels the user may hold at once, over all its connections.")
-def create_cmd(name: str, password_env: str | None, vhost: str | None, print_only: bool, max_connections: int,
-               max_channels: int) -> None:
+@click.option(
+    "--print",
+    "print_only",
+    is_flag=True,
+    help="Only print the rabbitmqctl commands, with a password placeholder, to run on the broker host.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=AgentLimits.max_connections,
+    show_default=True,
+    help="Connections the user may hold at once (in all vhosts).",
+)
+@click.option(
+    "--max-channels",
+    type=click.IntRange(min=1),
+    default=AgentLimits.max_channels,
+    show_default=True,
+    help="Channels the user may hold at once, over all its connections.",
+)
+def create_cmd(
+    name: str, password_env: str | None, vhost: str | None, print_only: bool, max_connections: int, max_channels: int
+) -> None:
     """Create agent NAME's user: write on reach.intents, read its own receipts, nothing else.
 
     The user gets connection and channel limits. RabbitMQ has no per-user queue limit: the vhost
@@ -339,12 +395,16 @@ def create_cmd(name: str, password_env: str | None, vhost: str | None, print_onl
     if print_only:
         for command in rabbitmqctl_commands(name, target, password_stdin=False, limits=limits):
             click.echo(shlex.join(command))
-        click.echo("# once per vhost, unless `reach setup` has done it (set_vhost_limits replaces the vhost's "
-                   "other limits):")
+        click.echo(
+            "# once per vhost, unless `reach setup` has done it (set_vhost_limits replaces the vhost's other limits):"
+        )
         click.echo(shlex.join(policy_command(target, AgentQueuePolicy())))
         click.echo(shlex.join(vhost_limits_command(target, {"max-queues": DEFAULT_VHOST_MAX_QUEUES})))
-        click.echo(f"(or leave out {PASSWORD_PLACEHOLDER} and pipe the password into add_user, "
-                   "which keeps it off the command line)", err=True)
+        click.echo(
+            f"(or leave out {PASSWORD_PLACEHOLDER} and pipe the password into add_user, "
+            "which keeps it off the command line)",
+            err=True,
+        )
         return
     if password_env is not None:
         password = os.environ.get(password_env, "")

@@ -26,6 +26,7 @@ proxy in front of the broker; instead the fleet has the broker bound what such a
 This module only builds the commands (rabbitmqctl, and the management-API requests for a broker
 where rabbitmqctl cannot be run); :func:`workers.ops.agents.apply_broker_policy` runs them.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,9 +84,19 @@ def check_max_queues(max_queues: int) -> None:
 
 def policy_command(vhost: str, policy: AgentQueuePolicy) -> list[str]:
     """``rabbitmqctl set_operator_policy`` for the agents' queues in ``vhost`` (replaces an older one)."""
-    return ["rabbitmqctl", "set_operator_policy", f"--vhost={vhost}", "--apply-to", "queues",
-            "--priority", str(AGENT_QUEUE_POLICY_PRIORITY), "--", AGENT_QUEUE_POLICY, AGENT_QUEUE_PATTERN,
-            _json(policy.definition())]
+    return [
+        "rabbitmqctl",
+        "set_operator_policy",
+        f"--vhost={vhost}",
+        "--apply-to",
+        "queues",
+        "--priority",
+        str(AGENT_QUEUE_POLICY_PRIORITY),
+        "--",
+        AGENT_QUEUE_POLICY,
+        AGENT_QUEUE_PATTERN,
+        _json(policy.definition()),
+    ]
 
 
 def user_limits_command(agent: str, limits: AgentLimits) -> list[str]:
@@ -98,16 +109,21 @@ def vhost_limits_command(vhost: str, limits: dict[str, Any]) -> list[str]:
     return ["rabbitmqctl", "set_vhost_limits", f"--vhost={vhost}", _json(limits)]
 
 
-def management_api_requests(vhost: str, policy: AgentQueuePolicy, max_queues: int,
-                            base_url: str = "http://BROKER:15672") -> list[str]:
+def management_api_requests(
+    vhost: str, policy: AgentQueuePolicy, max_queues: int, base_url: str = "http://BROKER:15672"
+) -> list[str]:
     """The same as :func:`policy_command` and the vhost queue limit, as curl calls to the management API.
 
     Setting one vhost limit over the API keeps the others. Operator policies need a user with the
     ``administrator`` tag.
     """
     target = quote(vhost, safe="")
-    body = {"pattern": AGENT_QUEUE_PATTERN, "apply-to": "queues", "priority": AGENT_QUEUE_POLICY_PRIORITY,
-            "definition": policy.definition()}
+    body = {
+        "pattern": AGENT_QUEUE_PATTERN,
+        "apply-to": "queues",
+        "priority": AGENT_QUEUE_POLICY_PRIORITY,
+        "definition": policy.definition(),
+    }
     curl = ["curl", "-fsS", "-u", "ADMIN:PASSWORD", "-X", "PUT", "-H", "content-type: application/json"]
     return [
         shlex.join([*curl, f"{base_url}/api/operator-policies/{target}/{AGENT_QUEUE_POLICY}", "-d", _json(body)]),

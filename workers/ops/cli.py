@@ -4,6 +4,7 @@ Exit codes: 0 success; 1 the thing checked is not right (catalog problems, a rec
 not succeed, no receipt in time); 2 usage or configuration errors (unknown connector, missing
 secret, unreadable catalog, broker unreachable).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ def _unreachable(settings: Settings, exc: Exception) -> NoReturn:
 
     where = {"Redis": settings.redis_url, "RabbitMQ": settings.broker_url}
     service = exc.service if isinstance(exc, Unreachable) else "RabbitMQ"
-    click.echo(f"cannot read the fleet's state: {exc} (at {redact_url(where[service])}; "
-               f"set REACH_BROKER_URL and REACH_REDIS_URL)", err=True)
+    click.echo(
+        f"cannot read the fleet's state: {exc} (at {redact_url(where[service])}; "
+        f"set REACH_BROKER_URL and REACH_REDIS_URL)",
+        err=True,
+    )
     sys.exit(EXIT_CONFIG)
 
 
@@ -85,13 +89,20 @@ def validate(directory: str | None) -> None:
         click.echo(f"{len(problems)} problem(s) in {target}", err=True)
         sys.exit(EXIT_PROBLEMS)
     actions = sum(len(c.actions) for c in catalog.connectors.values())
-    click.echo(f"ok: {len(catalog.connectors)} connector(s), {actions} action(s), {len(catalog.agents)} agent app(s) in {target}")
+    click.echo(
+        f"ok: {len(catalog.connectors)} connector(s), {actions} action(s), {len(catalog.agents)} agent app(s) in {target}"
+    )
 
 
 @main.command("catalog")
 @click.option("--agent", "agent", help="Only the actions this agent app may use.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "openai", "anthropic", "mcp"]), default="table",
-              show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "openai", "anthropic", "mcp"]),
+    default="table",
+    show_default=True,
+)
 @click.option("--dir", "directory", help="Catalog directory (default: $REACH_CATALOG).")
 def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
     """Show what an agent can do, as a table or as tool schemas."""
@@ -106,26 +117,63 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
         click.echo(json.dumps(export(tools, fmt), indent=2, ensure_ascii=False))
         return
     refs = [r for r in catalog.refs.values() if agent is None or catalog.allows(agent, r)]
-    rows = [(r.qualified, r.action.permission, r.action.method + " " + r.action.template,
-             ", ".join(f"{n}{'*' if f.required else ''}" for n, f in r.action.input.items()),
-             r.action.description or "") for r in refs]
+    rows = [
+        (
+            r.qualified,
+            r.action.permission,
+            r.action.method + " " + r.action.template,
+            ", ".join(f"{n}{'*' if f.required else ''}" for n, f in r.action.input.items()),
+            r.action.description or "",
+        )
+        for r in refs
+    ]
     print_table(("action", "permission", "call", "params (* required)", "description"), rows)
 
 
 @main.command()
-@click.option("--agent-queue-expires-ms", type=click.IntRange(min=1), default=60_000, show_default=True,
-              help="An agent's amq.gen-* queue that nobody uses this long is deleted, with its bindings.")
-@click.option("--agent-queue-max-length", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="Messages an agent's amq.gen-* queue keeps (the oldest are dropped).")
-@click.option("--max-queues", type=click.IntRange(min=-1), default=10_000, show_default=True,
-              help="Queues in the vhost, the fleet's and agents' together (-1: no limit; other vhost limits are kept).")
-@click.option("--rabbitmqctl", "rabbitmqctl", metavar="CMD", help="How to run rabbitmqctl against this broker, e.g. "
-              "'docker exec -i rabbitmq rabbitmqctl' (default: rabbitmqctl, only when the broker is on this host).")
-@click.option("--print", "print_only", is_flag=True, help="Only print the broker policy commands (rabbitmqctl and "
-              "management API); declare nothing.")
+@click.option(
+    "--agent-queue-expires-ms",
+    type=click.IntRange(min=1),
+    default=60_000,
+    show_default=True,
+    help="An agent's amq.gen-* queue that nobody uses this long is deleted, with its bindings.",
+)
+@click.option(
+    "--agent-queue-max-length",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Messages an agent's amq.gen-* queue keeps (the oldest are dropped).",
+)
+@click.option(
+    "--max-queues",
+    type=click.IntRange(min=-1),
+    default=10_000,
+    show_default=True,
+    help="Queues in the vhost, the fleet's and agents' together (-1: no limit; other vhost limits are kept).",
+)
+@click.option(
+    "--rabbitmqctl",
+    "rabbitmqctl",
+    metavar="CMD",
+    help="How to run rabbitmqctl against this broker, e.g. "
+    "'docker exec -i rabbitmq rabbitmqctl' (default: rabbitmqctl, only when the broker is on this host).",
+)
+@click.option(
+    "--print",
+    "print_only",
+    is_flag=True,
+    help="Only print the broker policy commands (rabbitmqctl and management API); declare nothing.",
+)
 @click.option("--skip-broker-policy", is_flag=True, help="Declare the topology only (the policy is applied elsewhere).")
-def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: int, rabbitmqctl: str | None,
-          print_only: bool, skip_broker_policy: bool) -> None:
+def setup(
+    agent_queue_expires_ms: int,
+    agent_queue_max_length: int,
+    max_queues: int,
+    rabbitmqctl: str | None,
+    print_only: bool,
+    skip_broker_policy: bool,
+) -> None:
     """Declare the topology, and bound what agents may leave on the broker (idempotent).
 
     With a catalog ($REACH_CATALOG) every connector's queue is declared too; without, the base
@@ -157,15 +205,19 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
 
     settings = _settings()
     if max_queues == 0:
-        raise click.BadParameter("0 would refuse every queue, the fleet's too; -1 means no limit",
-                                 param_hint="--max-queues")
+        raise click.BadParameter(
+            "0 would refuse every queue, the fleet's too; -1 means no limit", param_hint="--max-queues"
+        )
     policy = AgentQueuePolicy(agent_queue_expires_ms, agent_queue_max_length)
     vhost = vhost_of(settings.broker_url)
     host = urlsplit(settings.broker_url).hostname or "localhost"
 
     def instructions() -> None:
-        click.echo(f"on the broker host, run (set_vhost_limits replaces the vhost's other limits; "
-                   f"see `rabbitmqctl list_vhost_limits --vhost={vhost}`):", err=True)
+        click.echo(
+            f"on the broker host, run (set_vhost_limits replaces the vhost's other limits; "
+            f"see `rabbitmqctl list_vhost_limits --vhost={vhost}`):",
+            err=True,
+        )
         for command in (policy_command(vhost, policy), vhost_limits_command(vhost, {"max-queues": max_queues})):
             click.echo("  " + shlex.join(command), err=True)
         click.echo("or over the management API (a user with the administrator tag):", err=True)
@@ -186,23 +238,35 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
             names = declare_all(conn, catalog.connectors if catalog else [], dead_letter_bounds(settings))
     except (OperationalError, *conn.connection_errors, *conn.channel_errors) as exc:
         # refused, access refused, no such vhost: the broker's own words say which
-        click.echo(f"cannot declare the topology on RabbitMQ at {redact_url(settings.broker_url)}: "
-                   f"{type(exc).__name__}: {exc}", err=True)
+        click.echo(
+            f"cannot declare the topology on RabbitMQ at {redact_url(settings.broker_url)}: "
+            f"{type(exc).__name__}: {exc}",
+            err=True,
+        )
         sys.exit(EXIT_CONFIG)
-    click.echo("declared: reach.intents (exchange), reach.receipts (exchange), reach.dispatch (exchange), "
-               + ", ".join(names))
+    click.echo(
+        "declared: reach.intents (exchange), reach.receipts (exchange), reach.dispatch (exchange), " + ", ".join(names)
+    )
     if catalog is None:
-        click.echo("connector queues (reach.connector.NAME) are declared by their pools (`reach worker NAME`) "
-                   "when they start", err=True)
+        click.echo(
+            "connector queues (reach.connector.NAME) are declared by their pools (`reach worker NAME`) when they start",
+            err=True,
+        )
     if skip_broker_policy:
-        click.echo(f"broker policy skipped: agents' amq.gen-* queues are bounded only if {AGENT_QUEUE_POLICY} "
-                   f"is applied elsewhere (`reach setup --print` shows how)", err=True)
+        click.echo(
+            f"broker policy skipped: agents' amq.gen-* queues are bounded only if {AGENT_QUEUE_POLICY} "
+            f"is applied elsewhere (`reach setup --print` shows how)",
+            err=True,
+        )
         return
     if rabbitmqctl is None:
         if host not in ("localhost", "127.0.0.1", "::1") or shutil.which("rabbitmqctl") is None:
             # a local rabbitmqctl would change some other broker
-            click.echo(f"NOT applied: the agent-queue policy and queue limit of vhost {vhost!r} (no rabbitmqctl "
-                       f"for the broker at {host}; pass --rabbitmqctl CMD, or --skip-broker-policy)", err=True)
+            click.echo(
+                f"NOT applied: the agent-queue policy and queue limit of vhost {vhost!r} (no rabbitmqctl "
+                f"for the broker at {host}; pass --rabbitmqctl CMD, or --skip-broker-policy)",
+                err=True,
+            )
             instructions()
             sys.exit(EXIT_PROBLEMS)
         rabbitmqctl = "rabbitmqctl"
@@ -212,8 +276,10 @@ def setup(agent_queue_expires_ms: int, agent_queue_max_length: int, max_queues: 
         click.echo(f"NOT applied: the agent-queue policy and queue limit of vhost {vhost!r}: {exc}", err=True)
         instructions()
         sys.exit(EXIT_PROBLEMS)
-    click.echo(f"operator policy {AGENT_QUEUE_POLICY} on ^amq\\.gen- queues in vhost {vhost!r}: "
-               f"{json.dumps(bounds.policy, sort_keys=True)}; vhost max-queues {bounds.max_queues}")
+    click.echo(
+        f"operator policy {AGENT_QUEUE_POLICY} on ^amq\\.gen- queues in vhost {vhost!r}: "
+        f"{json.dumps(bounds.policy, sort_keys=True)}; vhost max-queues {bounds.max_queues}"
+    )
 
 
 @main.command()
@@ -228,7 +294,9 @@ def router() -> None:
 
 @main.command()
 @click.argument("connector")
-@click.option("-c", "--concurrency", type=click.IntRange(1, 1000), help="Threads (default: the connector's pool.concurrency).")
+@click.option(
+    "-c", "--concurrency", type=click.IntRange(1, 1000), help="Threads (default: the connector's pool.concurrency)."
+)
 def worker(connector: str, concurrency: int | None) -> None:
     """Run CONNECTOR's isolated pool: consumes only reach.connector.CONNECTOR."""
     from workers.ops.runner import run_pool
@@ -237,8 +305,11 @@ def worker(connector: str, concurrency: int | None) -> None:
     _setup_logging(settings.log_level)
     catalog = _load_catalog(settings.catalog_dir)
     if connector not in catalog.connectors:
-        click.echo(f"no connector named {connector!r} in {settings.catalog_dir} "
-                   f"(known: {', '.join(sorted(catalog.connectors)) or 'none'})", err=True)
+        click.echo(
+            f"no connector named {connector!r} in {settings.catalog_dir} "
+            f"(known: {', '.join(sorted(catalog.connectors)) or 'none'})",
+            err=True,
+        )
         sys.exit(EXIT_CONFIG)
     run_pool(settings, catalog, connector, concurrency)
 
@@ -313,8 +384,9 @@ def status(as_json: bool) -> None:
     settings = _settings()
     catalog = _catalog_if_any(settings, "showing the connectors found in Redis")
     try:
-        rows = fleet_status(None if catalog is None else catalog.connectors, settings.broker_url,
-                            connect_redis(settings))
+        rows = fleet_status(
+            None if catalog is None else catalog.connectors, settings.broker_url, connect_redis(settings)
+        )
     except Unreachable as exc:
         _unreachable(settings, exc)
     if as_json:
@@ -322,15 +394,30 @@ def status(as_json: bool) -> None:
         return
     if not rows and catalog is None:
         click.echo("no connectors found in Redis: no pool has run against it yet", err=True)
-    print_table(("connector", "queued", "consumers", "in-flight", "workers", "breaker", "health", "paused", "last error"),
-                 [(r.connector, "-" if r.queue_depth is None else r.queue_depth, "-" if r.consumers is None else r.consumers,
-                   r.in_flight, r.workers, r.breaker, r.health, "yes" if r.paused else "no", r.last_error or "-")
-                  for r in rows])
+    print_table(
+        ("connector", "queued", "consumers", "in-flight", "workers", "breaker", "health", "paused", "last error"),
+        [
+            (
+                r.connector,
+                "-" if r.queue_depth is None else r.queue_depth,
+                "-" if r.consumers is None else r.consumers,
+                r.in_flight,
+                r.workers,
+                r.breaker,
+                r.health,
+                "yes" if r.paused else "no",
+                r.last_error or "-",
+            )
+            for r in rows
+        ],
+    )
 
 
 @main.command()
 @click.argument("intent_id")
-@click.option("--agent", "agent", default=None, help="The agent that sent the intent (found by a bounded scan if omitted).")
+@click.option(
+    "--agent", "agent", default=None, help="The agent that sent the intent (found by a bounded scan if omitted)."
+)
 def trace(intent_id: str, agent: str | None) -> None:
     """The stages of one intent with timings (kept in Redis for a day, per agent)."""
     from workers.observability.audit import read_trace, trace_agents
@@ -343,15 +430,18 @@ def trace(intent_id: str, agent: str | None) -> None:
             click.echo(f"no stages recorded for {intent_id} (unknown id, expired, or audit_level none)", err=True)
             sys.exit(EXIT_PROBLEMS)
         if len(agents) > 1:
-            click.echo(f"{len(agents)} agents sent an intent {intent_id}: {', '.join(agents)}; "
-                       f"choose one with --agent", err=True)
+            click.echo(
+                f"{len(agents)} agents sent an intent {intent_id}: {', '.join(agents)}; choose one with --agent",
+                err=True,
+            )
             sys.exit(EXIT_PROBLEMS)
         agent = agents[0]
         click.echo(f"agent {agent}", err=True)
     events = read_trace(client, agent, intent_id)
     if not events:
-        click.echo(f"no stages recorded for {intent_id} of agent {agent} (unknown id, expired, or audit_level none)",
-                   err=True)
+        click.echo(
+            f"no stages recorded for {intent_id} of agent {agent} (unknown id, expired, or audit_level none)", err=True
+        )
         sys.exit(EXIT_PROBLEMS)
     start = events[0]["ts"]
     skip = {"ts", "event", "stage", "intent_id"}
@@ -375,9 +465,13 @@ def dlq_list(limit: int) -> None:
     if not letters:
         click.echo("reach.dlq is empty")
         return
-    print_table(("message id", "received", "agent", "connector", "reason", "preview"),
-                 [(d.message_id or "-", d.received_at or "-", d.agent or "-", d.connector or "-", d.reason, d.preview)
-                  for d in letters])
+    print_table(
+        ("message id", "received", "agent", "connector", "reason", "preview"),
+        [
+            (d.message_id or "-", d.received_at or "-", d.agent or "-", d.connector or "-", d.reason, d.preview)
+            for d in letters
+        ],
+    )
 
 
 @dlq.command("replay")
@@ -399,9 +493,11 @@ def dlq_replay(ids: tuple[str, ...]) -> None:
     for message_id, why in done.kept:
         click.echo(f"not replayed {message_id or '(no message id)'}: {why}")
     missing = set(ids) - set(done.replayed) - {message_id for message_id, _ in done.kept}
-    click.echo(f"replayed {len(done.replayed)} dead letter(s)"
-               + (f"; {len(done.kept)} kept in reach.dlq" if done.kept else "")
-               + (f"; not found: {', '.join(sorted(missing))}" if missing else ""))
+    click.echo(
+        f"replayed {len(done.replayed)} dead letter(s)"
+        + (f"; {len(done.kept)} kept in reach.dlq" if done.kept else "")
+        + (f"; not found: {', '.join(sorted(missing))}" if missing else "")
+    )
     sys.exit(EXIT_PROBLEMS if missing or done.kept else 0)
 
 
@@ -426,8 +522,15 @@ def _parse_param(text: str) -> tuple[str, Any]:
 @click.option("--intent-id", help="Defaults to a new id.")
 @click.option("--wait/--no-wait", default=False, help="Wait for the receipt and print it.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait with --wait.")
-def send(action: str, agent: str, params: tuple[str, ...], idempotency_key: str | None, intent_id: str | None,
-         wait: bool, timeout: float) -> None:
+def send(
+    action: str,
+    agent: str,
+    params: tuple[str, ...],
+    idempotency_key: str | None,
+    intent_id: str | None,
+    wait: bool,
+    timeout: float,
+) -> None:
     """Publish an intent from the shell; with --wait, print its receipt (exit 1 unless it succeeded)."""
     from producers.client import ReachClient, ReachError, ReceiptTimeout
     from workers.ops.fleet import redact_url

@@ -4,6 +4,7 @@ Starts the ticket system (in this process), ``reach router`` and ``reach worker
 local_ticket_system`` (as child processes), sends a handful of intents as two agents, prints
 their receipts as a table, and stops everything it started.
 """
+
 from __future__ import annotations
 
 import os
@@ -92,8 +93,11 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
     """Returns the process exit code: 0 when every receipt was what the script expects."""
     for name, url, port in (("RabbitMQ", settings.broker_url, 5672), ("Redis", settings.redis_url, 6379)):
         if not _reachable(url, port):
-            print(f"{name} is not reachable at {url}: start it, or set REACH_BROKER_URL / REACH_REDIS_URL "
-                  "(in a checkout, `bash .ci/demo` installs and starts both).", file=sys.stderr)
+            print(
+                f"{name} is not reachable at {url}: start it, or set REACH_BROKER_URL / REACH_REDIS_URL "
+                "(in a checkout, `bash .ci/demo` installs and starts both).",
+                file=sys.stderr,
+            )
             return 2
     try:
         declare_topology(settings)  # the clients check the exchanges exist before the router is up
@@ -102,16 +106,28 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         return 2
     tickets = TicketSystem(0).start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
-    env = dict(os.environ, REACH_CATALOG=str(CATALOG_DIR), TICKETS_URL=tickets.url,
-               REACH_BROKER_URL=settings.broker_url, REACH_REDIS_URL=settings.redis_url)
+    env = dict(
+        os.environ,
+        REACH_CATALOG=str(CATALOG_DIR),
+        TICKETS_URL=tickets.url,
+        REACH_BROKER_URL=settings.broker_url,
+        REACH_REDIS_URL=settings.redis_url,
+    )
     env.pop("REACH_METRICS_PORT", None)
     procs: list[subprocess.Popen[bytes]] = []
     print(f"ticket system on {tickets.url}; fleet logs in {logs}")
     try:
         for name, args in (("router", ["router"]), ("pool", ["worker", CONNECTOR])):
             out = open(logs / f"{name}.log", "wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "workers.ops.cli", *args], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "workers.ops.cli", *args],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             print(f"started reach {' '.join(args)} (pid {procs[-1].pid})")
         return _script(settings, tickets, procs, logs, keep_running)
     finally:
@@ -121,7 +137,9 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         print("stopped the router, the pool and the ticket system")
 
 
-def _script(settings: Settings, tickets: TicketSystem, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool) -> int:
+def _script(
+    settings: Settings, tickets: TicketSystem, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool
+) -> int:
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
     qa = ReachClient("ticket_qa_bot", settings.broker_url)
     try:
@@ -135,7 +153,9 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[subprocess.Po
                 tools = desk.tools("openai", timeout=3)
             except ReceiptTimeout:
                 continue
-        print(f"fleet ready; ticket_desk_bot sees {len(tools)} tools: {', '.join(t['function']['name'] for t in tools)}\n")
+        print(
+            f"fleet ready; ticket_desk_bot sees {len(tools)} tools: {', '.join(t['function']['name'] for t in tools)}\n"
+        )
         results: list[tuple[str, str, Receipt | None, str]] = []
 
         def run(client: ReachClient, what: str, expect: str, action: str, params: dict[str, Any]) -> Receipt | None:
@@ -146,15 +166,36 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[subprocess.Po
             results.append((client.agent_id, what, receipt, expect))
             return receipt
 
-        created = run(desk, "create_ticket priority=high", "succeeded", "create_ticket",
-                      {"title": "Printer on fire", "description": "Third floor, smells of toner", "priority": "high"})
-        run(desk, "create_ticket priority=urgent", "VALIDATION_FAILED", "create_ticket",
-            {"title": "VPN down", "description": "since 9am", "priority": "urgent"})
-        run(qa, "create_ticket (read-only agent)", "PERMISSION_DENIED", "local_ticket_system.create_ticket",
-            {"title": "Hello", "description": "I should not be able to do this"})
+        created = run(
+            desk,
+            "create_ticket priority=high",
+            "succeeded",
+            "create_ticket",
+            {"title": "Printer on fire", "description": "Third floor, smells of toner", "priority": "high"},
+        )
+        run(
+            desk,
+            "create_ticket priority=urgent",
+            "VALIDATION_FAILED",
+            "create_ticket",
+            {"title": "VPN down", "description": "since 9am", "priority": "urgent"},
+        )
+        run(
+            qa,
+            "create_ticket (read-only agent)",
+            "PERMISSION_DENIED",
+            "local_ticket_system.create_ticket",
+            {"title": "Hello", "description": "I should not be able to do this"},
+        )
         tid = (created.data or {}).get("ticket_id", "TK-0001") if created and created.success else "TK-0001"
         run(qa, f"query_ticket tid={tid}", "succeeded", "query_ticket", {"tid": tid})
-        run(qa, "query_ticket tid=TK-9999", "DOWNSTREAM_NOT_FOUND", "local_ticket_system__query_ticket", {"tid": "TK-9999"})
+        run(
+            qa,
+            "query_ticket tid=TK-9999",
+            "DOWNSTREAM_NOT_FOUND",
+            "local_ticket_system__query_ticket",
+            {"tid": "TK-9999"},
+        )
         run(desk, "delete_everything", "UNKNOWN_ACTION", "delete_everything", {})
         # a malformed message: not JSON at all, identified by its agent_id header; a new id each run,
         # since the fleet answers an intent id once a day (a second demo would wait in vain)
@@ -166,19 +207,28 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[subprocess.Po
             malformed = None
         results.append(("ticket_desk_bot", "{this is not json", malformed, "INVALID_INTENT"))
 
-        print_table(("#", "agent", "intent", "status", "code", "result"),
-                    [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)], max_width=60)
-        ok = all(r is not None and (r.status == expect or (r.error and r.error.code.value == expect))
-                 for _, _, r, expect in results)
+        print_table(
+            ("#", "agent", "intent", "status", "code", "result"),
+            [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)],
+            max_width=60,
+        )
+        ok = all(
+            r is not None and (r.status == expect or (r.error and r.error.code.value == expect))
+            for _, _, r, expect in results
+        )
         calls = tickets.requests()
-        print(f"\nthe ticket system received {len(calls)} request(s): "
-              + ", ".join(f"{c['method']} {c['path']}" for c in calls))
+        print(
+            f"\nthe ticket system received {len(calls)} request(s): "
+            + ", ".join(f"{c['method']} {c['path']}" for c in calls)
+        )
         print("the bad enum, the forbidden action, the unknown action and the malformed message never reached it.")
         print("\nall receipts as expected" if ok else "\nSOME RECEIPTS WERE NOT AS EXPECTED")
         if keep_running:
-            print(f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
-                  f"  REACH_CATALOG={CATALOG_DIR} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
-                  "Ctrl-C stops everything.")
+            print(
+                f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
+                f"  REACH_CATALOG={CATALOG_DIR} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
+                "Ctrl-C stops everything."
+            )
             try:
                 while all(p.poll() is None for p in procs):
                     time.sleep(1)

@@ -1,4 +1,5 @@
 """What operators ask of a running fleet: status per connector, one intent's stages, dead letters."""
+
 from __future__ import annotations
 
 import json
@@ -12,22 +13,22 @@ import redis
 from kombu import Connection, Producer
 
 from producers.wire import INTENT_ROUTING_KEY
+from workers.observability.redaction import REDACTED_HEADER, contains_redacted
 from workers.state import keys
-from workers.transport.app import JobMessages
-from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.state.breaker import breaker_state
+from workers.state.client import text as _text
 from workers.state.control import is_paused, live_workers
 from workers.state.health import HealthBoard
-from workers.state.client import text as _text
-from workers.observability.redaction import REDACTED_HEADER, contains_redacted
+from workers.transport.app import JobMessages
+from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.transport.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
 
 # why a letter stays in reach.dlq instead of being replayed (the CLI prints it)
 NOT_REPLAYED_NOT_KEPT = "its body was not kept (oversize or unparsable: see x-reach-body-bytes and -sha256)"
-NOT_REPLAYED_REDACTED = ("its sensitive params were redacted when it was dead-lettered; "
-                         "ask the agent to send the intent again")
+NOT_REPLAYED_REDACTED = (
+    "its sensitive params were redacted when it was dead-lettered; ask the agent to send the intent again"
+)
 NOT_REPLAYED_NOT_A_JOB = "its body is not a job this version can run; it cannot be sent to its connector's pool"
-
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,16 @@ def _status(client: redis.Redis, name: str, depth: int | None, consumers: int | 
         err = json.loads(raw_error)
         last_error = f"{err['code']} {int(time.time() - err['at'])}s ago: {err['message']}"
     return ConnectorStatus(
-        connector=name, queue_depth=depth, consumers=consumers,
-        in_flight=sum(int(w.get("in_flight", 0)) for w in workers), workers=len(workers),
-        breaker=breaker_state(client, name), health=HealthBoard(client).status(name),
-        paused=is_paused(client, name), last_error=last_error)
+        connector=name,
+        queue_depth=depth,
+        consumers=consumers,
+        in_flight=sum(int(w.get("in_flight", 0)) for w in workers),
+        workers=len(workers),
+        breaker=breaker_state(client, name),
+        health=HealthBoard(client).status(name),
+        paused=is_paused(client, name),
+        last_error=last_error,
+    )
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,7 @@ def _dead_letter(message: Any) -> DeadLetter:
 
 def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:
     """Read without removing: everything taken is returned to the queue when the channel closes."""
-    found = []
+    found: list[DeadLetter] = []
     with Connection(broker_url, connect_timeout=5) as conn:
         channel = conn.channel()
         channel.auto_decode = False
@@ -229,18 +236,26 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
                 kept.append((letter.message_id, NOT_REPLAYED_REDACTED))
                 continue  # unacked: returned, and its markers stay as they are
             if letter.message_id:
-                client.delete(keys.sent(letter.agent or None, letter.message_id),
-                              keys.deliveries(letter.agent or None, letter.message_id))
+                client.delete(
+                    keys.sent(letter.agent or None, letter.message_id),
+                    keys.deliveries(letter.agent or None, letter.message_id),
+                )
             if job is not None:
                 _publish_job(producer, jobs, job, letter.connector)
             else:
                 # also a letter with x-reach-queue only (not a job, found on a pool's queue): the
                 # router reads it as an intent, never a pool as a job
                 agent = letter.agent
-                producer.publish(letter.body, exchange=INTENTS_EXCHANGE, routing_key=INTENT_ROUTING_KEY,
-                                 content_type="application/json", content_encoding="utf-8", delivery_mode=2,
-                                 message_id=letter.message_id or None,
-                                 headers={"agent_id": agent} if agent else {})
+                producer.publish(
+                    letter.body,
+                    exchange=INTENTS_EXCHANGE,
+                    routing_key=INTENT_ROUTING_KEY,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    message_id=letter.message_id or None,
+                    headers={"agent_id": agent} if agent else {},
+                )
             channel.basic_ack(message.delivery_info["delivery_tag"])
             replayed.append(letter.message_id)
         channel.close()
@@ -252,6 +267,14 @@ def _publish_job(producer: Producer, jobs: JobMessages, job: Job, connector: str
     as the pools declare it, so a letter for a connector whose pool never started is not lost."""
     queue = connector_queue(connector)
     body, headers, properties = jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
-    producer.publish(body, exchange=DISPATCH_EXCHANGE.name, routing_key=queue.name, headers=headers,
-                     content_type="application/json", content_encoding="utf-8", delivery_mode=2,
-                     declare=[queue], **properties)
+    producer.publish(
+        body,
+        exchange=DISPATCH_EXCHANGE.name,
+        routing_key=queue.name,
+        headers=headers,
+        content_type="application/json",
+        content_encoding="utf-8",
+        delivery_mode=2,
+        declare=[queue],
+        **properties,
+    )

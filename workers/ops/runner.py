@@ -1,4 +1,5 @@
 """Starting the router and the pools as Celery workers, with everything they need built first."""
+
 from __future__ import annotations
 
 import gc
@@ -13,25 +14,25 @@ from connectors.adapters.http import HttpAdapter
 from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers.observability import metrics, probes
-from workers.transport.app import create_app
 from workers.observability.audit import Audit
-from workers.state.breaker import SharedBreaker
-from workers.state.control import PoolStatus
-from workers.transport.pause import install_pause_watcher
-from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
-from workers.state.ledger import Heartbeat, Ledger
-from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
+from workers.observability.tracing import configure_tracing
 from workers.pool.consumer import consumer_class as pool_consumer_class
-from workers.transport.publisher import BatchPublisher, Publisher
-from workers.state.guards import RedisGuards
-from workers.state.ratelimit import RedisRateLimiter, parse_rate
-from workers.transport.receipts import ReceiptLimits, ReceiptSink
+from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
 from workers.router.routing import Router, RouterRuntime, consumer_class
 from workers.settings import Settings
-from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
-from workers.observability.tracing import configure_tracing
 from workers.state.batcher import Batcher
+from workers.state.breaker import SharedBreaker
 from workers.state.client import connect_redis
+from workers.state.control import PoolStatus
+from workers.state.guards import RedisGuards
+from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
+from workers.state.ledger import Heartbeat, Ledger
+from workers.state.ratelimit import RedisRateLimiter, parse_rate
+from workers.transport.app import create_app
+from workers.transport.pause import install_pause_watcher
+from workers.transport.publisher import BatchPublisher, Publisher
+from workers.transport.receipts import ReceiptLimits, ReceiptSink
+from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
 
 log = logging.getLogger("reach")
 
@@ -85,18 +86,31 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
-    router = Router(catalog, max_intent_bytes=settings.max_intent_bytes, max_depth=settings.max_depth,
-                    max_details=settings.max_details,
-                    limiter=RedisRateLimiter(redis_client), invalid_rate=parse_rate(settings.agent_invalid_rate),
-                    guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
-                    require_user_id=settings.require_user_id)
+    router = Router(
+        catalog,
+        max_intent_bytes=settings.max_intent_bytes,
+        max_depth=settings.max_depth,
+        max_details=settings.max_details,
+        limiter=RedisRateLimiter(redis_client),
+        invalid_rate=parse_rate(settings.agent_invalid_rate),
+        guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
+        require_user_id=settings.require_user_id,
+    )
     batcher = Batcher(redis_client)
-    runtime = RouterRuntime(router, app, sink, publisher, Audit(redis_client, "router", batcher=batcher),
-                            keep_unparsable=settings.dlq_keep_unparsable, max_deliveries=settings.max_deliveries)
+    runtime = RouterRuntime(
+        router,
+        app,
+        sink,
+        publisher,
+        Audit(redis_client, "router", batcher=batcher),
+        keep_unparsable=settings.dlq_keep_unparsable,
+        max_deliveries=settings.max_deliveries,
+    )
     configure_tracing("reach-router")
     # fair lanes, a prefetch that reads past a flood, the bytes held bounded (workers/transport/consuming.py)
-    app.conf.worker_consumer = consumer_class(runtime, settings.router_threads, fair=settings.router_fair,
-                                              hold_bytes=settings.router_hold_bytes)
+    app.conf.worker_consumer = consumer_class(
+        runtime, settings.router_threads, fair=settings.router_fair, hold_bytes=settings.router_hold_bytes
+    )
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
 
     @signals.worker_shutdown.connect(weak=False)
@@ -105,11 +119,25 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
 
     probes.install(app)
     probes.serve(settings.metrics_port)
-    log.info("router: %d connector(s), %d action(s), %d agent(s)", len(catalog.connectors), len(catalog.refs),
-             len(catalog.agents))
+    log.info(
+        "router: %d connector(s), %d action(s), %d agent(s)",
+        len(catalog.connectors),
+        len(catalog.refs),
+        len(catalog.agents),
+    )
     # solo: the consumer's loop only hands messages to the routing threads (see consumer_class)
-    app.worker_main(["worker", "-P", "solo", "-Q", INTENTS_QUEUE.name, "-n", f"router.{os.getpid()}@%h",
-                     *_common_worker_args(settings.log_level)])
+    app.worker_main(
+        [
+            "worker",
+            "-P",
+            "solo",
+            "-Q",
+            INTENTS_QUEUE.name,
+            "-n",
+            f"router.{os.getpid()}@%h",
+            *_common_worker_args(settings.log_level),
+        ]
+    )
 
 
 def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int | None) -> None:
@@ -134,11 +162,19 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     heartbeat = Heartbeat(redis_client).start()
     status = PoolStatus(redis_client, name, heartbeat.worker_id)
     runtime = PoolRuntime(
-        connector, catalog, adapter,
-        state=PoolState(redis_client, batcher, Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
-                        SharedBreaker(redis_client, name, connector.breaker), status),
+        connector,
+        catalog,
+        adapter,
+        state=PoolState(
+            redis_client,
+            batcher,
+            Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
+            SharedBreaker(redis_client, name, connector.breaker),
+            status,
+        ),
         output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{name}", batcher=batcher)),
-        options=PoolOptions(max_deliveries=settings.max_deliveries))
+        options=PoolOptions(max_deliveries=settings.max_deliveries),
+    )
     app.conf.worker_consumer = pool_consumer_class(runtime, threads)
     install_pause_watcher(app, redis_client, name, queue.name, status, on_change=_probe_detail)
     configure_tracing(f"reach-pool-{name}")
@@ -153,8 +189,18 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     probes.install(app)
     probes.serve(settings.metrics_port)
     log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
-    app.worker_main(["worker", "-P", "solo", "-Q", queue.name,
-                     "-n", f"{name}.{os.getpid()}@%h", *_common_worker_args(settings.log_level)])
+    app.worker_main(
+        [
+            "worker",
+            "-P",
+            "solo",
+            "-Q",
+            queue.name,
+            "-n",
+            f"{name}.{os.getpid()}@%h",
+            *_common_worker_args(settings.log_level),
+        ]
+    )
 
 
 def run_beat(settings: Settings, catalog: Catalog) -> None:

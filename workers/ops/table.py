@@ -5,6 +5,7 @@ test): plain text with an ASCII rule, one line per row, no trailing spaces, so `
 ``awk`` and ``split()`` work.
 Cells are never read as rich markup (a dead letter's preview may contain ``[bold]``).
 """
+
 from __future__ import annotations
 
 import io
@@ -21,15 +22,20 @@ from rich.text import Text
 _PLAIN = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
 
 
-def print_table(header: Sequence[str], rows: Iterable[Sequence[object]], *, max_width: int = 48,
-                file: IO[str] | None = None) -> None:
+def print_table(
+    header: Sequence[str], rows: Iterable[Sequence[object]], *, max_width: int = 48, file: IO[str] | None = None
+) -> None:
     """Print ``rows`` under ``header``; a cell longer than ``max_width`` is cut with an ellipsis."""
     out = file or sys.stdout
     terminal = Console(file=out, highlight=False)
     # plain: no left padding, so each dash of the rule starts under its column's first character
-    table = Table(box=box.SIMPLE_HEAD if terminal.is_terminal else _PLAIN, show_edge=False, pad_edge=False,
-                  padding=(0, 1) if terminal.is_terminal else (0, 1, 0, 0),
-                  header_style="bold" if terminal.is_terminal else None)
+    table = Table(
+        box=box.SIMPLE_HEAD if terminal.is_terminal else _PLAIN,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1) if terminal.is_terminal else (0, 1, 0, 0),
+        header_style="bold" if terminal.is_terminal else None,
+    )
     for name in header:
         table.add_column(Text(name), no_wrap=True, overflow="ellipsis", max_width=max_width)
     for row in rows:

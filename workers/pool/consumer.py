@@ -1,6 +1,7 @@
 """The pool's side of the queue: each ``reach.execute`` message is read as data, parsed with
 the one :class:`~workers.transport.job.Job` model and handed to the ``PoolRuntime``; what
 happens to the message afterwards (ack, requeue, dead letter) is decided here."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ from workers.transport.job import Job, JobDecodeError, parse_job
 
 log = logging.getLogger("reach.pool")
 REQUEUE_PAUSE_SECONDS = 1.0
-
 
 
 def decode_job(message: Message) -> Job:
@@ -46,7 +46,9 @@ def consumer_class(runtime: PoolRuntime, threads: int) -> type[Consumer]:
     return threaded_consumer(job_handler(runtime), threads, "reach-pool")
 
 
-def job_handler(runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECONDS) -> Callable[[Message], Callable[[], None]]:
+def job_handler(
+    runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECONDS
+) -> Callable[[Message], Callable[[], None]]:
     """One message -> what to do with it. A job is acked after its receipt went out. A job that
     could not be finished because Redis or the broker failed goes back to the queue (after a
     pause, so an outage does not become a redelivery storm) instead of being acked without a
@@ -77,8 +79,9 @@ def job_handler(runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECON
     return handle
 
 
-def _not_a_job(runtime: PoolRuntime, message: Message, problem: JobDecodeError,
-               requeue_pause: float) -> Callable[[], None]:
+def _not_a_job(
+    runtime: PoolRuntime, message: Message, problem: JobDecodeError, requeue_pause: float
+) -> Callable[[], None]:
     """Dead-letter a message that is not a job this pool can run (a job object that does not
     parse is kept like a job, params redacted; anything else as it came), then ack it."""
     log.error("dead-lettering a message that is not a job: %s", problem.reason)

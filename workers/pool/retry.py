@@ -1,5 +1,6 @@
 """Retrying one action's call: only transient failures, exponential backoff with jitter,
 Retry-After honoured, never past the intent's deadline, gated by the connector's breaker."""
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,14 @@ from producers.wire import ErrorCode
 from workers.state.breaker import Permit
 
 # failures that say the system is in trouble (a breaker counts these, nothing else)
-TRANSIENT = frozenset({ErrorCode.DOWNSTREAM_UNREACHABLE, ErrorCode.DOWNSTREAM_TIMEOUT, ErrorCode.DOWNSTREAM_ERROR,
-                       ErrorCode.OUTCOME_UNKNOWN})
+TRANSIENT = frozenset(
+    {
+        ErrorCode.DOWNSTREAM_UNREACHABLE,
+        ErrorCode.DOWNSTREAM_TIMEOUT,
+        ErrorCode.DOWNSTREAM_ERROR,
+        ErrorCode.OUTCOME_UNKNOWN,
+    }
+)
 
 
 def should_retry(outcome: Outcome, safe_to_repeat: bool) -> bool:
@@ -76,10 +83,18 @@ def run_with_retries(
                 # so its own outcome is the truth, not "never called"
                 return Result(last, attempt - 1, downstream_ms)
             if not permit.allowed:
-                return Result(Outcome(False, code=ErrorCode.CONNECTOR_UNAVAILABLE, sent=False,
-                                      message=f"the connector's circuit breaker is {permit.state}",
-                                      suggestion="The system is failing; retry after retry_after_ms.",
-                                      retry_after_ms=permit.retry_after_ms), attempt - 1, downstream_ms)
+                return Result(
+                    Outcome(
+                        False,
+                        code=ErrorCode.CONNECTOR_UNAVAILABLE,
+                        sent=False,
+                        message=f"the connector's circuit breaker is {permit.state}",
+                        suggestion="The system is failing; retry after retry_after_ms.",
+                        retry_after_ms=permit.retry_after_ms,
+                    ),
+                    attempt - 1,
+                    downstream_ms,
+                )
         if before_attempt is not None:
             before_attempt(attempt)
         outcome = last = call()

@@ -16,6 +16,7 @@ model and hands it to ``execute``. Per job, in order:
 
 Everything one delivery needs travels in a :class:`JobContext`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,13 @@ from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_na
 
 log = logging.getLogger("reach.pool")
 # failures after which the job may well finish on its next delivery (the delivery count bounds it)
-TRANSIENT_ERRORS = (OSError, redis.ConnectionError, redis.TimeoutError, amqp.exceptions.RecoverableConnectionError,
-                    kombu.exceptions.OperationalError)
+TRANSIENT_ERRORS = (
+    OSError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    amqp.exceptions.RecoverableConnectionError,
+    kombu.exceptions.OperationalError,
+)
 Stage = tuple[str, dict[str, Any]]
 
 
@@ -116,14 +122,30 @@ class JobContext:
 
 def job_receipt(job: Job, queue_ms: float, **outcome: Any) -> Receipt:
     """The receipt for ``job`` with ``outcome`` (``build_receipt``'s code, message, data, ...)."""
-    return build_receipt(intent_id=job.intent_id, agent_id=job.agent_id, action=job.action, connector=job.connector,
-                         trace_id=job.trace_id, received_at=job.received_at, queue_ms=queue_ms, **outcome)
+    return build_receipt(
+        intent_id=job.intent_id,
+        agent_id=job.agent_id,
+        action=job.action,
+        connector=job.connector,
+        trace_id=job.trace_id,
+        received_at=job.received_at,
+        queue_ms=queue_ms,
+        **outcome,
+    )
 
 
 class PoolRuntime:
-    def __init__(self, connector: ConnectorSpec, catalog: Catalog, adapter: Adapter, *, state: PoolState,
-                 output: PoolOutput, options: PoolOptions = PoolOptions(),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        connector: ConnectorSpec,
+        catalog: Catalog,
+        adapter: Adapter,
+        *,
+        state: PoolState,
+        output: PoolOutput,
+        options: PoolOptions = PoolOptions(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.connector = connector
         self.catalog = catalog
         self.adapter = adapter
@@ -160,20 +182,40 @@ class PoolRuntime:
         if job.connector != self.connector.name or ref is None:
             # only the router publishes here; anything else is a misrouted or forged message
             log.error("misrouted job for %s.%s on pool %s", job.connector, job.action, self.connector.name)
-            self._send(job_receipt(job, queue_ms, code=ErrorCode.INTERNAL, message=(
-                f"pool {self.connector.name} received an intent for {job.connector}.{job.action}"),
-                suggestion="Retry later; operators were told."), job.reply_to, "misrouted")
+            self._send(
+                job_receipt(
+                    job,
+                    queue_ms,
+                    code=ErrorCode.INTERNAL,
+                    message=(f"pool {self.connector.name} received an intent for {job.connector}.{job.action}"),
+                    suggestion="Retry later; operators were told.",
+                ),
+                job.reply_to,
+                "misrouted",
+            )
             return
         if job.deadline is not None and time.time() >= job.deadline:
-            self._send(job_receipt(job, queue_ms, code=ErrorCode.DEADLINE_EXCEEDED,
-                                   message="the deadline passed while the intent waited in the queue",
-                                   suggestion="Send a new intent with a later deadline if the action is still wanted."),
-                       job.reply_to, "deadline")
+            self._send(
+                job_receipt(
+                    job,
+                    queue_ms,
+                    code=ErrorCode.DEADLINE_EXCEEDED,
+                    message="the deadline passed while the intent waited in the queue",
+                    suggestion="Send a new intent with a later deadline if the action is still wanted.",
+                ),
+                job.reply_to,
+                "deadline",
+            )
             return
         ctx = JobContext(
-            job=job, ref=ref, attempt=uuid.uuid4().hex[:12], safe=self.connector.safe_to_repeat(ref.action),
+            job=job,
+            ref=ref,
+            attempt=uuid.uuid4().hex[:12],
+            safe=self.connector.safe_to_repeat(ref.action),
             key=keys.idempotency(job.agent_id, self.connector.name, ref.action.action, job.idempotency_key),
-            params_hash=params_hash(job.params), queue_ms=queue_ms)
+            params_hash=params_hash(job.params),
+            queue_ms=queue_ms,
+        )
         try:
             self._claim_and_run(ctx)
         except Exception:
@@ -186,38 +228,67 @@ class PoolRuntime:
     def _claim_and_run(self, ctx: JobContext) -> None:
         # one round trip: receipt already sent? delivery count (poison)? claim the idempotency key,
         # and the first attempt's breaker permit while the breaker is closed
-        begin = self.ledger.begin(keys.sent(ctx.agent_id, ctx.intent_id), keys.deliveries(ctx.agent_id, ctx.intent_id),
-                                  ctx.key, ctx.params_hash, ctx.intent_id, ctx.attempt, self.options.max_deliveries,
-                                  breaker_key=self.breaker.key if self.breaker is not None else None,
-                                  batcher=self.batcher)
+        begin = self.ledger.begin(
+            keys.sent(ctx.agent_id, ctx.intent_id),
+            keys.deliveries(ctx.agent_id, ctx.intent_id),
+            ctx.key,
+            ctx.params_hash,
+            ctx.intent_id,
+            ctx.attempt,
+            self.options.max_deliveries,
+            breaker_key=self.breaker.key if self.breaker is not None else None,
+            batcher=self.batcher,
+        )
         if begin.state == "abandoned":  # cannot happen while we wait for it: see Ledger.abandon
             raise RuntimeError(f"attempt {ctx.attempt} of intent {ctx.intent_id} was given up")
         if begin.state == "sent":
             log.info("intent=%s already has its receipt; redelivery acked without a second one", ctx.intent_id)
             return
         if begin.state == "poison":
-            self.dead_letter_job(ctx.job, f"delivered {begin.deliveries} times without finishing (a worker died each time)")
-            self._answer(ctx, ErrorCode.INTERNAL, f"the intent was delivered {begin.deliveries - 1} times and never finished",
-                         "Do not resend it unchanged; operators can inspect it in reach.dlq.", "poison")
+            self.dead_letter_job(
+                ctx.job, f"delivered {begin.deliveries} times without finishing (a worker died each time)"
+            )
+            self._answer(
+                ctx,
+                ErrorCode.INTERNAL,
+                f"the intent was delivered {begin.deliveries - 1} times and never finished",
+                "Do not resend it unchanged; operators can inspect it in reach.dlq.",
+                "poison",
+            )
             return
         claim = self._settle_claim(ctx, begin)
         if claim.state == "completed":
             self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
         elif claim.state == "reused":
-            self._answer(ctx, ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                         f"idempotency key was already used by intent {claim.holder_intent} with different params",
-                         "Use a new idempotency_key for a different request, or resend the original params.", "reused")
+            self._answer(
+                ctx,
+                ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                f"idempotency key was already used by intent {claim.holder_intent} with different params",
+                "Use a new idempotency_key for a different request, or resend the original params.",
+                "reused",
+            )
         elif claim.state == "in_progress" and claim.holder_intent == ctx.intent_id:
-            log.info("intent=%s is still running in another worker; this delivery leaves the answer to it", ctx.intent_id)
+            log.info(
+                "intent=%s is still running in another worker; this delivery leaves the answer to it", ctx.intent_id
+            )
         elif claim.state == "in_progress":
-            self._answer(ctx, ErrorCode.CONNECTOR_UNAVAILABLE,
-                         f"the intent {claim.holder_intent} with the same idempotency key is still running",
-                         "Send it again after retry_after_ms; it will get that intent's outcome.", "in_progress",
-                         retry_after_ms=int(self.options.wait_for_holder_seconds * 1000))
+            self._answer(
+                ctx,
+                ErrorCode.CONNECTOR_UNAVAILABLE,
+                f"the intent {claim.holder_intent} with the same idempotency key is still running",
+                "Send it again after retry_after_ms; it will get that intent's outcome.",
+                "in_progress",
+                retry_after_ms=int(self.options.wait_for_holder_seconds * 1000),
+            )
         elif claim.state == "orphaned":
-            receipt = self._answer(ctx, ErrorCode.OUTCOME_UNKNOWN,
-                                   "a worker died while calling the system for this idempotency key; "
-                                   "the call may or may not have taken effect", _check_first(ctx), "orphaned")
+            receipt = self._answer(
+                ctx,
+                ErrorCode.OUTCOME_UNKNOWN,
+                "a worker died while calling the system for this idempotency key; "
+                "the call may or may not have taken effect",
+                _check_first(ctx),
+                "orphaned",
+            )
             self.ledger.complete(ctx.key, receipt.to_json().decode())
         else:  # claimed (begin.permit is only ever set on a fresh claim)
             self._run(ctx, permit=begin.permit)
@@ -258,13 +329,20 @@ class PoolRuntime:
     def _run(self, ctx: JobContext, permit: bool = False) -> None:
         """Call the system (with retries), keep the outcome, publish the receipt."""
         self._queue_wait_span(ctx)
-        gate = _AttemptGate(self.breaker, self.state.redis, ctx.key, granted=permit) if self.breaker is not None else None
+        gate = (
+            _AttemptGate(self.breaker, self.state.redis, ctx.key, granted=permit) if self.breaker is not None else None
+        )
         stages: list[Stage] = []
         result = run_with_retries(
             functools.partial(self._call_once, ctx, self._call_context(ctx)),
-            ctx.ref.action.retry or self.connector.retry, safe_to_repeat=ctx.safe, deadline=ctx.deadline, gate=gate,
+            ctx.ref.action.retry or self.connector.retry,
+            safe_to_repeat=ctx.safe,
+            deadline=ctx.deadline,
+            gate=gate,
             before_attempt=None if gate else (lambda n: self.ledger.mark_sending(ctx.key)),
-            after_attempt=lambda n, outcome: stages.append(self._attempt_stage(ctx, n, outcome)), sleep=self.sleep)
+            after_attempt=lambda n, outcome: stages.append(self._attempt_stage(ctx, n, outcome)),
+            sleep=self.sleep,
+        )
         metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
         if result.attempts > 1:
             metrics.RETRIES.labels(connector=self.connector.name).inc(result.attempts - 1)
@@ -275,11 +353,18 @@ class PoolRuntime:
         receipt), stored before the receipt is published; then the receipt, whose sent mark
         rides with the publisher's confirms."""
         outcome = result.outcome
-        receipt, body = self.sink.encode(ctx.receipt(
-            data=outcome.data, code=outcome.code, message=outcome.message,
-            suggestion=_check_first(ctx) if outcome.code is ErrorCode.OUTCOME_UNKNOWN else outcome.suggestion,
-            details=outcome.details, retry_after_ms=outcome.retry_after_ms, attempts=result.attempts,
-            downstream_ms=result.downstream_ms))
+        receipt, body = self.sink.encode(
+            ctx.receipt(
+                data=outcome.data,
+                code=outcome.code,
+                message=outcome.message,
+                suggestion=_check_first(ctx) if outcome.code is ErrorCode.OUTCOME_UNKNOWN else outcome.suggestion,
+                details=outcome.details,
+                retry_after_ms=outcome.retry_after_ms,
+                attempts=result.attempts,
+                downstream_ms=result.downstream_ms,
+            )
+        )
         lines = self.audit.render(ctx.intent_id, stages, level=self._audit_level(ctx.agent_id))
 
         def decided(pipe: Any) -> None:
@@ -305,14 +390,21 @@ class PoolRuntime:
     def _call_context(self, ctx: JobContext) -> CallContext:
         remaining = None if ctx.deadline is None else max(0.1, ctx.deadline - time.time())
         timeout = ctx.ref.action.timeout_seconds
-        return CallContext(intent_id=ctx.intent_id, idempotency_key=ctx.job.idempotency_key,
-                           traceparent=ctx.job.traceparent,
-                           timeout=min(timeout, remaining) if remaining is not None else None)
+        return CallContext(
+            intent_id=ctx.intent_id,
+            idempotency_key=ctx.job.idempotency_key,
+            traceparent=ctx.job.traceparent,
+            timeout=min(timeout, remaining) if remaining is not None else None,
+        )
 
     def _queue_wait_span(self, ctx: JobContext) -> None:
         if ctx.job.traceparent:
-            with span("reach.queue_wait", ctx.job.traceparent, start_time=ctx.job.dispatched_at,
-                      attributes={"reach.connector": self.connector.name}):
+            with span(
+                "reach.queue_wait",
+                ctx.job.traceparent,
+                start_time=ctx.job.dispatched_at,
+                attributes={"reach.connector": self.connector.name},
+            ):
                 pass
 
     def _call_once(self, ctx: JobContext, call_ctx: CallContext) -> Outcome:
@@ -321,29 +413,53 @@ class PoolRuntime:
         try:
             if not parent:
                 return self.adapter.call(ctx.ref.action, ctx.job.params, call_ctx)
-            with span("reach.downstream_call", parent, attributes={"reach.connector": self.connector.name,
-                                                                   "reach.action": ctx.ref.action.action}) as current:
+            with span(
+                "reach.downstream_call",
+                parent,
+                attributes={"reach.connector": self.connector.name, "reach.action": ctx.ref.action.action},
+            ) as current:
                 context = current.get_span_context() if current is not None else None
                 recording = current is not None and current.is_recording()
-                child = (f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
-                         if recording and context is not None and context.is_valid else child_traceparent(parent))
-                return self.adapter.call(ctx.ref.action, ctx.job.params, dataclasses.replace(call_ctx, traceparent=child))
+                child = (
+                    f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+                    if recording and context is not None and context.is_valid
+                    else child_traceparent(parent)
+                )
+                return self.adapter.call(
+                    ctx.ref.action, ctx.job.params, dataclasses.replace(call_ctx, traceparent=child)
+                )
         except Exception:
             log.exception("adapter failed on intent=%s", ctx.intent_id)
-            return Outcome(False, code=ErrorCode.INTERNAL, message="the connector's adapter failed on this intent",
-                           suggestion="Retry later; operators were told.", sent=False)
+            return Outcome(
+                False,
+                code=ErrorCode.INTERNAL,
+                message="the connector's adapter failed on this intent",
+                suggestion="Retry later; operators were told.",
+                sent=False,
+            )
 
     def _attempt_stage(self, ctx: JobContext, attempt: int, outcome: Outcome) -> Stage:
-        return ("attempt", {"agent": ctx.agent_id, "action": ctx.ref.action.action, "connector": self.connector.name,
-                            "trace_id": ctx.job.trace_id, "ts": round(time.time(), 6), "attempt": attempt,
-                            "outcome": "ok" if outcome.ok else (outcome.code.value if outcome.code else "failed"),
-                            "http_status": outcome.http_status, "sent": outcome.sent,
-                            "downstream_ms": round(outcome.downstream_ms, 3)})
+        return (
+            "attempt",
+            {
+                "agent": ctx.agent_id,
+                "action": ctx.ref.action.action,
+                "connector": self.connector.name,
+                "trace_id": ctx.job.trace_id,
+                "ts": round(time.time(), 6),
+                "attempt": attempt,
+                "outcome": "ok" if outcome.ok else (outcome.code.value if outcome.code else "failed"),
+                "http_status": outcome.http_status,
+                "sent": outcome.sent,
+                "downstream_ms": round(outcome.downstream_ms, 3),
+            },
+        )
 
     # -- answers ---------------------------------------------------------------------------
 
-    def _answer(self, ctx: JobContext, code: ErrorCode, message: str, suggestion: str, outcome: str,
-                **extra: Any) -> Receipt:
+    def _answer(
+        self, ctx: JobContext, code: ErrorCode, message: str, suggestion: str, outcome: str, **extra: Any
+    ) -> Receipt:
         """A receipt decided without calling the system, sent on the general path."""
         receipt = ctx.receipt(code=code, message=message, suggestion=suggestion, **extra)
         self._send(receipt, ctx.job.reply_to, outcome)
@@ -352,10 +468,16 @@ class PoolRuntime:
     def _deduplicated(self, ctx: JobContext, stored_json: str) -> Receipt:
         original = Receipt.model_validate_json(stored_json)
         now = time.time()
-        execution = Execution(trace_id=ctx.job.trace_id, attempts=0,
-                              latency_ms=round((now - ctx.job.received_at) * 1000, 3),
-                              queue_ms=round(ctx.queue_ms, 3), downstream_ms=None,
-                              received_at=iso(ctx.job.received_at), finished_at=iso(now), deduplicated=True)
+        execution = Execution(
+            trace_id=ctx.job.trace_id,
+            attempts=0,
+            latency_ms=round((now - ctx.job.received_at) * 1000, 3),
+            queue_ms=round(ctx.queue_ms, 3),
+            downstream_ms=None,
+            received_at=iso(ctx.job.received_at),
+            finished_at=iso(now),
+            deduplicated=True,
+        )
         return original.model_copy(update={"intent_id": ctx.intent_id, "execution": execution})
 
     # -- dead letters ----------------------------------------------------------------------
@@ -375,21 +497,36 @@ class PoolRuntime:
         params = job.get("params")
         safe_params = redact_params(params, ref.action.input) if ref else REDACTED
         intent_id = _short(str(job.get("intent_id") or ""))
-        headers = {"x-reach-reason": reason[:1000], "x-reach-intent-id": intent_id,
-                   "x-reach-agent-id": _short(str(job.get("agent_id") or "")), "x-reach-connector": self.connector.name}
+        headers = {
+            "x-reach-reason": reason[:1000],
+            "x-reach-intent-id": intent_id,
+            "x-reach-agent-id": _short(str(job.get("agent_id") or "")),
+            "x-reach-connector": self.connector.name,
+        }
         if safe_params != params:
             headers[REDACTED_HEADER] = "true"  # `reach dlq replay` must not send the marker downstream
-        self.publisher.publish(json.dumps(dict(job, params=safe_params), default=str).encode(), exchange=DEFAULT_EXCHANGE,
-                               routing_key=DLQ.name, message_id=intent_id, headers=headers)
+        self.publisher.publish(
+            json.dumps(dict(job, params=safe_params), default=str).encode(),
+            exchange=DEFAULT_EXCHANGE,
+            routing_key=DLQ.name,
+            message_id=intent_id,
+            headers=headers,
+        )
 
     def dead_letter_raw(self, message: Message, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "replace")
         # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
-        self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name,
-                               message_id=_short(str(message.properties.get("message_id") or "")),
-                               headers={"x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
-                                        "x-reach-queue": connector_queue_name(self.connector.name)})
+        self.publisher.publish(
+            body,
+            exchange=DEFAULT_EXCHANGE,
+            routing_key=DLQ.name,
+            message_id=_short(str(message.properties.get("message_id") or "")),
+            headers={
+                "x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
+                "x-reach-queue": connector_queue_name(self.connector.name),
+            },
+        )
 
     # -- sending and counting --------------------------------------------------------------
 
@@ -411,12 +548,27 @@ class PoolRuntime:
     def _sent_record(self, receipt: Receipt) -> tuple[list[str], Callable[[Any], None]]:
         """The receipt's audit line, and the Redis commands that mark it sent and keep that line."""
         error = receipt.error
-        lines = self.audit.render(receipt.intent_id, [("receipt", {
-            "agent": receipt.agent_id, "action": receipt.action, "connector": self.connector.name,
-            "trace_id": receipt.execution.trace_id, "status": receipt.status, "code": error.code.value if error else None,
-            "attempts": receipt.execution.attempts, "latency_ms": receipt.execution.latency_ms,
-            "queue_ms": receipt.execution.queue_ms, "deduplicated": receipt.execution.deduplicated or None})],
-            level=self._audit_level(receipt.agent_id or ""))
+        lines = self.audit.render(
+            receipt.intent_id,
+            [
+                (
+                    "receipt",
+                    {
+                        "agent": receipt.agent_id,
+                        "action": receipt.action,
+                        "connector": self.connector.name,
+                        "trace_id": receipt.execution.trace_id,
+                        "status": receipt.status,
+                        "code": error.code.value if error else None,
+                        "attempts": receipt.execution.attempts,
+                        "latency_ms": receipt.execution.latency_ms,
+                        "queue_ms": receipt.execution.queue_ms,
+                        "deduplicated": receipt.execution.deduplicated or None,
+                    },
+                )
+            ],
+            level=self._audit_level(receipt.agent_id or ""),
+        )
 
         def mark(pipe: Any) -> None:
             # the delivery count guards against a job that kills its pool before it is answered;
@@ -436,9 +588,13 @@ class PoolRuntime:
         error = receipt.error
         if error is not None and self.state.status is not None and receipt.status != "rejected":
             self.state.status.record_error(error.code.value, error.message)
-        metrics.ACTIONS_EXECUTED.labels(connector=self.connector.name, action=str(receipt.action), outcome=outcome).inc()
+        metrics.ACTIONS_EXECUTED.labels(
+            connector=self.connector.name, action=str(receipt.action), outcome=outcome
+        ).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
-        metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(receipt.execution.latency_ms / 1000)
+        metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(
+            receipt.execution.latency_ms / 1000
+        )
 
 
 class _AttemptGate:
@@ -480,8 +636,10 @@ class _AttemptGate:
 
 
 def _check_first(ctx: JobContext) -> str:
-    return (ctx.ref.connector.check_first_suggestion(ctx.ref.action.action)
-            + " Resending with the same idempotency_key returns this same answer.")
+    return (
+        ctx.ref.connector.check_first_suggestion(ctx.ref.action.action)
+        + " Resending with the same idempotency_key returns this same answer."
+    )
 
 
 def _short(text: str) -> str:

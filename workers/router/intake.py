@@ -3,6 +3,7 @@
 Nothing a message contains may crash this step: every failure is a ``ParseFailure`` value that
 the router turns into an INVALID_INTENT receipt (when it can tell who sent it) and a dead letter.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producers.formats import (DEFAULT_MAX_DEPTH, ENVELOPE_DEPTH, FormatError, TooDeep, loads_strict, normalize,
-                              top_level_string, value_depth)
+from producers.formats import (
+    DEFAULT_MAX_DEPTH,
+    ENVELOPE_DEPTH,
+    FormatError,
+    TooDeep,
+    loads_strict,
+    normalize,
+    top_level_string,
+    value_depth,
+)
 from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -30,8 +39,8 @@ class RawMessage:
     message_id: str | None = None
     content_type: str | None = None
     received_at: float = 0.0
-    unreadable: str | None = None                 # why the AMQP properties could not be read
-    oversize: tuple[int, str] | None = None       # a body too large to keep: (bytes, SHA-256 hex)
+    unreadable: str | None = None  # why the AMQP properties could not be read
+    oversize: tuple[int, str] | None = None  # a body too large to keep: (bytes, SHA-256 hex)
 
     @property
     def size(self) -> int:
@@ -40,7 +49,7 @@ class RawMessage:
 
 @dataclass(frozen=True)
 class ParsedIntent:
-    intent: Intent           # intent_id and agent_id are always set here
+    intent: Intent  # intent_id and agent_id are always set here
     format: str
     trace_id: str
     traceparent: str | None
@@ -53,7 +62,7 @@ class ParseFailure:
     reason: str
     intent_id: str
     agent_id: str | None
-    reply_to: str | None      # where the receipt goes; None: nobody can be told (dead letter only)
+    reply_to: str | None  # where the receipt goes; None: nobody can be told (dead letter only)
     details: list[dict[str, Any]] = field(default_factory=list)
     code: ErrorCode = ErrorCode.INVALID_INTENT
     dead_letter: bool = True  # unreadable messages are kept for operators; refused identities are not
@@ -69,8 +78,11 @@ def reply_allowed(agent_id: str, reply_to: str) -> bool:
 
 def usable_reply_to(agent_id: str, reply_to: str) -> bool:
     """The agent's own, and a routing key the broker takes (at most 255 bytes, no wildcards)."""
-    return (reply_allowed(agent_id, reply_to) and not any(c in reply_to for c in "*#")
-            and len(reply_to.encode("utf-8", "surrogatepass")) <= AMQP_SHORT_STRING_BYTES)
+    return (
+        reply_allowed(agent_id, reply_to)
+        and not any(c in reply_to for c in "*#")
+        and len(reply_to.encode("utf-8", "surrogatepass")) <= AMQP_SHORT_STRING_BYTES
+    )
 
 
 def new_trace_id() -> str:
@@ -107,8 +119,9 @@ def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
     return intent_id, agent if agent and AGENT_ID_PATTERN.match(agent) else None
 
 
-def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
-          max_depth: int = DEFAULT_MAX_DEPTH) -> ParsedIntent | ParseFailure:
+def parse(
+    raw: RawMessage, max_bytes: int, require_user_id: bool = False, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ParsedIntent | ParseFailure:
     """Decode, detect the format, fix identity and ids, and type-check the intent.
 
     ``require_user_id`` (REACH_REQUIRE_USER_ID): only the broker-validated AMQP user_id counts
@@ -122,19 +135,32 @@ def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
     fallback_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
     # in production mode only the broker-validated login may receive an answer: anything else
     # could push receipts into another agent's stream
-    trusted = (lambda *claims: user_id) if require_user_id else (lambda *claims: user_id or next(
-        (c for c in claims if c), None))
+    trusted = (
+        (lambda *claims: user_id)
+        if require_user_id
+        else (lambda *claims: user_id or next((c for c in claims if c), None))
+    )
     known_agent = trusted(header_agent)
 
-    def fail(reason: str, *, intent_id: str = fallback_id, agent: str | None = known_agent, reply_to: str | None = None,
-             details: list[dict[str, Any]] | None = None, code: ErrorCode = ErrorCode.INVALID_INTENT,
-             dead_letter: bool = True) -> ParseFailure:
+    def fail(
+        reason: str,
+        *,
+        intent_id: str = fallback_id,
+        agent: str | None = known_agent,
+        reply_to: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+        code: ErrorCode = ErrorCode.INVALID_INTENT,
+        dead_letter: bool = True,
+    ) -> ParseFailure:
         route = reply_to if agent is not None and reply_to is not None and usable_reply_to(agent, reply_to) else agent
         return ParseFailure(reason, intent_id, agent, route, details or [], code, dead_letter)
 
     if user_id is not None and not AGENT_ID_PATTERN.match(user_id):
-        return fail(f"the broker login {user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
-                    agent=None, code=ErrorCode.PERMISSION_DENIED)
+        return fail(
+            f"the broker login {user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
+            agent=None,
+            code=ErrorCode.PERMISSION_DENIED,
+        )
     if raw.unreadable is not None:
         # the headers are gone (the agent_id header too): only the broker's user_id can be told
         return fail(f"unreadable AMQP properties: {raw.unreadable}", agent=user_id)
@@ -147,33 +173,55 @@ def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
         # the message cannot be parsed, but its sender can be told: the same claims, found cheaply
         text = raw.body.decode("utf-8", "replace")
         claimed_id = top_level_string(text, "intent_id")
-        return fail(f"the intent nests {exc.depth} levels deep; params may nest at most {max_depth} levels: flatten them",
-                    intent_id=claimed_id if claimed_id and INTENT_ID_PATTERN.match(claimed_id) else fallback_id,
-                    agent=trusted(_valid_agent(top_level_string(text, "agent_id")), header_agent))
+        return fail(
+            f"the intent nests {exc.depth} levels deep; params may nest at most {max_depth} levels: flatten them",
+            intent_id=claimed_id if claimed_id and INTENT_ID_PATTERN.match(claimed_id) else fallback_id,
+            agent=trusted(_valid_agent(top_level_string(text, "agent_id")), header_agent),
+        )
     except FormatError as exc:
         return fail(str(exc))
     doc = dict(normalized.intent)
 
     # best-effort identity from the body, for the receipt of an intent that fails below
-    body_agent = doc.get("agent_id") if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"]) else None
-    body_intent = doc.get("intent_id") if isinstance(doc.get("intent_id"), str) and INTENT_ID_PATTERN.match(doc["intent_id"]) else None
+    body_agent = (
+        doc.get("agent_id")
+        if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"])
+        else None
+    )
+    body_intent = (
+        doc.get("intent_id")
+        if isinstance(doc.get("intent_id"), str) and INTENT_ID_PATTERN.match(doc["intent_id"])
+        else None
+    )
     reply_to = doc.get("reply_to") if isinstance(doc.get("reply_to"), str) else None
     intent_id = body_intent or fallback_id
     if (depth := value_depth(doc.get("params"))) > max_depth:
-        return fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them",
-                    intent_id=intent_id, agent=trusted(body_agent, header_agent))
+        return fail(
+            f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them",
+            intent_id=intent_id,
+            agent=trusted(body_agent, header_agent),
+        )
 
     if user_id is not None:
         # the broker vouches for user_id; anything claiming otherwise is refused, and the
         # receipt goes to the authenticated agent, never to the claimed one
         if doc.get("agent_id") not in (None, user_id):
-            return fail(f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
-                        intent_id=intent_id, agent=user_id, code=ErrorCode.PERMISSION_DENIED, dead_letter=False)
+            return fail(
+                f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
+                intent_id=intent_id,
+                agent=user_id,
+                code=ErrorCode.PERMISSION_DENIED,
+                dead_letter=False,
+            )
         doc["agent_id"] = user_id
     elif require_user_id:
         # nobody the broker vouched for can be told: kept for operators in the dead-letter queue
-        return fail("this fleet accepts intents only with the AMQP user_id property set to your broker login",
-                    intent_id=intent_id, agent=None, code=ErrorCode.PERMISSION_DENIED)
+        return fail(
+            "this fleet accepts intents only with the AMQP user_id property set to your broker login",
+            intent_id=intent_id,
+            agent=None,
+            code=ErrorCode.PERMISSION_DENIED,
+        )
     elif doc.get("agent_id") is None and header_agent is not None:
         doc["agent_id"] = header_agent
     elif header_agent is not None and doc.get("agent_id") != header_agent:
@@ -188,16 +236,27 @@ def parse(raw: RawMessage, max_bytes: int, require_user_id: bool = False,
     try:
         intent = Intent.model_validate(doc)
     except ValidationError as exc:
-        details = [{"field": ".".join(str(p) for p in e["loc"]) or "(intent)", "code": e["type"], "message": e["msg"]}
-                   for e in exc.errors(include_url=False, include_input=False)][:20]
+        details = [
+            {"field": ".".join(str(p) for p in e["loc"]) or "(intent)", "code": e["type"], "message": e["msg"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ][:20]
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
-        return fail(f"the intent does not match the contract: {summary}", intent_id=intent_id,
-                    agent=trusted(body_agent, header_agent), reply_to=reply_to, details=details)
+        return fail(
+            f"the intent does not match the contract: {summary}",
+            intent_id=intent_id,
+            agent=trusted(body_agent, header_agent),
+            reply_to=reply_to,
+            details=details,
+        )
     if intent.agent_id is None:
-        return fail("no agent identity: set agent_id in the intent or the agent_id header", intent_id=intent_id,
-                    agent=None)
+        return fail(
+            "no agent identity: set agent_id in the intent or the agent_id header", intent_id=intent_id, agent=None
+        )
     if intent.reply_to is not None and not reply_allowed(intent.agent_id, intent.reply_to):
-        return fail(f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
-                    intent_id=intent.intent_id or intent_id, agent=intent.agent_id)
+        return fail(
+            f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
+            intent_id=intent.intent_id or intent_id,
+            agent=intent.agent_id,
+        )
     trace_id, traceparent = trace_from(intent.traceparent)
     return ParsedIntent(intent, normalized.format, trace_id, traceparent)

@@ -9,6 +9,7 @@ The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Cele
 handler is replaced (``workers.transport.consuming``) so no message, whatever headers it carries, can make
 this worker run a task by name.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import amqp.exceptions
 import kombu.exceptions
@@ -30,31 +32,38 @@ from kombu.message import Message
 from connectors.catalog import ActionRef, Catalog, Refusal
 from connectors.hours import parse_window
 from connectors.schema import suggestion_for
-from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS, ErrorCode, Receipt
+from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS
+from producers.wire import ErrorCode, Receipt
 from workers.observability import metrics
-from workers.transport.app import JobMessages
-from workers.transport.job import Job
-from workers.state.breaker import AlwaysAvailable
-from workers.transport.consuming import sender_key, threaded_consumer
-from workers.transport.inbound import OVERSIZE, UNREADABLE
-from workers.router.intake import ParseFailure, ParsedIntent, RawMessage, fail_identity, new_trace_id, parse
-from workers.transport.publisher import Publisher
-from workers.state.guards import Guards, SeparateGuards
-from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
-from workers.transport.receipts import ReceiptSink, build_receipt
 from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
-from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
 from workers.observability.tracing import span, traceparent_for
+from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, fail_identity, new_trace_id, parse
+from workers.state.breaker import AlwaysAvailable
+from workers.state.guards import Guards, SeparateGuards
+from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
+from workers.transport.app import JobMessages
+from workers.transport.consuming import sender_key, threaded_consumer
+from workers.transport.inbound import OVERSIZE, UNREADABLE
+from workers.transport.job import Job
+from workers.transport.publisher import Publisher
+from workers.transport.receipts import ReceiptSink, build_receipt
+from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
 
 log = logging.getLogger("reach.router")
 # rejections that mean the sender got something wrong; they count against its invalid allowance
-COUNTED_AS_INVALID = frozenset({ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED,
-                                ErrorCode.VALIDATION_FAILED})
+COUNTED_AS_INVALID = frozenset(
+    {ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED, ErrorCode.VALIDATION_FAILED}
+)
 INVALID_ALLOWANCE = "(invalid)"  # the rate limiter's "connector" for it: no connector can be named so
 # failures after which the same message may well be handled on its next delivery
-TRANSIENT_ERRORS = (OSError, redis.ConnectionError, redis.TimeoutError, amqp.exceptions.RecoverableConnectionError,
-                    kombu.exceptions.OperationalError)
+TRANSIENT_ERRORS = (
+    OSError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    amqp.exceptions.RecoverableConnectionError,
+    kombu.exceptions.OperationalError,
+)
 
 
 @dataclass(frozen=True)
@@ -83,10 +92,20 @@ Decision = Dispatch | Answer
 
 
 class Router:
-    def __init__(self, catalog: Catalog, *, max_intent_bytes: int, guards: Guards | None = None,
-                 limiter: RateLimiter | None = None, availability: Any = None, require_user_id: bool = False,
-                 max_depth: int = 32, max_details: int = 50, invalid_rate: Rate | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        max_intent_bytes: int,
+        guards: Guards | None = None,
+        limiter: RateLimiter | None = None,
+        availability: Any = None,
+        require_user_id: bool = False,
+        max_depth: int = 32,
+        max_details: int = 50,
+        invalid_rate: Rate | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``)."""
         self.catalog = catalog
         # the running router passes RedisGuards (one round trip); tests may pass the parts
@@ -101,8 +120,13 @@ class Router:
 
     def decide(self, raw: RawMessage) -> Decision:
         decision = self._decide(raw)
-        if (isinstance(decision, Answer) and decision.receipt.error is not None and self.invalid_rate is not None
-                and decision.receipt.error.code in COUNTED_AS_INVALID and decision.receipt.agent_id):
+        if (
+            isinstance(decision, Answer)
+            and decision.receipt.error is not None
+            and self.invalid_rate is not None
+            and decision.receipt.error.code in COUNTED_AS_INVALID
+            and decision.receipt.agent_id
+        ):
             return self._count_invalid(decision, decision.receipt.agent_id, self.invalid_rate)
         return decision
 
@@ -117,12 +141,18 @@ class Router:
         if answer.dead_letter_reason is not None:
             metrics.DEAD_LETTERS_DROPPED.labels(reason="sender_over_limit").inc()
         metrics.INTENTS_REJECTED.labels(code=ErrorCode.RATE_LIMITED.value).inc()
-        limited = error.model_copy(update={
-            "code": ErrorCode.RATE_LIMITED, "retryable": True, "retry_after_ms": verdict.retry_after_ms, "details": [],
-            "message": f"{agent_id} sent more invalid intents than {rate.count} per {_human_ms(int(rate.period_ms))}; "
-                       f"this one was {error.code.value}: {error.message}"[:4000],
-            "suggestion": f"Fix what is wrong ({error.suggestion[:500]}) and wait {_human_ms(verdict.retry_after_ms)} "
-                          "before sending more."})
+        limited = error.model_copy(
+            update={
+                "code": ErrorCode.RATE_LIMITED,
+                "retryable": True,
+                "retry_after_ms": verdict.retry_after_ms,
+                "details": [],
+                "message": f"{agent_id} sent more invalid intents than {rate.count} per {_human_ms(int(rate.period_ms))}; "
+                f"this one was {error.code.value}: {error.message}"[:4000],
+                "suggestion": f"Fix what is wrong ({error.suggestion[:500]}) and wait {_human_ms(verdict.retry_after_ms)} "
+                "before sending more.",
+            }
+        )
         receipt = answer.receipt.model_copy(update={"error": limited, "status": "rejected"})
         return Answer(receipt, answer.routing_key, dead_letter_reason=None, audit=answer.audit)
 
@@ -136,13 +166,29 @@ class Router:
         agent_id = intent.agent_id
         assert agent_id is not None and intent.intent_id is not None
 
-        def refuse(code: ErrorCode, message: str, suggestion: str, *, ref: ActionRef | None = None,
-                   details: list[dict[str, Any]] | None = None, retry_after_ms: int | None = None) -> Answer:
+        def refuse(
+            code: ErrorCode,
+            message: str,
+            suggestion: str,
+            *,
+            ref: ActionRef | None = None,
+            details: list[dict[str, Any]] | None = None,
+            retry_after_ms: int | None = None,
+        ) -> Answer:
             metrics.INTENTS_REJECTED.labels(code=code.value).inc()
             receipt = build_receipt(
-                intent_id=intent.intent_id or "", agent_id=agent_id, action=ref.action.action if ref else intent.action,
-                connector=ref.connector.name if ref else None, trace_id=parsed.trace_id, received_at=received_at,
-                code=code, message=message, suggestion=suggestion, details=details, retry_after_ms=retry_after_ms)
+                intent_id=intent.intent_id or "",
+                agent_id=agent_id,
+                action=ref.action.action if ref else intent.action,
+                connector=ref.connector.name if ref else None,
+                trace_id=parsed.trace_id,
+                received_at=received_at,
+                code=code,
+                message=message,
+                suggestion=suggestion,
+                details=details,
+                retry_after_ms=retry_after_ms,
+            )
             audit = None
             if ref is not None:
                 redacted = redact_params(intent.params, ref.action.input)
@@ -164,18 +210,27 @@ class Router:
         for text in (ref.action.allowed_hours, binding.allowed_hours):
             if text:
                 window = parse_window(text)
-                moment = datetime.fromtimestamp(now, timezone.utc)
+                moment = datetime.fromtimestamp(now, UTC)
                 if not window.is_open(moment):
-                    return refuse(ErrorCode.OUTSIDE_TIME_WINDOW, f"{ref.qualified} may only run {text}",
-                                  f"Send it again when the window opens (in about {_human_ms(window.ms_until_open(moment))}).",
-                                  ref=ref, retry_after_ms=window.ms_until_open(moment))
+                    return refuse(
+                        ErrorCode.OUTSIDE_TIME_WINDOW,
+                        f"{ref.qualified} may only run {text}",
+                        f"Send it again when the window opens (in about {_human_ms(window.ms_until_open(moment))}).",
+                        ref=ref,
+                        retry_after_ms=window.ms_until_open(moment),
+                    )
         # one round trip for the rate limit and the breaker/health state; judged in contract order
-        verdict, unavailable = self.guards.check(agent_id, ref.connector.name,
-                                                 parse_rate(binding.rate_limit) if binding.rate_limit else None)
+        verdict, unavailable = self.guards.check(
+            agent_id, ref.connector.name, parse_rate(binding.rate_limit) if binding.rate_limit else None
+        )
         if not verdict.allowed:
-            return refuse(ErrorCode.RATE_LIMITED, f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
-                          f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
-                          ref=ref, retry_after_ms=verdict.retry_after_ms)
+            return refuse(
+                ErrorCode.RATE_LIMITED,
+                f"rate limit {binding.rate_limit} on {ref.connector.name} reached",
+                f"Wait {_human_ms(verdict.retry_after_ms)} before sending more intents to {ref.connector.name}.",
+                ref=ref,
+                retry_after_ms=verdict.retry_after_ms,
+            )
         # bounded: past max_details - 1 problems the rest are only counted ("and K more")
         params, problems = ref.validator.validate(intent.params, max_problems=self.max_details - 1)
         if problems:
@@ -183,16 +238,29 @@ class Router:
             details = [p.to_detail() for p in problems]
             if problems.more:
                 details.append({"field": "(more)", "code": "more_details", "message": f"and {problems.more} more"})
-            return refuse(ErrorCode.VALIDATION_FAILED, f"invalid params for {ref.qualified}: {summary}",
-                          suggestion_for(problems), ref=ref, details=details)
+            return refuse(
+                ErrorCode.VALIDATION_FAILED,
+                f"invalid params for {ref.qualified}: {summary}",
+                suggestion_for(problems),
+                ref=ref,
+                details=details,
+            )
         if unavailable is not None:
             reason, retry_after_ms = unavailable
-            return refuse(ErrorCode.CONNECTOR_UNAVAILABLE, reason,
-                          f"{ref.connector.name} is failing; send the intent again after {_human_ms(retry_after_ms)}.",
-                          ref=ref, retry_after_ms=retry_after_ms)
+            return refuse(
+                ErrorCode.CONNECTOR_UNAVAILABLE,
+                reason,
+                f"{ref.connector.name} is failing; send the intent again after {_human_ms(retry_after_ms)}.",
+                ref=ref,
+                retry_after_ms=retry_after_ms,
+            )
         if intent.deadline is not None and intent.deadline.timestamp() <= now:
-            return refuse(ErrorCode.DEADLINE_EXCEEDED, f"the deadline {intent.deadline.isoformat()} has passed",
-                          "Send a new intent with a later deadline if the action is still wanted.", ref=ref)
+            return refuse(
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the deadline {intent.deadline.isoformat()} has passed",
+                "Send a new intent with a later deadline if the action is still wanted.",
+                ref=ref,
+            )
         job = Job(
             intent_id=intent.intent_id,
             agent_id=agent_id,
@@ -215,13 +283,21 @@ class Router:
         metrics.INTENTS_REJECTED.labels(code=failure.code.value).inc()
         suggestion = (
             "Send a UTF-8 JSON object with at least an 'action' (see the intent contract), within the size limit."
-            if failure.code is ErrorCode.INVALID_INTENT else
-            "Send intents only under your own identity: the AMQP user_id property set to your broker login."
+            if failure.code is ErrorCode.INVALID_INTENT
+            else "Send intents only under your own identity: the AMQP user_id property set to your broker login."
         )
         receipt = build_receipt(
-            intent_id=failure.intent_id, agent_id=failure.agent_id, action=None, connector=None,
-            trace_id=new_trace_id(), received_at=received_at, code=failure.code, message=failure.reason,
-            suggestion=suggestion, details=failure.details)
+            intent_id=failure.intent_id,
+            agent_id=failure.agent_id,
+            action=None,
+            connector=None,
+            trace_id=new_trace_id(),
+            received_at=received_at,
+            code=failure.code,
+            message=failure.reason,
+            suggestion=suggestion,
+            details=failure.details,
+        )
         return Answer(receipt, failure.reply_to, dead_letter_reason=failure.reason if failure.dead_letter else None)
 
     def _list_tools(self, parsed: ParsedIntent, received_at: float) -> Answer:
@@ -229,14 +305,28 @@ class Router:
         agent_id = intent.agent_id or ""
         if agent_id not in self.catalog.agents:
             code = ErrorCode.PERMISSION_DENIED
-            receipt = build_receipt(intent_id=intent.intent_id or "", agent_id=agent_id, action=LIST_TOOLS, connector=None,
-                                    trace_id=parsed.trace_id, received_at=received_at, code=code,
-                                    message=f"agent {agent_id!r} is not registered in the catalog",
-                                    suggestion="Use the agent id your operator registered as an agent_app.")
+            receipt = build_receipt(
+                intent_id=intent.intent_id or "",
+                agent_id=agent_id,
+                action=LIST_TOOLS,
+                connector=None,
+                trace_id=parsed.trace_id,
+                received_at=received_at,
+                code=code,
+                message=f"agent {agent_id!r} is not registered in the catalog",
+                suggestion="Use the agent id your operator registered as an agent_app.",
+            )
         else:
             tools = [t.to_dict() for t in self.catalog.tools_for(agent_id)]
-            receipt = build_receipt(intent_id=intent.intent_id or "", agent_id=agent_id, action=LIST_TOOLS, connector=None,
-                                    trace_id=parsed.trace_id, received_at=received_at, data={"tools": tools})
+            receipt = build_receipt(
+                intent_id=intent.intent_id or "",
+                agent_id=agent_id,
+                action=LIST_TOOLS,
+                connector=None,
+                trace_id=parsed.trace_id,
+                received_at=received_at,
+                data={"tools": tools},
+            )
         return Answer(receipt, intent.reply_to or agent_id)
 
 
@@ -249,8 +339,17 @@ class RouterRuntime:
     that fails, dropped with a log line and a metric) and acked: nothing loops.
     """
 
-    def __init__(self, router: Router, app: Celery, sink: ReceiptSink, publisher: Publisher, audit: Audit, *,
-                 keep_unparsable: bool = False, max_deliveries: int = 5) -> None:
+    def __init__(
+        self,
+        router: Router,
+        app: Celery,
+        sink: ReceiptSink,
+        publisher: Publisher,
+        audit: Audit,
+        *,
+        keep_unparsable: bool = False,
+        max_deliveries: int = 5,
+    ) -> None:
         self.router = router
         self.jobs = JobMessages(app)
         self.sink = sink
@@ -311,17 +410,39 @@ class RouterRuntime:
         self.sink.send(receipt, decision.routing_key)
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
         error = receipt.error
-        common = {"agent": receipt.agent_id, "action": receipt.action, "connector": receipt.connector,
-                  "trace_id": receipt.execution.trace_id}
+        common = {
+            "agent": receipt.agent_id,
+            "action": receipt.action,
+            "connector": receipt.connector,
+            "trace_id": receipt.execution.trace_id,
+        }
         binding = self.router.catalog.binding(receipt.agent_id or "", receipt.connector or "")
-        self.audit.events(receipt.intent_id, [
-            ("received", {**received, **common}),
-            ("rejected" if error else "answered", {**common, "code": error.code.value if error else None,
-                                                   "dead_lettered": decision.dead_letter_reason is not None,
-                                                   **(decision.audit or {})}),
-            ("receipt", {**common, "status": receipt.status, "code": error.code.value if error else None,
-                         "latency_ms": receipt.execution.latency_ms}),
-        ], level=binding.audit_level if binding else "full", agent=receipt.agent_id)
+        self.audit.events(
+            receipt.intent_id,
+            [
+                ("received", {**received, **common}),
+                (
+                    "rejected" if error else "answered",
+                    {
+                        **common,
+                        "code": error.code.value if error else None,
+                        "dead_lettered": decision.dead_letter_reason is not None,
+                        **(decision.audit or {}),
+                    },
+                ),
+                (
+                    "receipt",
+                    {
+                        **common,
+                        "status": receipt.status,
+                        "code": error.code.value if error else None,
+                        "latency_ms": receipt.execution.latency_ms,
+                    },
+                ),
+            ],
+            level=binding.audit_level if binding else "full",
+            agent=receipt.agent_id,
+        )
         # after the receipt: a receipt that cannot be sent must not leave a letter per attempt
         if decision.dead_letter_reason is not None:
             self._dead_letter(raw, decision, decision.dead_letter_reason)
@@ -329,25 +450,42 @@ class RouterRuntime:
     def _dispatch(self, decision: Dispatch, received: dict[str, Any], received_at: float) -> None:
         """Publish the job to its connector's queue (confirmed), then write its audit stages."""
         job = decision.job
-        with span("reach.route", job.traceparent, start_time=received_at,
-                  attributes={"reach.connector": job.connector, "reach.action": job.action}) as route:
+        with span(
+            "reach.route",
+            job.traceparent,
+            start_time=received_at,
+            attributes={"reach.connector": job.connector, "reach.action": job.action},
+        ) as route:
             if route is not None and route.is_recording():
                 # the pool's spans become children of this one
                 context = route.get_span_context()
                 job = job.model_copy(update={"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"})
             body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
-            self.publisher.publish(body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers,
-                                   **properties)
+            self.publisher.publish(
+                body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers, **properties
+            )
         metrics.INTENTS_DISPATCHED.labels(connector=job.connector).inc()
         ref = self.router.catalog.refs[(job.connector, job.action)]
         binding = self.router.catalog.binding(job.agent_id, job.connector)
         redacted = redact_params(job.params, ref.action.input)
         common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
-        self.audit.events(job.intent_id, [
-            ("received", {**received, **common, "format": job.format}),
-            ("dispatched", {**common, "param_keys": sorted(redacted), "params_digest": params_digest(redacted),
-                            "route_ms": round((time.time() - received_at) * 1000, 3)}),
-        ], level=binding.audit_level if binding else "full", agent=job.agent_id)
+        self.audit.events(
+            job.intent_id,
+            [
+                ("received", {**received, **common, "format": job.format}),
+                (
+                    "dispatched",
+                    {
+                        **common,
+                        "param_keys": sorted(redacted),
+                        "params_digest": params_digest(redacted),
+                        "route_ms": round((time.time() - received_at) * 1000, 3),
+                    },
+                ),
+            ],
+            level=binding.audit_level if binding else "full",
+            agent=job.agent_id,
+        )
 
     def _dead_letter(self, raw: RawMessage, decision: Answer, reason: str) -> None:
         """Keep the message in reach.dlq for operators, without anything sensitive: an oversize
@@ -357,18 +495,24 @@ class RouterRuntime:
             "x-reach-reason": reason[:1000],
             "x-reach-intent-id": decision.receipt.intent_id,
             "x-reach-agent-id": decision.receipt.agent_id or "",
-            "x-reach-received-at": datetime.fromtimestamp(raw.received_at, timezone.utc).isoformat(),
+            "x-reach-received-at": datetime.fromtimestamp(raw.received_at, UTC).isoformat(),
             "x-reach-body-bytes": raw.size,
             "x-reach-body-sha256": raw.oversize[1] if raw.oversize else hashlib.sha256(raw.body).hexdigest(),
             "x-reach-body-kept": kept,
         }
         try:
-            self.publisher.publish(body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, headers=headers,
-                                   message_id=decision.receipt.intent_id)
+            self.publisher.publish(
+                body,
+                exchange=DEFAULT_EXCHANGE,
+                routing_key=DLQ.name,
+                headers=headers,
+                message_id=decision.receipt.intent_id,
+            )
         except amqp.exceptions.MessageNacked:
             # reach.dlq is full (its bounds refuse new letters): counted, not retried
-            log.warning("reach.dlq is full; dead letter of intent %s dropped (%s)", decision.receipt.intent_id,
-                        reason[:200])
+            log.warning(
+                "reach.dlq is full; dead letter of intent %s dropped (%s)", decision.receipt.intent_id, reason[:200]
+            )
             metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
             return
         metrics.DEAD_LETTERS.labels(kept=kept).inc()
@@ -384,9 +528,17 @@ class RouterRuntime:
 
     def _internal(self, raw: RawMessage) -> Answer:
         intent_id, agent_id = fail_identity(raw)
-        receipt = build_receipt(intent_id=intent_id, agent_id=agent_id, action=None, connector=None, trace_id=new_trace_id(),
-                                received_at=raw.received_at, code=ErrorCode.INTERNAL,
-                                message="the router failed on this intent", suggestion="Retry later; operators were told.")
+        receipt = build_receipt(
+            intent_id=intent_id,
+            agent_id=agent_id,
+            action=None,
+            connector=None,
+            trace_id=new_trace_id(),
+            received_at=raw.received_at,
+            code=ErrorCode.INTERNAL,
+            message="the router failed on this intent",
+            suggestion="Retry later; operators were told.",
+        )
         return Answer(receipt, agent_id, dead_letter_reason="router error")
 
 
@@ -442,13 +594,20 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def consumer_class(runtime: RouterRuntime, threads: int, *, fair: bool = True,
-                   hold_bytes: int | None = None) -> type[Consumer]:
+def consumer_class(
+    runtime: RouterRuntime, threads: int, *, fair: bool = True, hold_bytes: int | None = None
+) -> type[Consumer]:
     """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
     publisher confirms are in flight at once (each thread publishes on its own connection).
     Intents of one agent may therefore be dispatched in a different order than they were sent.
     ``fair``: one lane per sender, served round-robin (``workers.transport.consuming``), so a flood from one
     agent does not delay the others; otherwise one FIFO lane. Held messages not yet started are
     left to the broker on shutdown."""
-    return threaded_consumer(runtime.process, threads, "reach-route", lane_of=sender_key if fair else None,
-                             hold_bytes=hold_bytes, drain_on_shutdown=False)
+    return threaded_consumer(
+        runtime.process,
+        threads,
+        "reach-route",
+        lane_of=sender_key if fair else None,
+        hold_bytes=hold_bytes,
+        drain_on_shutdown=False,
+    )

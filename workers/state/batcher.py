@@ -14,6 +14,7 @@ stores something before acting (the idempotency claim, the receipt before it is 
 and ``lines`` never wait for another thread's batch (the router's trace entries: best effort, the
 log lines are the record); when no batch is running they run one on the calling thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,12 @@ class _Item:
 
 
 class Batcher:
-    def __init__(self, client: redis.Redis | None, write_lines: Callable[[list[str]], None] = write_stdout,
-                 name: str = "reach-batcher") -> None:
+    def __init__(
+        self,
+        client: redis.Redis | None,
+        write_lines: Callable[[list[str]], None] = write_stdout,
+        name: str = "reach-batcher",
+    ) -> None:
         self._client = client
         self._write_lines = write_lines
         self._combiner: Combiner[_Item] = Combiner(self._write, max_batch=MAX_BATCH, name=name)

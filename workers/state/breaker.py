@@ -7,6 +7,7 @@ transitions span several storage operations, so processes race (INCR then GET, e
 probing when half-open). Here every transition is one Lua script, and half-open lets at most
 ``trials`` calls through at a time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # KEYS[1] breaker hash, KEYS[2] (optional) an idempotency record to mark "sending" when allowed;
 # ARGV: reset_timeout ms, max trials, trial lease ms. Returns {allowed, state, retry_after_ms, is_trial}
-_ACQUIRE = _NOW + """
+_ACQUIRE = (
+    _NOW
+    + """
 local function mark() if KEYS[2] then redis.call('HSET', KEYS[2], 'sending', '1') end end
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'closed' then mark() return {1, state, 0, 0} end
@@ -51,9 +54,12 @@ if trials < tonumber(ARGV[2]) then
 end
 return {0, state, 1000, 0}
 """
+)
 
 # KEYS[1]; ARGV: 'success' | 'failure', fail_max; returns the new state
-_RECORD = _NOW + """
+_RECORD = (
+    _NOW
+    + """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if ARGV[1] == 'success' then
   if state ~= 'open' then
@@ -75,10 +81,13 @@ if state == 'closed' then
 end
 return state
 """
+)
 
 # KEYS[1] breaker, KEYS[2] health flag; ARGV: reset ms -> {state, retry_after_ms, health}
 # without changing anything: the router's one round trip before dispatch
-_PEEK = _NOW + """
+_PEEK = (
+    _NOW
+    + """
 local health = redis.call('GET', KEYS[2]) or 'unknown'
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state ~= 'open' then return {state, 0, health} end
@@ -87,6 +96,7 @@ local left = opened + tonumber(ARGV[1]) - now
 if left < 0 then left = 0 end
 return {state, left, health}
 """
+)
 
 
 def permit_from(result: Any) -> Permit:
@@ -105,8 +115,9 @@ class Permit:
 class SharedBreaker:
     """One connector's breaker. Only transient failures (unreachable, timeouts, 5xx) are recorded."""
 
-    def __init__(self, client: redis.Redis, connector: str, spec: BreakerSpec, trials: int = 1,
-                 trial_lease_seconds: float = 30.0) -> None:
+    def __init__(
+        self, client: redis.Redis, connector: str, spec: BreakerSpec, trials: int = 1, trial_lease_seconds: float = 30.0
+    ) -> None:
         self.connector = connector
         self.key = keys.breaker(connector)
         self._spec = spec

@@ -1,4 +1,5 @@
 """The one way the fleet opens Redis, and reads its replies as text."""
+
 from __future__ import annotations
 
 import redis
@@ -9,8 +10,9 @@ from workers.settings import Settings
 def connect_redis(settings: Settings) -> redis.Redis:
     """A client for ``REACH_REDIS_URL``: five-second timeouts, so a Redis that does not answer is
     an error the caller reports rather than a hang; idle connections are checked before reuse."""
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                                health_check_interval=30)
+    return redis.Redis.from_url(
+        settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+    )
 
 
 def text(value: object) -> str:

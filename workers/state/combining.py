@@ -14,6 +14,7 @@ which batches it as before. Low load pays no hand-overs; high load batches as mu
 Only the thread holding ``busy`` touches what ``run_batch`` uses (a pipeline, a channel), so
 that need not be thread-safe.
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ checks the flag on its own event loop each second (``workers.transport.pause``) 
 A pool started while paused stays paused, so scaling up or restarting cannot undo a pause.
 Intents meanwhile wait in the queue: nothing is rejected or lost.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ class PoolStatus:
 
     def record_error(self, code: str, message: str) -> None:
         try:
-            self._client.set(keys.last_error(self._connector),
-                             json.dumps({"at": time.time(), "code": code, "message": message[:300]}), ex=7 * 24 * 3600)
+            self._client.set(
+                keys.last_error(self._connector),
+                json.dumps({"at": time.time(), "code": code, "message": message[:300]}),
+                ex=7 * 24 * 3600,
+            )
         except redis.RedisError:
             pass
 

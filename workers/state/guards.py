@@ -1,5 +1,6 @@
 """The router's Redis checks for one intent — the binding's rate limit and the connector's
 breaker/health — in one round trip (one pipeline of two Lua scripts)."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -37,7 +38,9 @@ class SeparateGuards:
 class RedisGuards:
     """What the running router uses: both scripts in one pipeline, so one round trip per intent."""
 
-    def __init__(self, client: redis.Redis, connectors: dict[str, ConnectorSpec], health_interval: dict[str, float]) -> None:
+    def __init__(
+        self, client: redis.Redis, connectors: dict[str, ConnectorSpec], health_interval: dict[str, float]
+    ) -> None:
         self._client = client
         self._limiter = RedisRateLimiter(client)
         self._breakers = {name: SharedBreaker(client, name, spec.breaker) for name, spec in connectors.items()}

@@ -4,13 +4,13 @@ A connector marked down is treated by the router like an open breaker (CONNECTOR
 until a probe succeeds again. The mark expires after three intervals, so a stopped beat never
 leaves a connector blocked: no news reads as "unknown", which the router lets through.
 """
-from __future__ import annotations
 
-from collections.abc import Callable
+from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -62,8 +62,9 @@ class HealthBoard:
 class Beat:
     """Probes each connector on its own interval, in its own thread."""
 
-    def __init__(self, connectors: list[ConnectorSpec], board: HealthBoard,
-                 heartbeat: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, connectors: list[ConnectorSpec], board: HealthBoard, heartbeat: Callable[[], None] = lambda: None
+    ) -> None:
         """``heartbeat`` is called from beat's own loop every half second (its liveness probe)."""
         self._connectors = connectors
         self._board = board
@@ -71,8 +72,9 @@ class Beat:
         self._stop = threading.Event()
 
     def run(self) -> None:
-        threads = [threading.Thread(target=self._loop, args=(c,), name=f"beat-{c.name}", daemon=True)
-                   for c in self._connectors]
+        threads = [
+            threading.Thread(target=self._loop, args=(c,), name=f"beat-{c.name}", daemon=True) for c in self._connectors
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -89,7 +91,9 @@ class Beat:
     def _loop(self, connector: ConnectorSpec) -> None:
         interval = connector.health.interval if connector.health else DEFAULT_INTERVAL
         failures = 0
-        with httpx.Client(auth=build_auth(connector.auth, connector.name), follow_redirects=False, trust_env=False) as client:
+        with httpx.Client(
+            auth=build_auth(connector.auth, connector.name), follow_redirects=False, trust_env=False
+        ) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 result = probe(connector, client)
@@ -100,5 +104,7 @@ class Beat:
                 except redis.RedisError as exc:
                     log.error("cannot record health of %s: %s", connector.name, exc)
                 if not result.healthy:
-                    log.warning("health %s: %s (%s)", connector.name, result.detail, "down" if not healthy else "suspect")
+                    log.warning(
+                        "health %s: %s (%s)", connector.name, result.detail, "down" if not healthy else "suspect"
+                    )
                 self._stop.wait(max(0.0, interval - (time.monotonic() - started)))

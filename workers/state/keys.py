@@ -28,6 +28,7 @@ Keyed by connector or process (names from the catalog and the fleet, never from 
 
 The Lua scripts of the ledger build the last two from ``ALIVE_PREFIX`` and ``ABANDONED_PREFIX``.
 """
+
 from __future__ import annotations
 
 PREFIX = "reach:"
@@ -85,7 +86,7 @@ def agent_of_trace(key: str | bytes, intent_id: str) -> str | None:
     text = key.decode() if isinstance(key, bytes) else key
     if not text.startswith(TRACE_PREFIX):
         return None
-    agent, sep, rest = text[len(TRACE_PREFIX):].partition(":")
+    agent, sep, rest = text[len(TRACE_PREFIX) :].partition(":")
     return agent if sep and rest == intent_id else None
 
 
@@ -138,5 +139,5 @@ def connector_of(key: str | bytes) -> str | None:
     text = key.decode() if isinstance(key, bytes) else key
     for prefix in CONNECTOR_PREFIXES:
         if text.startswith(prefix) and len(text) > len(prefix):
-            return text[len(prefix):]
+            return text[len(prefix) :]
     return None

@@ -12,6 +12,7 @@ run) or *completed* (with the receipt it produced and a hash of the params). Cla
                             outcome is unknown unless repeating is safe
               abandoned     this very attempt was given up before its claim ran (late): no claim
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from string import Template
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
@@ -64,7 +65,8 @@ _CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\nlocal attempt = ARGV[5]\n" + _CL
 # ARGV[5]: max deliveries, ARGV[6] the attempt. With a breaker key, a claim made while that breaker is closed also
 # takes the first attempt's permit (the record is marked "sending", as the breaker's acquire
 # does): the 6th value is 1 then. Open and half-open breakers are left to the acquire script.
-_BEGIN = """
+_BEGIN = (
+    """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, 0} end
 local n = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 86400)
@@ -72,7 +74,9 @@ if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, 0} end
 local rec_key = KEYS[3]
 local attempt = ARGV[6]
 local function claim()
-""" + _CLAIM_BODY + """
+"""
+    + _CLAIM_BODY
+    + """
 end
 local out = claim()
 out[6] = 0
@@ -82,6 +86,7 @@ if out[1] == 'claimed' and KEYS[4] and (redis.call('HGET', KEYS[4], 'state') or 
 end
 return out
 """
+)
 
 # take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner,
 # new owner, intent, attempt
@@ -127,11 +132,14 @@ class Claim:
     holder_intent: str = ""
 
 
+BeginState = Literal["sent", "poison", "claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
+
+
 @dataclass(frozen=True)
 class Begin:
     """The outcome of ``Ledger.begin``: ``sent`` and ``poison`` come before any claim."""
 
-    state: Literal["sent", "poison", "claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
+    state: BeginState
     receipt_json: str
     holder_intent: str
     deliveries: int
@@ -189,12 +197,23 @@ class Ledger:
         self._retrier: threading.Thread | None = None
 
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
-        state, receipt, holder, _, _ = self._claim(keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id,
-                                                                       self._ttl_ms, attempt])
+        state, receipt, holder, _, _ = self._claim(
+            keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
+        )
         return Claim(text(state), text(receipt), text(holder))  # type: ignore[arg-type]
 
-    def begin(self, sent_key: str, deliveries_key: str, key: str, params_hash: str, intent_id: str, attempt: str,
-              max_deliveries: int, breaker_key: str | None = None, batcher: Batcher | None = None) -> Begin:
+    def begin(
+        self,
+        sent_key: str,
+        deliveries_key: str,
+        key: str,
+        params_hash: str,
+        intent_id: str,
+        attempt: str,
+        max_deliveries: int,
+        breaker_key: str | None = None,
+        batcher: Batcher | None = None,
+    ) -> Begin:
         """One round trip (of its own, or in the ``batcher``'s next one): the sent check, the
         delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
         breaker is closed."""
@@ -206,8 +225,14 @@ class Ledger:
         else:
             result = self._begin(keys=keys, args=args)
         state, receipt, holder, deliveries, sending, permit = result
-        return Begin(text(state), text(receipt), text(holder), int(deliveries), bool(int(sending)),  # type: ignore[arg-type]
-                     bool(int(permit)))
+        return Begin(
+            cast(BeginState, text(state)),
+            text(receipt),
+            text(holder),
+            int(deliveries),
+            bool(int(sending)),
+            bool(int(permit)),
+        )
 
     def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
         pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
@@ -252,8 +277,12 @@ class Ledger:
                         with self._retry_lock:
                             self._to_abandon.append((key, attempt, give_up))
                     else:
-                        log.error("could not give up the idempotency record %s for %.0f s; a redelivery of its job "
-                                  "waits for it and is acked without a receipt", key, ABANDON_RETRY_SECONDS)
+                        log.error(
+                            "could not give up the idempotency record %s for %.0f s; a redelivery of its job "
+                            "waits for it and is acked without a receipt",
+                            key,
+                            ABANDON_RETRY_SECONDS,
+                        )
 
     def mark_sending(self, key: str) -> None:
         """Noted right before each attempt: an orphaned record without it never reached the system."""

@@ -5,6 +5,7 @@ at once, then one every period/N. The check and the update are one Lua script, s
 trip per intent and no race between replicas; the clock is Redis's own, so router clocks may
 drift without changing the limit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

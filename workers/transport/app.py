@@ -5,6 +5,7 @@ outcomes travel as receipts, not Celery results. Neither the router nor the pool
 tasks (``workers.transport.consuming`` reads each message as data and acks it only once it was handled);
 the task settings below are kept safe for anyone who does run a task on this app.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from workers.settings import Settings
 from workers.transport.inbound import make_frame_handler
 from workers.transport.job import Job
-from workers.settings import Settings
 
 EXECUTE_TASK = "reach.execute"
 
@@ -47,8 +48,10 @@ def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
         # returns has been written by RabbitMQ
         # every message is read by workers.transport.inbound: bounded properties, a capped body. A job can
         # be up to ~3x its intent (JSON escapes), so the cap leaves room for that.
-        broker_transport_options={"confirm_publish": True,
-                                  "frame_handler": make_frame_handler(settings.max_intent_bytes * 4 + 65536)},
+        broker_transport_options={
+            "confirm_publish": True,
+            "frame_handler": make_frame_handler(settings.max_intent_bytes * 4 + 65536),
+        },
     )
     app.conf.update(extra)
     return app

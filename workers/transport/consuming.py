@@ -28,6 +28,7 @@ simply left unacked (the broker redelivers them when the connection closes), whi
 about its thread count) still finishes all it holds, as before. Acks of finished messages are sent
 by the shutting-down consumer itself, on its own thread, before the connection closes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,15 +57,16 @@ def settle_safely(settle: Callable[[], None], message: Message) -> None:
     try:
         settle()
     except Exception as exc:
-        log.warning("could not settle message %s (%s); the broker redelivers it", message.properties.get("message_id"),
-                    exc)
+        log.warning(
+            "could not settle message %s (%s); the broker redelivers it", message.properties.get("message_id"), exc
+        )
 
 
 # -- lanes ------------------------------------------------------------------------------------------
 
-ANONYMOUS = ""                 # the shared lane of messages that name no sender
-PEEK_BYTES = 2048              # how much of a body the consumer's thread may look at for the sender
-MESSAGE_OVERHEAD = 2048        # bytes charged per held message besides its body (kombu, py-amqp objects)
+ANONYMOUS = ""  # the shared lane of messages that name no sender
+PEEK_BYTES = 2048  # how much of a body the consumer's thread may look at for the sender
+MESSAGE_OVERHEAD = 2048  # bytes charged per held message besides its body (kombu, py-amqp objects)
 _MAX_SENDER = 128
 _AGENT_ID_BYTES = re.compile(rb'"agent_id"\s*:\s*"([A-Za-z0-9._:@-]{1,128})"')
 _AGENT_ID_TEXT = re.compile(r'"agent_id"\s*:\s*"([A-Za-z0-9._:@-]{1,128})"')
@@ -194,9 +196,16 @@ class FairLanes:
 
 # -- the consumer ---------------------------------------------------------------------------------
 
-def threaded_consumer(handle: Handler, threads: int, thread_name_prefix: str, *,
-                      lane_of: Callable[[Message], Hashable] | None = None, hold_bytes: int | None = None,
-                      drain_on_shutdown: bool = True) -> type[Consumer]:
+
+def threaded_consumer(
+    handle: Handler,
+    threads: int,
+    thread_name_prefix: str,
+    *,
+    lane_of: Callable[[Message], Hashable] | None = None,
+    hold_bytes: int | None = None,
+    drain_on_shutdown: bool = True,
+) -> type[Consumer]:
     """A consumer class (``app.conf.worker_consumer``) running ``handle`` on ``threads`` threads.
     Run the worker with ``-P solo`` and a prefetch of ``threads`` (or more) messages.
 
@@ -238,7 +247,9 @@ def threaded_consumer(handle: Handler, threads: int, thread_name_prefix: str, *,
                     channel = getattr(message, "channel", None)
                     if channel is not None and getattr(channel, "is_open", True) is False:
                         # held across a lost connection: the broker redelivers it on the new one
-                        log.debug("dropping message %s held from a closed channel", message.properties.get("message_id"))
+                        log.debug(
+                            "dropping message %s held from a closed channel", message.properties.get("message_id")
+                        )
                     else:
                         try:
                             settle = handle(message)
@@ -271,7 +282,7 @@ def threaded_consumer(handle: Handler, threads: int, thread_name_prefix: str, *,
                 except Exception as exc:  # the connection went away: its restart sets the prefetch again
                     log.warning("could not change the prefetch (%s)", exc)
 
-        def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:  # type: ignore[override]
+        def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:
             self._start_threads()
             self._sync_prefetch()  # after a reconnect, while still paused: hold off again
             key_of = lane_of or (lambda message: ANONYMOUS)

@@ -19,6 +19,7 @@ kombu's transport options) with one that differs only in how a message is read:
 - a body larger than ``body_cap`` is not kept: the message arrives with an empty body and
   ``OVERSIZE`` = (size, SHA-256 hex) so the router can answer and dead-letter it by its metadata.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,17 +39,27 @@ UNREADABLE = "x-reach-unreadable-properties"
 OVERSIZE = "x-reach-oversize-body"
 SENT_ENCODING = "x-reach-content-encoding"
 
-MAX_HEADER_DEPTH = 8          # agents send flat headers; Celery's own are 3 deep at most
-MAX_HEADER_ENTRIES = 1024     # keys and array items over the whole table
+MAX_HEADER_DEPTH = 8  # agents send flat headers; Celery's own are 3 deep at most
+MAX_HEADER_ENTRIES = 1024  # keys and array items over the whole table
 # datetime.fromtimestamp's range on every platform (years 1970..9999)
 MAX_TIMESTAMP = 253402300799
 
 _FIXED = {"s": 2, "b": 1, "B": 1, "U": 2, "u": 2, "I": 4, "i": 4, "L": 8, "l": 8, "f": 4, "d": 8, "D": 5, "t": 1}
-_LONG = ("S", "x")             # 4-byte length, then that many bytes
+_LONG = ("S", "x")  # 4-byte length, then that many bytes
 _SHORT_STRINGS = (
-    (0x8000, "content_type"), (0x4000, "content_encoding"), (0x2000, None), (0x1000, "delivery_mode"),
-    (0x0800, "priority"), (0x0400, "correlation_id"), (0x0200, "reply_to"), (0x0100, "expiration"),
-    (0x0080, "message_id"), (0x0040, "timestamp"), (0x0020, "type"), (0x0010, "user_id"), (0x0008, "app_id"),
+    (0x8000, "content_type"),
+    (0x4000, "content_encoding"),
+    (0x2000, None),
+    (0x1000, "delivery_mode"),
+    (0x0800, "priority"),
+    (0x0400, "correlation_id"),
+    (0x0200, "reply_to"),
+    (0x0100, "expiration"),
+    (0x0080, "message_id"),
+    (0x0040, "timestamp"),
+    (0x0020, "type"),
+    (0x0010, "user_id"),
+    (0x0008, "app_id"),
     (0x0004, "cluster_id"),
 )
 
@@ -81,7 +92,7 @@ def check_table(buf: bytes | memoryview, offset: int, end: int) -> None:
             raise Unreadable(f"the headers hold more than {MAX_HEADER_ENTRIES} entries")
         if kind == "F":
             keylen = buf[offset]
-            key = bytes(buf[offset + 1:offset + 1 + keylen])
+            key = bytes(buf[offset + 1 : offset + 1 + keylen])
             try:
                 key.decode("utf-8")
             except UnicodeDecodeError:
@@ -138,7 +149,7 @@ def salvage_properties(buf: bytes | memoryview, offset: int, reason: str) -> dic
                 offset += 8
             else:
                 size = buf[offset]
-                raw = bytes(buf[offset + 1:offset + 1 + size])
+                raw = bytes(buf[offset + 1 : offset + 1 + size])
                 offset += 1 + size
                 try:
                     props[name] = raw.decode("utf-8")
@@ -210,9 +221,12 @@ def make_frame_handler(body_cap: int) -> Callable[..., Callable[[tuple[int, int,
 
     message_class = type("CappedMessage", (BoundedMessage,), {"body_cap": body_cap})
 
-    def frame_handler(connection: Any, callback: Callable[..., Any], unpack_from: Any = unpack_from,
-                      content_methods: frozenset[Any] = frozenset(
-                          [spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk])) -> Callable[..., bool]:
+    def frame_handler(
+        connection: Any,
+        callback: Callable[..., Any],
+        unpack_from: Any = unpack_from,
+        content_methods: frozenset[Any] = frozenset([spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk]),
+    ) -> Callable[..., bool]:
         # py-amqp's method_framing.frame_handler, with the message class swapped
         expected_types: defaultdict[int, int] = defaultdict(lambda: 1)
         partial_messages: dict[int, BoundedMessage] = {}

@@ -5,6 +5,7 @@ Its JSON is the pool task's only argument; the keys are the ones routers have al
 so a pool reads jobs queued by a router of the previous version. A change that a pool of the
 previous version could not read is a new ``v``.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,10 @@ def parse_job(doc: Any) -> Job:
     try:
         return Job.model_validate(doc)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(job)'}: {e['msg']}"
-                             for e in exc.errors(include_url=False, include_input=False)[:5])
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(job)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)[:5]
+        )
         raise JobDecodeError(f"not a valid job (v{JOB_VERSION}): {problems}"[:1000], doc) from exc
 
 

@@ -1,5 +1,6 @@
 """The pool's pause watcher: a consumer bootstep that follows the pause flag in Redis
 (``reach pause``/``resume``), cancelling and re-adding the queue on the consumer's own loop."""
+
 from __future__ import annotations
 
 import logging
@@ -15,9 +16,16 @@ log = logging.getLogger("reach.control")
 CHECK_EVERY = 1.0
 
 
-def install_pause_watcher(app: Celery, client: redis.Redis, connector: str, queue: str, status: PoolStatus,
-                          on_change: Callable[[bool], None] = lambda paused: None) -> None:
+def install_pause_watcher(
+    app: Celery,
+    client: redis.Redis,
+    connector: str,
+    queue: str,
+    status: PoolStatus,
+    on_change: Callable[[bool], None] = lambda paused: None,
+) -> None:
     """``on_change(paused)`` is told the state after every check (the readiness probe's detail)."""
+
     class PauseWatcher(bootsteps.StartStopStep):
         """Reconciles consuming with the pause flag on the consumer's own loop."""
 
@@ -44,7 +52,9 @@ def install_pause_watcher(app: Celery, client: redis.Redis, connector: str, queu
                 return
             # the queue is in the consumer's list before it actually consumes: checking the list
             # lets a pool started while paused cancel before it takes a single message
-            consuming = consumer.task_consumer is not None and any(q.name == queue for q in consumer.task_consumer.queues)
+            consuming = consumer.task_consumer is not None and any(
+                q.name == queue for q in consumer.task_consumer.queues
+            )
             if paused and consuming:
                 log.info("paused: stop consuming %s", queue)
                 consumer.cancel_task_queue(queue)

@@ -19,6 +19,7 @@ When the fast path fails (broker restarted, exchange deleted, a nack) the messag
 way — pooled producer, exchange declared, bounded retries — and a fresh connection is opened for
 the next one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,16 @@ class Publisher:
             self._spare.put(pair)
         return count
 
-    def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
-                then: Commands | None = None, **properties: Any) -> None:
+    def publish(
+        self,
+        body: bytes,
+        *,
+        exchange: Exchange,
+        routing_key: str,
+        headers: dict[str, Any] | None = None,
+        then: Commands | None = None,
+        **properties: Any,
+    ) -> None:
         """Returns once the broker confirmed the message; raises if it could not be published.
 
         ``then``: Redis commands to write once the message is confirmed and before this returns
@@ -77,15 +86,26 @@ class Publisher:
             producer = self._open()
         if producer is not None:
             try:
-                producer.publish(body, exchange=exchange.name, routing_key=routing_key, content_type="application/json",
-                                 content_encoding="utf-8", delivery_mode=2, headers=headers or {}, **properties)
+                producer.publish(
+                    body,
+                    exchange=exchange.name,
+                    routing_key=routing_key,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    headers=headers or {},
+                    **properties,
+                )
                 self._write_then([then] if then is not None else [])
                 return
             except amqp.exceptions.MessageNacked:
                 raise  # the broker refused this message (a full queue): publishing it again changes nothing
             except Exception as exc:  # connection or channel trouble: the careful path decides
-                log.info("publisher connection of %s failed (%s); publishing with retries",
-                         threading.current_thread().name, exc)
+                log.info(
+                    "publisher connection of %s failed (%s); publishing with retries",
+                    threading.current_thread().name,
+                    exc,
+                )
                 self._close()
         self._careful(body, exchange, routing_key, headers, properties)
         self._write_then([then] if then is not None else [])
@@ -95,19 +115,40 @@ class Publisher:
         if not thens or self._batcher is None:
             return
         try:
-            self._batcher.call(lambda pipe: [then(pipe) for then in thens])
-        except Exception as exc:  # the messages are out: this must not make anyone publish them again
-            log.error("could not write what follows %d confirmed message(s) (receipts' sent marks): %s",
-                      len(thens), exc)
 
-    def _careful(self, body: bytes, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None,
-                 properties: dict[str, Any]) -> None:
+            def write(pipe: Any) -> None:
+                for then in thens:
+                    then(pipe)
+
+            self._batcher.call(write)
+        except Exception as exc:  # the messages are out: this must not make anyone publish them again
+            log.error(
+                "could not write what follows %d confirmed message(s) (receipts' sent marks): %s", len(thens), exc
+            )
+
+    def _careful(
+        self,
+        body: bytes,
+        exchange: Exchange,
+        routing_key: str,
+        headers: dict[str, Any] | None,
+        properties: dict[str, Any],
+    ) -> None:
         """Pooled producer, exchange declared, bounded retries: when the fast path failed."""
         with self._pool.acquire(block=True, timeout=30) as pooled:
-            pooled.publish(body, exchange=exchange, routing_key=routing_key, content_type="application/json",
-                           content_encoding="utf-8", delivery_mode=2, headers=headers or {},
-                           declare=[exchange] if exchange.name else [], retry=True, retry_policy=RETRY_POLICY,
-                           **properties)
+            pooled.publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                headers=headers or {},
+                declare=[exchange] if exchange.name else [],
+                retry=True,
+                retry_policy=RETRY_POLICY,
+                **properties,
+            )
 
     def _open(self) -> Producer | None:
         """This thread's own producer, or None when the broker cannot be reached right now."""
@@ -143,8 +184,15 @@ class Publisher:
 class _Item:
     __slots__ = ("body", "exchange", "routing_key", "headers", "properties", "then", "done", "error", "confirmed")
 
-    def __init__(self, body: bytes, exchange: str, routing_key: str, headers: dict[str, Any],
-                 properties: dict[str, Any], then: Commands | None) -> None:
+    def __init__(
+        self,
+        body: bytes,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+        then: Commands | None,
+    ) -> None:
         self.body = body
         self.exchange = exchange
         self.routing_key = routing_key
@@ -171,8 +219,16 @@ class BatchPublisher(Publisher):
         cannot be reached (the first batch then connects)."""
         return int(self._channel is not None or self._connect_batch() is not None)
 
-    def publish(self, body: bytes, *, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None = None,
-                then: Commands | None = None, **properties: Any) -> None:
+    def publish(
+        self,
+        body: bytes,
+        *,
+        exchange: Exchange,
+        routing_key: str,
+        headers: dict[str, Any] | None = None,
+        then: Commands | None = None,
+        **properties: Any,
+    ) -> None:
         """As ``Publisher.publish``; the ``then`` of a whole batch are written together, by the
         thread that ran the batch, right after the batch's confirms."""
         if then is not None and self._batcher is None:
@@ -209,8 +265,14 @@ class BatchPublisher(Publisher):
         if channel is None:
             raise ConnectionError("the broker cannot be reached")
         for item in batch:
-            message = amqp.Message(item.body, content_type="application/json", content_encoding="utf-8",
-                                   delivery_mode=2, application_headers=item.headers, **item.properties)
+            message = amqp.Message(
+                item.body,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                application_headers=item.headers,
+                **item.properties,
+            )
             channel.basic_publish(message, exchange=item.exchange, routing_key=item.routing_key)
             self._tag += 1  # a confirm channel numbers its publishes 1, 2, 3, ...
             self._pending[self._tag] = item

@@ -1,10 +1,11 @@
 """Receipts: built from an outcome, published (confirmed, persistent), stored in Redis by agent and intent id."""
+
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -18,7 +19,7 @@ log = logging.getLogger("reach.receipts")
 
 
 def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def build_receipt(
@@ -44,8 +45,14 @@ def build_receipt(
     finished = time.time()
     error = None
     if code is not None:
-        error = ErrorInfo(code=code, message=message, retryable=code.retryable, suggestion=suggestion,
-                          details=details or [], retry_after_ms=retry_after_ms)
+        error = ErrorInfo(
+            code=code,
+            message=message,
+            retryable=code.retryable,
+            suggestion=suggestion,
+            details=details or [],
+            retry_after_ms=retry_after_ms,
+        )
     return Receipt(
         intent_id=intent_id,
         agent_id=agent_id,
@@ -77,8 +84,9 @@ class ReceiptSink:
     receipt again (a duplicate only if the process died between confirm and mark).
     """
 
-    def __init__(self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int,
-                 limits: ReceiptLimits | None = None) -> None:
+    def __init__(
+        self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int, limits: ReceiptLimits | None = None
+    ) -> None:
         self._publisher = publisher
         self._redis = redis_client
         self._ttl = ttl_seconds
@@ -125,9 +133,15 @@ class ReceiptSink:
                 then(pipe)
                 pipe.execute()
             return
-        self._publisher.publish(body, exchange=RECEIPTS_EXCHANGE, routing_key=routing_key,
-                                correlation_id=receipt.intent_id, message_id=receipt.intent_id,
-                                headers={"status": receipt.status}, then=then)
+        self._publisher.publish(
+            body,
+            exchange=RECEIPTS_EXCHANGE,
+            routing_key=routing_key,
+            correlation_id=receipt.intent_id,
+            message_id=receipt.intent_id,
+            headers={"status": receipt.status},
+            then=then,
+        )
 
     def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
         pipe.set(keys.sent(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
@@ -159,7 +173,7 @@ def fit(receipt: Receipt, limits: ReceiptLimits) -> tuple[Receipt, bytes]:
     replaced by a note saying what was left out. Returns the receipt and its JSON."""
     error = receipt.error
     if error is not None and len(error.details) > limits.max_details:
-        kept = error.details[:limits.max_details - 1]
+        kept = error.details[: limits.max_details - 1]
         more = len(error.details) - len(kept)
         kept.append({"field": "(more)", "code": "more_details", "message": f"and {more} more"})
         receipt = receipt.model_copy(update={"error": error.model_copy(update={"details": kept})})
@@ -168,12 +182,23 @@ def fit(receipt: Receipt, limits: ReceiptLimits) -> tuple[Receipt, bytes]:
         return receipt, body
     update: dict[str, Any] = {}
     if receipt.data is not None:
-        update["data"] = {"_reach_omitted": f"the answer was {len(body)} bytes as a receipt; "
-                                            f"receipts are limited to {limits.max_bytes} bytes"}
+        update["data"] = {
+            "_reach_omitted": f"the answer was {len(body)} bytes as a receipt; "
+            f"receipts are limited to {limits.max_bytes} bytes"
+        }
     if error is not None:
-        update["error"] = error.model_copy(update={
-            "message": error.message[:TEXT_LIMIT], "suggestion": error.suggestion[:TEXT_LIMIT],
-            "details": [{"field": "(all)", "code": "omitted",
-                         "message": f"{len(error.details)} details left out: the receipt was {len(body)} bytes"}]})
+        update["error"] = error.model_copy(
+            update={
+                "message": error.message[:TEXT_LIMIT],
+                "suggestion": error.suggestion[:TEXT_LIMIT],
+                "details": [
+                    {
+                        "field": "(all)",
+                        "code": "omitted",
+                        "message": f"{len(error.details)} details left out: the receipt was {len(body)} bytes",
+                    }
+                ],
+            }
+        )
     receipt = receipt.model_copy(update=update)
     return receipt, receipt.to_json()

@@ -1,4 +1,5 @@
 """The AMQP topology of design.md section 1, declared by every process on start."""
+
 from __future__ import annotations
 
 import json
@@ -34,19 +35,30 @@ class DeadLetterBounds:
     ttl_seconds: int = 7 * 24 * 3600
 
     def arguments(self) -> dict[str, object]:
-        return {"x-max-length": self.max_length, "x-max-length-bytes": self.max_bytes,
-                "x-message-ttl": self.ttl_seconds * 1000, "x-overflow": "reject-publish"}
+        return {
+            "x-max-length": self.max_length,
+            "x-max-length-bytes": self.max_bytes,
+            "x-message-ttl": self.ttl_seconds * 1000,
+            "x-overflow": "reject-publish",
+        }
 
     def policy_command(self, vhost: str = "/") -> str:
         """The same bounds as a policy, for a reach.dlq declared before they existed."""
-        definition = {"max-length": self.max_length, "max-length-bytes": self.max_bytes,
-                      "message-ttl": self.ttl_seconds * 1000, "overflow": "reject-publish"}
-        return (f"rabbitmqctl set_policy -p {vhost} --apply-to queues reach-dlq-bounds '^reach\\.dlq$' "
-                f"'{json.dumps(definition)}'")
+        definition = {
+            "max-length": self.max_length,
+            "max-length-bytes": self.max_bytes,
+            "message-ttl": self.ttl_seconds * 1000,
+            "overflow": "reject-publish",
+        }
+        return (
+            f"rabbitmqctl set_policy -p {vhost} --apply-to queues reach-dlq-bounds '^reach\\.dlq$' "
+            f"'{json.dumps(definition)}'"
+        )
 
 
 def dead_letter_queue(bounds: DeadLetterBounds) -> Queue:
     return Queue(DLQ.name, DEFAULT_EXCHANGE, routing_key=DLQ.name, durable=True, queue_arguments=bounds.arguments())
+
 
 CONNECTOR_QUEUE_PREFIX = "reach.connector."
 
@@ -61,8 +73,9 @@ def connector_queue(connector: str) -> Queue:
     return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True)
 
 
-def declare_all(connection: Connection, connectors: Iterable[str],
-                dead_letters: DeadLetterBounds | None = None) -> list[str]:
+def declare_all(
+    connection: Connection, connectors: Iterable[str], dead_letters: DeadLetterBounds | None = None
+) -> list[str]:
     """Declare every exchange and queue (idempotent); returns the queue names."""
     channel = connection.channel()
     try:
@@ -85,8 +98,11 @@ def _declare_dead_letters(connection: Connection, bounds: DeadLetterBounds) -> N
     except PreconditionFailed as exc:
         # declared earlier with other bounds (or none): the broker keeps the queue as it is; a
         # policy applies the bounds without re-creating it
-        log.warning("reach.dlq exists with other arguments (%s); to bound it, run: %s", exc,
-                    bounds.policy_command(connection.virtual_host or "/"))
+        log.warning(
+            "reach.dlq exists with other arguments (%s); to bound it, run: %s",
+            exc,
+            bounds.policy_command(connection.virtual_host or "/"),
+        )
     finally:
         try:
             channel.close()

@@ -7,6 +7,7 @@ count what reached the system; POST /_control changes behaviour (delay, fail_sta
     python -m workers.ops.demo_assets.ticket_system [PORT]   # prints its URL, serves until killed
     python examples/ticket_system.py [PORT]                  # the same, from a checkout
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,15 @@ class _Handler(BaseHTTPRequestHandler):
         """Record the request; apply injected delay/failure. True when a failure was sent."""
         st = self.server.state
         with st.lock:
-            st.requests.append({"method": self.command, "path": self.path, "body": body, "t": time.time(),
-                                "headers": {k.lower(): v for k, v in self.headers.items()}})
+            st.requests.append(
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "body": body,
+                    "t": time.time(),
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                }
+            )
             delay = st.delay
             fail = st.fail_status if st.fail_count > 0 else 0
             if fail:
@@ -86,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self._record(None):
             return
         if path.startswith("/tickets/") and path.count("/") == 2:
-            tid = urllib.parse.unquote(path[len("/tickets/"):])
+            tid = urllib.parse.unquote(path[len("/tickets/") :])
             with st.lock:
                 ticket = st.tickets.get(tid)
             if ticket is None:
@@ -119,8 +127,13 @@ class _Handler(BaseHTTPRequestHandler):
             if idempotency_key and idempotency_key in st.by_key:
                 return self._send(201, st.by_key[idempotency_key])
             tid = f"TK-{len(st.tickets) + 1:04d}"
-            ticket = {"ticket_id": tid, "title": body["title"], "description": body.get("description", ""),
-                      "priority": body.get("priority", "medium"), "status": "open"}
+            ticket = {
+                "ticket_id": tid,
+                "title": body["title"],
+                "description": body.get("description", ""),
+                "priority": body.get("priority", "medium"),
+                "status": "open",
+            }
             st.tickets[tid] = ticket
             if idempotency_key:
                 st.by_key[idempotency_key] = ticket
@@ -157,8 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="ticket_system.py",
         description="The demo's ticket system: POST /tickets, GET /tickets/{id}, GET /health on 127.0.0.1. "
-                    "Prints its URL, then serves until interrupted.")
-    parser.add_argument("port", nargs="?", type=int, default=8000, help="port to listen on (default: 8000; 0: any free one)")
+        "Prints its URL, then serves until interrupted.",
+    )
+    parser.add_argument(
+        "port", nargs="?", type=int, default=8000, help="port to listen on (default: 8000; 0: any free one)"
+    )
     args = parser.parse_args(argv)
     system = TicketSystem(args.port).start()
     print(system.url, flush=True)
