@@ -4,15 +4,15 @@ Any ``*.yaml`` / ``*.yml`` under the directory (recursively) is read; a file may
 documents separated by ``---``. Each document is either ``connector:`` or ``agent_app:``.
 
 Documents are composed one at a time (by libyaml when PyYAML has it) and their node trees are
-dropped once the document is checked: for a catalog of 10,000 actions the trees took ~250 MB
-and 14 s, and a process keeps the memory its peak took. The rare problem found later (by
-``catalog.build``) composes its file again to name the line.
+dropped once the document is checked, so a large catalog never holds all its trees at once (a
+process keeps the memory its peak took). The rare problem found later (by ``catalog.build``)
+composes its file again to name the line.
 
 libyaml and PyYAML's own parser disagree on a few corners of YAML: libyaml refuses a ``:`` right
 before ``}`` or ``,`` in a flow mapping and some ``%YAML`` headers, and accepts tabs and ``?``
 inside flow text that PyYAML refuses. A file libyaml refuses is read again by PyYAML's parser, so
-nothing that loaded before is refused now, and a file neither reads gets PyYAML's message (it
-names the character or alias). Without libyaml, PyYAML's parser reads everything.
+every file PyYAML accepts loads, and a file neither reads gets PyYAML's message (it names the
+character or alias). Without libyaml, PyYAML's parser reads everything.
 """
 
 from __future__ import annotations
@@ -362,7 +362,7 @@ class _DuplicateKey(ValueError):
 
 
 class _Composer(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """Builds node trees only (libyaml's parser when PyYAML was built with it: 3-4x faster)."""
+    """Builds node trees only (with libyaml's faster parser when PyYAML was built with it)."""
 
 
 class _PyComposer(yaml.SafeLoader):

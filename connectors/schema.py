@@ -1,9 +1,9 @@
 """Checking an agent's params against an action's declared input, and describing it as JSON Schema.
 
 A validator is compiled once per action, on the action's first intent, so the router does no
-per-intent model building and a large catalog costs memory only for the actions in use. Problems come back as data (one ``FieldProblem`` per field), never
-as exceptions, so the receipt can name every mistake at once (the first ``max_problems`` of them;
-the rest are counted, for "and K more").
+per-intent model building and a large catalog costs memory only for the actions in use. Problems
+come back as data (one ``FieldProblem`` per field), never as exceptions, so the receipt can name
+every mistake at once (the first ``max_problems`` of them; the rest are counted, for "and K more").
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ class FieldProblem:
 
 
 class Problems(list[FieldProblem]):
-    """The problems found, keeping the first ``limit`` and only counting the rest: params with
-    125,000 unknown keys must not cost 125,000 problem objects. ``total`` counts them all."""
+    """The problems found, keeping the first ``limit`` and only counting the rest.
+
+    Params with many unknown keys must not cost a problem object each. ``total`` counts them all.
+    """
 
     def __init__(self, limit: int | None = DEFAULT_MAX_PROBLEMS) -> None:
         super().__init__()
@@ -240,9 +242,11 @@ def _check_object(
 
 
 class ParamValidator:
-    """Compiled checks for one action's input: compiled on first use, then kept for every later
-    intent. (Compiling all of a 10,000-action catalog up front took ~40 MB in each process for
-    actions most processes never see: a pool only runs its own connector's.)"""
+    """Compiled checks for one action's input, compiled on first use and kept for later intents.
+
+    Compiling on demand spares each process the actions it never sees: a pool only runs its own
+    connector's.
+    """
 
     def __init__(self, action: ActionSpec) -> None:
         self._action = action

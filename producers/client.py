@@ -56,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SEEN_RECEIPTS = 100_000  # receipts a client remembers to drop a repeat of one (about 20 MB)
+SEEN_RECEIPTS = 100_000  # receipts a client remembers, to drop a repeat of one
 # the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
 # passively only, which needs no permission and leaves them as the fleet made them
 INTENTS_EXCHANGE = Exchange(INTENTS_EXCHANGE_NAME, type="direct", durable=True, auto_delete=False)

@@ -1,9 +1,9 @@
 """Configuration: every ``REACH_*`` variable, read from the environment in exactly one place.
 
-Every field is documented in the "Configuration" table of the docs (docs/operations.md, and the
-README while it still has one); ``tests/unit/test_settings.py`` holds them together. ``Settings.from_env()`` reads the environment (or a mapping, in tests);
-``Settings(...)`` takes its keyword arguments and nothing else, so tests and benchmarks build it
-directly instead of patching the environment.
+Every field is documented in the "Configuration" table of docs/operations.md;
+``tests/unit/test_settings.py`` holds the two together. ``Settings.from_env()`` reads the
+environment (or a mapping, in tests); ``Settings(...)`` takes its keyword arguments and nothing
+else, so tests and benchmarks build it directly instead of patching the environment.
 """
 
 from __future__ import annotations

@@ -109,9 +109,11 @@ def _convert(value: Any, spec: FieldSpec) -> Any:
 
 
 class _NoCookies(httpx.Cookies):
-    """A cookie jar that keeps nothing. A pool's clients carry every agent's calls, so a cookie one
-    call's answer set must not ride along on the next agent's call; and not parsing Set-Cookie
-    saves httpx's per-response cookie work (about 6 % of a pool's CPU)."""
+    """A cookie jar that keeps nothing.
+
+    A pool's clients carry every agent's calls, so a cookie set by one call's answer must not ride
+    along on the next agent's call; skipping Set-Cookie also saves httpx's per-response cookie work.
+    """
 
     def extract_cookies(self, response: httpx.Response) -> None:
         pass
@@ -136,11 +138,13 @@ _NO_COOKIES = _NoCookies()
 
 
 class HttpAdapter:
-    """Calls one connector's HTTP system. One instance per pool process, and one httpx client per
-    calling thread: a client shared by 20 threads spends more CPU on its connection pool's lock
-    and on scanning its idle connections than on the request (measured: about a third of the
-    call). Each thread keeps its own keep-alive connection; all share the auth (and its token
-    cache). ``max_connections`` bounds the connections of each thread's client."""
+    """Calls one connector's HTTP system, with one httpx client per calling thread.
+
+    One instance per pool process. A client shared by many threads spends more CPU on its
+    connection pool's lock and idle-connection scans than on the request, so each thread keeps its
+    own keep-alive connection; all share the auth (and its token cache). ``max_connections``
+    bounds the connections of each thread's client.
+    """
 
     def __init__(
         self,
@@ -160,7 +164,7 @@ class HttpAdapter:
         self._outputs = _compile_outputs(connector)
         self._auth = build_auth(connector.auth, connector.name, environ)
         self._transport = transport
-        # one TLS context for every thread's client: building one loads the CA bundle (~25 ms of CPU)
+        # one TLS context for every thread's client: building one loads the whole CA bundle
         self._ssl = httpx.create_ssl_context()
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._local = threading.local()
@@ -628,7 +632,7 @@ def _compile_outputs(connector: ConnectorSpec) -> dict[str, dict[str, Check]]:
 
 
 def _check_output(checks: dict[str, Check], data: dict[str, Any]) -> list[dict[str, Any]]:
-    problems = Problems()  # bounded: an answer with 100,000 stray keys must not cost 100,000 details
+    problems = Problems()  # bounded: an answer with many stray keys must not cost a detail each
     for name, check in checks.items():
         if name not in data:
             problems.append(FieldProblem(name, "required", "is missing from the response"))

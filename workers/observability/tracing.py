@@ -84,7 +84,7 @@ def span(
     """A span whose parent is the intent's traceparent. ``start_time`` (epoch seconds) lets a
     span begin in the past, e.g. queue wait from the moment of dispatch."""
     if otel_trace is None or traceparent is None or not _sdk_installed():
-        yield None  # no tracer provider: building a no-op span and its context costs ~3 % of a pool's CPU
+        yield None  # no tracer provider: a no-op span and its context would still cost CPU per job
         return
     tracer = otel_trace.get_tracer("agent-reach")
     try:

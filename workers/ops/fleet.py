@@ -176,10 +176,12 @@ def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:
 
 
 def was_redacted(letter: DeadLetter) -> bool:
-    """Whether sensitive params of this letter were replaced by the redaction marker when it was
-    dead-lettered: replayed as it is, the business system would get the marker instead of the
-    value. Pools say so in a header; letters written before they did, and the router's (whose
-    body is redacted), are recognized by the marker in their params."""
+    """Whether sensitive params of this letter were replaced by the redaction marker.
+
+    Replayed as it is, the business system would get the marker instead of the value. Pools say so
+    in a header; letters without it (the router's, whose body is redacted, and older pool letters)
+    are recognized by the marker in their params.
+    """
     if _text(letter.headers.get(REDACTED_HEADER)).lower() == "true":
         return True
     try:

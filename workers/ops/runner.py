@@ -38,9 +38,11 @@ log = logging.getLogger("reach")
 
 
 def quiet_per_intent_logs(level: str) -> None:
-    """Below DEBUG, drop Celery's "received"/"succeeded" line per task and httpx's line per request:
-    the audit trail already has one line per stage of every intent, and at a few hundred intents/s
-    these duplicates cost the pool more CPU than its Redis round trips. Failures still log."""
+    """Below DEBUG, drop Celery's and httpx's log line per task and per request.
+
+    The audit trail already has one line per stage of every intent, so these duplicates only cost
+    the pool CPU. Failures still log.
+    """
     if logging.getLevelName(level) == logging.DEBUG:
         return
     for name in ("celery.worker.strategy", "celery.app.trace", "httpx"):
@@ -49,10 +51,11 @@ def quiet_per_intent_logs(level: str) -> None:
 
 @signals.worker_ready.connect(weak=False)
 def _freeze_startup_objects(**_: Any) -> None:
-    """Everything built at start-up (catalog, models, Celery, kombu) lives as long as the process:
-    moved out of the collector's sight, a full collection no longer walks it. Without this, the
-    first seconds of a worker's life see full collections that hold the GIL for 50+ ms each and
-    stall every intent in flight (measured in bench/isolation.py)."""
+    """Move everything built at start-up (catalog, models, Celery, kombu) out of the collector's sight.
+
+    It lives as long as the process; a full collection walking it would hold the GIL long enough
+    to stall every intent in flight.
+    """
     gc.collect()
     gc.freeze()
 
@@ -60,7 +63,7 @@ def _freeze_startup_objects(**_: Any) -> None:
 def _common_worker_args(loglevel: str) -> list[str]:
     # mingle/gossip add start-up latency and chatter and are not needed: pools share nothing via
     # Celery; nothing listens to Celery's worker-heartbeat events (liveness is the probes' and
-    # Redis's), and their 2 s timer was a few % of an idle pool's CPU
+    # Redis's), so their timer would only cost an idle pool CPU
     return ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", loglevel]
 
 

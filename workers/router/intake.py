@@ -128,135 +128,154 @@ def parse(
     as identity; an intent without one is refused. Size and nesting are checked before anything
     recursive reads the body; params may nest ``max_depth`` levels.
     """
-    user_id = raw.user_id or None
-    header_agent = _header_text(raw.headers, "agent_id")
-    if header_agent is not None and not AGENT_ID_PATTERN.match(header_agent):
-        header_agent = None
-    fallback_id = raw.message_id if raw.message_id and INTENT_ID_PATTERN.match(raw.message_id) else uuid.uuid4().hex
-    # in production mode only the broker-validated login may receive an answer: anything else
-    # could push receipts into another agent's stream
-    trusted = (
-        (lambda *claims: user_id)
-        if require_user_id
-        else (lambda *claims: user_id or next((c for c in claims if c), None))
-    )
-    known_agent = trusted(header_agent)
+    intake = _Intake(raw, require_user_id)
+    refused = intake.check_envelope(max_bytes)
+    if refused is not None:
+        return refused
+    decoded = intake.decode(max_depth)
+    if isinstance(decoded, ParseFailure):
+        return decoded
+    document, shape = decoded
+    settled = intake.with_identity(document)
+    if isinstance(settled, ParseFailure):
+        return settled
+    return intake.typed(settled, shape)
+
+
+class _Intake:
+    """One message on its way to an intent. Every step returns a ``ParseFailure`` that names the
+    best identity known so far, so whoever can be told gets the receipt."""
+
+    def __init__(self, raw: RawMessage, require_user_id: bool) -> None:
+        self.raw = raw
+        self.require_user_id = require_user_id
+        self.user_id = raw.user_id or None
+        header_agent = _header_text(raw.headers, "agent_id")
+        self.header_agent = header_agent if header_agent is not None and AGENT_ID_PATTERN.match(header_agent) else None
+        message_id = raw.message_id
+        self.intent_id = message_id if message_id and INTENT_ID_PATTERN.match(message_id) else uuid.uuid4().hex
+        self.agent = self.trusted(self.header_agent)
+        self.reply_to: str | None = None
+
+    def trusted(self, *claims: str | None) -> str | None:
+        """Who may be told: in production mode only the broker-validated login (anything else
+        could push receipts into another agent's stream), else the login or the first claim."""
+        if self.require_user_id:
+            return self.user_id
+        return self.user_id or next((c for c in claims if c), None)
 
     def fail(
+        self,
         reason: str,
         *,
-        intent_id: str = fallback_id,
-        agent: str | None = known_agent,
-        reply_to: str | None = None,
+        agent: str | None | bool = True,
         details: list[dict[str, Any]] | None = None,
         code: ErrorCode = ErrorCode.INVALID_INTENT,
         dead_letter: bool = True,
     ) -> ParseFailure:
-        route = reply_to if agent is not None and reply_to is not None and usable_reply_to(agent, reply_to) else agent
-        return ParseFailure(reason, intent_id, agent, route, details or [], code, dead_letter)
+        """``agent`` True: the best identity known so far."""
+        who = self.agent if agent is True else (agent or None)
+        reply_to = self.reply_to
+        route = reply_to if who is not None and reply_to is not None and usable_reply_to(who, reply_to) else who
+        return ParseFailure(reason, self.intent_id, who, route, details or [], code, dead_letter)
 
-    if user_id is not None and not AGENT_ID_PATTERN.match(user_id):
-        return fail(
-            f"the broker login {user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
-            agent=None,
-            code=ErrorCode.PERMISSION_DENIED,
-        )
-    if raw.unreadable is not None:
-        # the headers are gone (the agent_id header too): only the broker's user_id can be told
-        return fail(f"unreadable AMQP properties: {raw.unreadable}", agent=user_id)
-    if raw.size > max_bytes:
-        return fail(f"the intent is {raw.size} bytes; the limit is {max_bytes} bytes")
-    try:
-        document = loads_strict(raw.body, max_depth + ENVELOPE_DEPTH)
-        normalized = normalize(document)
-    except TooDeep as exc:
-        # the message cannot be parsed, but its sender can be told: the same claims, found cheaply
-        text = raw.body.decode("utf-8", "replace")
-        claimed_id = top_level_string(text, "intent_id")
-        return fail(
-            f"the intent nests {exc.depth} levels deep; params may nest at most {max_depth} levels: flatten them",
-            intent_id=claimed_id if claimed_id and INTENT_ID_PATTERN.match(claimed_id) else fallback_id,
-            agent=trusted(_valid_agent(top_level_string(text, "agent_id")), header_agent),
-        )
-    except FormatError as exc:
-        return fail(str(exc))
-    doc = dict(normalized.intent)
-
-    # best-effort identity from the body, for the receipt of an intent that fails below
-    body_agent = (
-        doc.get("agent_id")
-        if isinstance(doc.get("agent_id"), str) and AGENT_ID_PATTERN.match(doc["agent_id"])
-        else None
-    )
-    body_intent = (
-        doc.get("intent_id")
-        if isinstance(doc.get("intent_id"), str) and INTENT_ID_PATTERN.match(doc["intent_id"])
-        else None
-    )
-    reply_to = doc.get("reply_to") if isinstance(doc.get("reply_to"), str) else None
-    intent_id = body_intent or fallback_id
-    if (depth := value_depth(doc.get("params"))) > max_depth:
-        return fail(
-            f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them",
-            intent_id=intent_id,
-            agent=trusted(body_agent, header_agent),
-        )
-
-    if user_id is not None:
-        # the broker vouches for user_id; anything claiming otherwise is refused, and the
-        # receipt goes to the authenticated agent, never to the claimed one
-        if doc.get("agent_id") not in (None, user_id):
-            return fail(
-                f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
-                intent_id=intent_id,
-                agent=user_id,
+    def check_envelope(self, max_bytes: int) -> ParseFailure | None:
+        """What can be judged without reading the body: the login's name, the properties, the size."""
+        if self.user_id is not None and not AGENT_ID_PATTERN.match(self.user_id):
+            return self.fail(
+                f"the broker login {self.user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
+                agent=None,
                 code=ErrorCode.PERMISSION_DENIED,
-                dead_letter=False,
             )
-        doc["agent_id"] = user_id
-    elif require_user_id:
-        # nobody the broker vouched for can be told: kept for operators in the dead-letter queue
-        return fail(
-            "this fleet accepts intents only with the AMQP user_id property set to your broker login",
-            intent_id=intent_id,
-            agent=None,
-            code=ErrorCode.PERMISSION_DENIED,
-        )
-    elif doc.get("agent_id") is None and header_agent is not None:
-        doc["agent_id"] = header_agent
-    elif header_agent is not None and doc.get("agent_id") != header_agent:
-        return fail("the agent_id header and the agent_id field disagree", intent_id=intent_id, agent=None)
-    doc.setdefault("intent_id", intent_id)
-    if doc.get("intent_id") is None:
-        doc["intent_id"] = intent_id
-    header_trace = _header_text(raw.headers, "traceparent")
-    if doc.get("traceparent") is None and header_trace is not None:
-        doc["traceparent"] = header_trace[:128]
+        if self.raw.unreadable is not None:
+            # the headers are gone (the agent_id header too): only the broker's user_id can be told
+            return self.fail(f"unreadable AMQP properties: {self.raw.unreadable}", agent=self.user_id)
+        if self.raw.size > max_bytes:
+            return self.fail(f"the intent is {self.raw.size} bytes; the limit is {max_bytes} bytes")
+        return None
 
-    try:
-        intent = Intent.model_validate(doc)
-    except ValidationError as exc:
-        details = [
-            {"field": ".".join(str(p) for p in e["loc"]) or "(intent)", "code": e["type"], "message": e["msg"]}
-            for e in exc.errors(include_url=False, include_input=False)
-        ][:20]
-        summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
-        return fail(
-            f"the intent does not match the contract: {summary}",
-            intent_id=intent_id,
-            agent=trusted(body_agent, header_agent),
-            reply_to=reply_to,
-            details=details,
-        )
-    if intent.agent_id is None:
-        return fail(
-            "no agent identity: set agent_id in the intent or the agent_id header", intent_id=intent_id, agent=None
-        )
-    if intent.reply_to is not None and not reply_allowed(intent.agent_id, intent.reply_to):
-        return fail(
-            f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
-            intent_id=intent.intent_id or intent_id,
-            agent=intent.agent_id,
-        )
-    trace_id, traceparent = trace_from(intent.traceparent)
-    return ParsedIntent(intent, normalized.format, trace_id, traceparent)
+    def decode(self, max_depth: int) -> tuple[dict[str, Any], str] | ParseFailure:
+        """Strict JSON within the depth limit, any accepted shape, as a native intent document."""
+        try:
+            normalized = normalize(loads_strict(self.raw.body, max_depth + ENVELOPE_DEPTH))
+        except TooDeep as exc:
+            # the message cannot be parsed, but its sender can be told: the same claims, found cheaply
+            text = self.raw.body.decode("utf-8", "replace")
+            claimed_id = top_level_string(text, "intent_id")
+            if claimed_id and INTENT_ID_PATTERN.match(claimed_id):
+                self.intent_id = claimed_id
+            return self.fail(
+                f"the intent nests {exc.depth} levels deep; params may nest at most {max_depth} levels: flatten them",
+                agent=self.trusted(_valid_agent(top_level_string(text, "agent_id")), self.header_agent),
+            )
+        except FormatError as exc:
+            return self.fail(str(exc))
+        doc = dict(normalized.intent)
+        # best-effort identity from the body, for the receipt of an intent that fails below
+        body_intent = doc.get("intent_id")
+        if isinstance(body_intent, str) and INTENT_ID_PATTERN.match(body_intent):
+            self.intent_id = body_intent
+        self.agent = self.trusted(_valid_agent(_str(doc.get("agent_id"))), self.header_agent)
+        self.reply_to = _str(doc.get("reply_to"))
+        if (depth := value_depth(doc.get("params"))) > max_depth:
+            return self.fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them")
+        return doc, normalized.format
+
+    def with_identity(self, doc: dict[str, Any]) -> dict[str, Any] | ParseFailure:
+        """The document with its agent, intent id and traceparent settled."""
+        user_id, header_agent = self.user_id, self.header_agent
+        if user_id is not None:
+            # the broker vouches for user_id; anything claiming otherwise is refused, and the
+            # receipt goes to the authenticated agent, never to the claimed one
+            if doc.get("agent_id") not in (None, user_id):
+                self.reply_to = None
+                return self.fail(
+                    f"agent_id {str(doc.get('agent_id'))[:128]!r} does not match the authenticated user {user_id!r}",
+                    agent=user_id,
+                    code=ErrorCode.PERMISSION_DENIED,
+                    dead_letter=False,
+                )
+            doc["agent_id"] = user_id
+        elif self.require_user_id:
+            # nobody the broker vouched for can be told: kept for operators in the dead-letter queue
+            return self.fail(
+                "this fleet accepts intents only with the AMQP user_id property set to your broker login",
+                agent=None,
+                code=ErrorCode.PERMISSION_DENIED,
+            )
+        elif doc.get("agent_id") is None and header_agent is not None:
+            doc["agent_id"] = header_agent
+        elif header_agent is not None and doc.get("agent_id") != header_agent:
+            return self.fail("the agent_id header and the agent_id field disagree", agent=None)
+        if doc.get("intent_id") is None:
+            doc["intent_id"] = self.intent_id
+        header_trace = _header_text(self.raw.headers, "traceparent")
+        if doc.get("traceparent") is None and header_trace is not None:
+            doc["traceparent"] = header_trace[:128]
+        return doc
+
+    def typed(self, doc: dict[str, Any], shape: str) -> ParsedIntent | ParseFailure:
+        """The contract's types and the rules that need the whole intent (identity, reply_to)."""
+        try:
+            intent = Intent.model_validate(doc)
+        except ValidationError as exc:
+            details = [
+                {"field": ".".join(str(p) for p in e["loc"]) or "(intent)", "code": e["type"], "message": e["msg"]}
+                for e in exc.errors(include_url=False, include_input=False)
+            ][:20]
+            summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
+            return self.fail(f"the intent does not match the contract: {summary}", details=details)
+        self.reply_to = None
+        if intent.agent_id is None:
+            return self.fail("no agent identity: set agent_id in the intent or the agent_id header", agent=None)
+        if intent.reply_to is not None and not reply_allowed(intent.agent_id, intent.reply_to):
+            return self.fail(
+                f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
+                agent=intent.agent_id,
+            )
+        trace_id, traceparent = trace_from(intent.traceparent)
+        return ParsedIntent(intent, shape, trace_id, traceparent)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import amqp.exceptions
@@ -166,35 +167,7 @@ class Router:
         agent_id = intent.agent_id
         assert agent_id is not None and intent.intent_id is not None
 
-        def refuse(
-            code: ErrorCode,
-            message: str,
-            suggestion: str,
-            *,
-            ref: ActionRef | None = None,
-            details: list[dict[str, Any]] | None = None,
-            retry_after_ms: int | None = None,
-        ) -> Answer:
-            metrics.INTENTS_REJECTED.labels(code=code.value).inc()
-            receipt = build_receipt(
-                intent_id=intent.intent_id or "",
-                agent_id=agent_id,
-                action=ref.action.action if ref else intent.action,
-                connector=ref.connector.name if ref else None,
-                trace_id=parsed.trace_id,
-                received_at=received_at,
-                code=code,
-                message=message,
-                suggestion=suggestion,
-                details=details,
-                retry_after_ms=retry_after_ms,
-            )
-            audit = None
-            if ref is not None:
-                redacted = redact_params(intent.params, ref.action.input)
-                audit = {"param_keys": sorted(redacted), "params_digest": params_digest(redacted)}
-            return Answer(receipt, intent.reply_to or agent_id, audit=audit)
-
+        refuse = partial(self._refuse, parsed, received_at)
         if intent.action == LIST_TOOLS:
             return self._list_tools(parsed, received_at)
         resolved = self.catalog.resolve(intent.action, agent_id, intent.context.domain if intent.context else None)
@@ -207,18 +180,16 @@ class Router:
         now = self.clock()
         binding = self.catalog.binding(agent_id, ref.connector.name)
         assert binding is not None  # check_permission passed
-        for text in (ref.action.allowed_hours, binding.allowed_hours):
-            if text:
-                window = parse_window(text)
-                moment = datetime.fromtimestamp(now, UTC)
-                if not window.is_open(moment):
-                    return refuse(
-                        ErrorCode.OUTSIDE_TIME_WINDOW,
-                        f"{ref.qualified} may only run {text}",
-                        f"Send it again when the window opens (in about {_human_ms(window.ms_until_open(moment))}).",
-                        ref=ref,
-                        retry_after_ms=window.ms_until_open(moment),
-                    )
+        closed = _closed_window(now, ref.action.allowed_hours, binding.allowed_hours)
+        if closed is not None:
+            text, wait_ms = closed
+            return refuse(
+                ErrorCode.OUTSIDE_TIME_WINDOW,
+                f"{ref.qualified} may only run {text}",
+                f"Send it again when the window opens (in about {_human_ms(wait_ms)}).",
+                ref=ref,
+                retry_after_ms=wait_ms,
+            )
         # one round trip for the rate limit and the breaker/health state; judged in contract order
         verdict, unavailable = self.guards.check(
             agent_id, ref.connector.name, parse_rate(binding.rate_limit) if binding.rate_limit else None
@@ -277,6 +248,41 @@ class Router:
             dispatched_at=now,
         )
         return Dispatch(connector_queue_name(ref.connector.name), job)
+
+    def _refuse(
+        self,
+        parsed: ParsedIntent,
+        received_at: float,
+        code: ErrorCode,
+        message: str,
+        suggestion: str,
+        *,
+        ref: ActionRef | None = None,
+        details: list[dict[str, Any]] | None = None,
+        retry_after_ms: int | None = None,
+    ) -> Answer:
+        """The router's own answer to a parsed intent it will not dispatch."""
+        intent = parsed.intent
+        agent_id = intent.agent_id or ""
+        metrics.INTENTS_REJECTED.labels(code=code.value).inc()
+        receipt = build_receipt(
+            intent_id=intent.intent_id or "",
+            agent_id=agent_id,
+            action=ref.action.action if ref else intent.action,
+            connector=ref.connector.name if ref else None,
+            trace_id=parsed.trace_id,
+            received_at=received_at,
+            code=code,
+            message=message,
+            suggestion=suggestion,
+            details=details,
+            retry_after_ms=retry_after_ms,
+        )
+        audit = None
+        if ref is not None:
+            redacted = redact_params(intent.params, ref.action.input)
+            audit = {"param_keys": sorted(redacted), "params_digest": params_digest(redacted)}
+        return Answer(receipt, intent.reply_to or agent_id, audit=audit)
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()
@@ -570,6 +576,18 @@ class RetryCounts:
         if self._counts:
             with self._lock:
                 self._counts.pop(self._key(raw), None)
+
+
+def _closed_window(now: float, *windows: str | None) -> tuple[str, int] | None:
+    """The first of the action's and the binding's time windows that is closed now, and the ms
+    until it opens."""
+    moment = datetime.fromtimestamp(now, UTC)
+    for text in windows:
+        if text:
+            window = parse_window(text)
+            if not window.is_open(moment):
+                return text, window.ms_until_open(moment)
+    return None
 
 
 def _human_ms(ms: int) -> str:

@@ -1,12 +1,11 @@
 """A process's Redis round trips and audit writes, in batches.
 
 Every Redis round trip and every write to stdout costs a router or pool thread far more CPU than
-the work itself (system calls, redis-py's per-call work, the GIL changing hands between 20
-threads). So threads' commands are combined (``workers.state.combining``): the thread that finds no
-batch running writes all audit lines queued so far with one ``write`` and sends all commands in
-one pipeline, its own included; under load many intents share one round trip (measured with 20
-threads: about 100 µs of CPU per batched call against 240 µs for a call of its own), and a lone
-call pays no hand-over to another thread.
+the work itself (system calls, redis-py's per-call work, the GIL changing hands between threads).
+So threads' commands are combined (``workers.state.combining``): the thread that finds no batch
+running writes all audit lines queued so far with one ``write`` and sends all commands in one
+pipeline, its own included; under load many intents share one round trip, and a lone call pays no
+hand-over to another thread.
 
 ``call`` waits until its commands' batch came back and returns their results: a caller that
 stores something before acting (the idempotency claim, the receipt before it is published, the
@@ -38,9 +37,11 @@ _stdout_lock = threading.Lock()
 
 
 def write_stdout(lines: list[str]) -> None:
-    """Audit lines go to stdout as bare JSON, one per line, whatever the log format. Written
-    directly, one write per batch: through ``logging`` (caller lookup, a handler lock per line)
-    they cost more CPU than everything else the audit does."""
+    """Write audit lines to stdout as bare JSON, one per line, whatever the log format.
+
+    One direct write per batch: through ``logging`` (caller lookup, a handler lock per line) they
+    would cost more CPU than everything else the audit does.
+    """
     text = "\n".join(lines) + "\n"
     with _stdout_lock:
         sys.stdout.write(text)

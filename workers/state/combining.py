@@ -1,15 +1,14 @@
 """Batches of work done by whichever thread gets there first ("flat combining").
 
 The Redis batcher and the pools' receipt publisher both turn many threads' small requests into one
-round trip. A dedicated thread doing every batch made that cheap under load and expensive when
-quiet: a lone intent handed its request to that thread and was handed the answer back, two thread
-switches per round trip, and at a paced 100 intents/s those switches (futex calls, the GIL changing
-hands, waking an idle CPU) cost the pool more CPU than the work itself.
+round trip. Handing a lone request to a dedicated thread and the answer back costs two thread
+switches (futex calls, the GIL changing hands, waking an idle CPU), more than the work itself when
+the fleet is quiet.
 
 So a caller that finds no batch running runs the batch itself — its own item and whatever was
 queued before it — on its own thread: no hand-over. A caller that finds a batch running queues its
 item and waits; when that batch ends, whatever queued meanwhile is passed to the background thread,
-which batches it as before. Low load pays no hand-overs; high load batches as much as ever.
+which batches it. Low load pays no hand-overs; high load still shares round trips.
 
 Only the thread holding ``busy`` touches what ``run_batch`` uses (a pipeline, a channel), so
 that need not be thread-safe.

@@ -1,9 +1,9 @@
 """Steering pools without touching them: pause/resume flags and per-worker status in Redis.
 
 ``reach pause CONNECTOR`` only sets ``reach:paused:<connector>``; every pool of that connector
-checks the flag on its own event loop each second (``workers.transport.pause``) and stops (or restarts) consuming its queue.
-A pool started while paused stays paused, so scaling up or restarting cannot undo a pause.
-Intents meanwhile wait in the queue: nothing is rejected or lost.
+checks the flag on its own event loop each second (``workers.transport.pause``) and stops (or
+restarts) consuming its queue. A pool started while paused stays paused, so scaling up or
+restarting cannot undo a pause. Intents meanwhile wait in the queue: nothing is rejected or lost.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A record is *in progress* (with its owner, the id of the worker process that holds it — that
 process keeps a heartbeat key alive while it runs — and the id of the attempt, one delivery's
-run) or *completed* (with the receipt it produced and a hash of the params). Claiming is one Lua script, so two deliveries can never both execute:
+run) or *completed* (with the receipt it produced and a hash of the params). Claiming is one Lua
+script, so two deliveries can never both execute:
 
     claim ->  claimed       nobody had it: execute
               completed     answer the stored outcome (deduplicated), never call again

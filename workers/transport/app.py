@@ -44,12 +44,12 @@ def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
         broker_connection_max_retries=None,
         broker_heartbeat=30,
         broker_pool_limit=16,
-        # py-amqp waits for the broker's ack on every publish: a dispatch or receipt that
-        # returns has been written by RabbitMQ
-        # every message is read by workers.transport.inbound: bounded properties, a capped body. A job can
-        # be up to ~3x its intent (JSON escapes), so the cap leaves room for that.
         broker_transport_options={
+            # py-amqp waits for the broker's ack on every publish: a dispatch or receipt that
+            # returns has been written by RabbitMQ
             "confirm_publish": True,
+            # every message is read by workers.transport.inbound: bounded properties, a capped body;
+            # a job can be up to ~3x its intent (JSON escapes), so the cap leaves room for that
             "frame_handler": make_frame_handler(settings.max_intent_bytes * 4 + 65536),
         },
     )
@@ -61,7 +61,7 @@ class JobMessages:
     """``reach.execute`` task messages (Celery protocol 2) built straight from a :class:`Job`.
 
     ``app.send_task`` rebuilds every header, reprs the arguments and runs kombu's retry wrapper on
-    each call: about twice the CPU of the publish itself. The headers here come from Celery's own
+    each call, costing more CPU than the publish itself. The headers here come from Celery's own
     ``as_task_v2`` once, so the pools' Celery reads them as it reads any task; per job only the id
     and the JSON body change. ``argsrepr`` is fixed: Celery would otherwise copy the params
     (sensitive ones too) into the headers.

@@ -25,7 +25,7 @@ prefetch is large (REACH_ROUTER_PREFETCH); what it holds is bounded in bytes (RE
 
 Shutdown: threads finish the message in hand; messages held but not started are, for the router,
 simply left unacked (the broker redelivers them when the connection closes), while a pool (prefetch
-about its thread count) still finishes all it holds, as before. Acks of finished messages are sent
+about its thread count) still finishes all it holds. Acks of finished messages are sent
 by the shutting-down consumer itself, on its own thread, before the connection closes.
 """
 

@@ -1,9 +1,8 @@
 """The job: what the router hands a connector's pool for one checked intent.
 
 One frozen, versioned model on both sides of ``reach.dispatch`` (and in ``reach dlq replay``).
-Its JSON is the pool task's only argument; the keys are the ones routers have always written,
-so a pool reads jobs queued by a router of the previous version. A change that a pool of the
-previous version could not read is a new ``v``.
+Its JSON is the pool task's only argument, with the keys of the previous version's job, so a pool
+reads jobs queued by an older router. A change that an older pool could not read is a new ``v``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ shared pool, kombu's retry wrapper and re-declaring the exchange cost more CPU t
 that finds no batch running publishes its message and everything queued before it, waits for the
 broker's confirms of the whole batch (RabbitMQ acks several at once) and wakes each waiting caller
 with its own answer; a caller that finds a batch running queues its message and waits, and what
-queued during a batch goes to a background thread (``workers.state.combining``). Under load twenty
-receipts cost one wait instead of twenty threads each blocking on a confirm; a lone message is
+queued during a batch goes to a background thread (``workers.state.combining``). Under load many
+receipts share one wait instead of each thread blocking on its own confirm; a lone message is
 published by its own thread, with no hand-over.
 
 When the fast path fails (broker restarted, exchange deleted, a nack) the message goes the careful
@@ -54,10 +54,12 @@ class Publisher:
         self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
 
     def prewarm(self, count: int) -> int:
-        """Open ``count`` connections now, for the first publishing threads to take. A thread's first
-        publish would otherwise open one — an AMQP handshake of several round trips and tens of ms
-        of CPU — in the middle of an intent, and a pool's threads all start at once. Returns how
-        many were opened (fewer if the broker cannot be reached: threads then connect themselves)."""
+        """Open ``count`` connections now, for the first publishing threads to take.
+
+        A thread's first publish would otherwise open one (an AMQP handshake of several round
+        trips) in the middle of an intent, and a pool's threads all start at once. Returns how many
+        were opened (fewer if the broker cannot be reached: threads then connect themselves).
+        """
         for opened in range(count):
             pair = self._connect()
             if pair is None:
@@ -214,9 +216,11 @@ class BatchPublisher(Publisher):
         self._combiner: Combiner[_Item] = Combiner(self._run_batch, max_batch=MAX_BATCH, name="reach-publisher")
 
     def prewarm(self, count: int = 1) -> int:
-        """Open the publishing connection now rather than on the first intent (an AMQP handshake:
-        several round trips, tens of ms). Call before anything is published. 0 if the broker
-        cannot be reached (the first batch then connects)."""
+        """Open the publishing connection now rather than on the first intent.
+
+        The AMQP handshake takes several round trips. Call before anything is published. Returns 0
+        if the broker cannot be reached (the first batch then connects).
+        """
         return int(self._channel is not None or self._connect_batch() is not None)
 
     def publish(

@@ -43,7 +43,7 @@ class DeadLetterBounds:
         }
 
     def policy_command(self, vhost: str = "/") -> str:
-        """The same bounds as a policy, for a reach.dlq declared before they existed."""
+        """The same bounds as a policy, for a reach.dlq declared without them."""
         definition = {
             "max-length": self.max_length,
             "max-length-bytes": self.max_bytes,
