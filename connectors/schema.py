@@ -50,10 +50,9 @@ class FieldProblem:
 
 
 class Problems(list[FieldProblem]):
-    """The problems found, keeping the first ``limit`` and only counting the rest.
+    """The problems found: the first ``limit`` kept, the rest only counted in ``total``.
 
-    Params with many unknown keys must not cost a problem object each. ``total`` counts them all.
-    """
+    Params with many unknown keys must not cost a problem object each."""
 
     def __init__(self, limit: int | None = DEFAULT_MAX_PROBLEMS) -> None:
         super().__init__()
@@ -244,9 +243,7 @@ def _check_object(
 class ParamValidator:
     """Compiled checks for one action's input, compiled on first use and kept for later intents.
 
-    Compiling on demand spares each process the actions it never sees: a pool only runs its own
-    connector's.
-    """
+    Compiling on demand spares each process the actions it never sees (a pool runs only its own)."""
 
     def __init__(self, action: ActionSpec) -> None:
         self._action = action

@@ -109,11 +109,8 @@ def _convert(value: Any, spec: FieldSpec) -> Any:
 
 
 class _NoCookies(httpx.Cookies):
-    """A cookie jar that keeps nothing.
-
-    A pool's clients carry every agent's calls, so a cookie set by one call's answer must not ride
-    along on the next agent's call; skipping Set-Cookie also saves httpx's per-response cookie work.
-    """
+    """A cookie jar that keeps nothing: a pool's clients carry every agent's calls, so a cookie set by
+    one call's answer must not ride along on the next agent's call (and Set-Cookie is never parsed)."""
 
     def extract_cookies(self, response: httpx.Response) -> None:
         pass
@@ -140,11 +137,9 @@ _NO_COOKIES = _NoCookies()
 class HttpAdapter:
     """Calls one connector's HTTP system, with one httpx client per calling thread.
 
-    One instance per pool process. A client shared by many threads spends more CPU on its
-    connection pool's lock and idle-connection scans than on the request, so each thread keeps its
-    own keep-alive connection; all share the auth (and its token cache). ``max_connections``
-    bounds the connections of each thread's client.
-    """
+    One instance per pool process. A client shared by many threads spends more CPU on its pool's
+    lock than on the request; all threads share the auth (and its token cache).
+    ``max_connections`` bounds each thread's client."""
 
     def __init__(
         self,

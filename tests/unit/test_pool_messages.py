@@ -12,19 +12,17 @@ import redis
 
 from workers.pool.consumer import decode_job, job_handler
 from workers.transport.app import EXECUTE_TASK
+from workers.transport.delivery import Delivery
 from workers.transport.job import Job, JobDecodeError
 
 
-class FakeMessage:
-    def __init__(self, body: Any, task: str | None = EXECUTE_TASK, redelivered: bool = False) -> None:
-        self.body = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.headers = {"task": task} if task is not None else {}
-        self.properties = {"message_id": "m-1"}
-        self.delivery_info = {"redelivered": redelivered}
-
-    def ack(self) -> None: ...
-
-    def requeue(self) -> None: ...
+def FakeMessage(body: Any, task: str | None = EXECUTE_TASK, redelivered: bool = False) -> Delivery:  # noqa: N802
+    return Delivery(
+        body=body if isinstance(body, bytes) else json.dumps(body).encode(),
+        headers={"task": task} if task is not None else {},
+        message_id="m-1",
+        redelivered=redelivered,
+    )
 
 
 class FakeRuntime:
@@ -89,19 +87,19 @@ def test_a_finished_job_is_acked_and_a_redelivery_is_flagged() -> None:
     runtime = FakeRuntime()
     message = FakeMessage([[JOB], {}, {}], redelivered=True)
     settle = job_handler(runtime, requeue_pause=0)(message)  # type: ignore[arg-type]
-    assert settle == message.ack and runtime.executed == [(Job.model_validate(JOB), True)]
+    assert settle == "ack" and runtime.executed == [(Job.model_validate(JOB), True)]
 
 
 def test_a_job_that_redis_failed_goes_back_to_the_queue_instead_of_being_acked_unanswered() -> None:
     runtime = FakeRuntime(fail=redis.ConnectionError("Redis is down"))
     message = FakeMessage([[JOB], {}, {}])
-    assert job_handler(runtime, requeue_pause=0)(message) == message.requeue  # type: ignore[arg-type]
+    assert job_handler(runtime, requeue_pause=0)(message) == "requeue"  # type: ignore[arg-type]
 
 
 def test_a_message_that_is_not_a_job_is_dead_lettered_and_acked() -> None:
     runtime = FakeRuntime()
     message = FakeMessage(b"garbage")
-    assert job_handler(runtime, requeue_pause=0)(message) == message.ack  # type: ignore[arg-type]
+    assert job_handler(runtime, requeue_pause=0)(message) == "ack"  # type: ignore[arg-type]
     assert runtime.dead and "not a task message" in runtime.dead[0] and not runtime.executed
 
 
@@ -110,7 +108,7 @@ def test_a_job_object_that_does_not_parse_is_dead_lettered_with_the_reason_and_a
     runtime = FakeRuntime()
     doc = {**JOB, **change}
     message = FakeMessage([[doc], {}, {}])
-    assert job_handler(runtime, requeue_pause=0)(message) == message.ack  # type: ignore[arg-type]
+    assert job_handler(runtime, requeue_pause=0)(message) == "ack"  # type: ignore[arg-type]
     [(kept, reason)] = runtime.dead_jobs
     assert kept == doc and "not a valid job" in reason and next(iter(change)) in reason
     assert not runtime.executed and not runtime.dead
@@ -122,4 +120,4 @@ def test_a_dead_letter_that_fails_is_retried_later_not_dropped() -> None:
             raise ConnectionError("broker away")
 
     message = FakeMessage([[{**JOB, "v": 2}], {}, {}])
-    assert job_handler(Failing(), requeue_pause=0)(message) == message.requeue  # type: ignore[arg-type]
+    assert job_handler(Failing(), requeue_pause=0)(message) == "requeue"  # type: ignore[arg-type]

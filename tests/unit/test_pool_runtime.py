@@ -25,6 +25,7 @@ from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
 from workers.state import keys
 from workers.state.ledger import Begin, Claim, params_hash
 from workers.transport.app import EXECUTE_TASK
+from workers.transport.delivery import Delivery
 from workers.transport.job import Job
 from workers.transport.receipts import ReceiptSink
 
@@ -293,16 +294,13 @@ def job(**changes: Any) -> Job:
     return Job(**{**fields, **changes})
 
 
-class TaskMessage:
-    def __init__(self, argument: Any, redelivered: bool = False) -> None:
-        self.body = json.dumps([[argument], {}, {}]).encode()
-        self.headers = {"task": EXECUTE_TASK}
-        self.properties = {"message_id": "m-1"}
-        self.delivery_info = {"redelivered": redelivered}
-
-    def ack(self) -> None: ...
-
-    def requeue(self) -> None: ...
+def TaskMessage(argument: Any, redelivered: bool = False) -> Delivery:  # noqa: N802
+    return Delivery(
+        body=json.dumps([[argument], {}, {}]).encode(),
+        headers={"task": EXECUTE_TASK},
+        message_id="m-1",
+        redelivered=redelivered,
+    )
 
 
 # --------------------------------------------------------------------------- exactly one receipt
@@ -466,7 +464,7 @@ def test_when_redis_fails_before_the_outcome_is_kept_the_claim_is_given_up_and_t
 
     pool.batcher.call = failing  # type: ignore[method-assign]
     message = TaskMessage(job().model_dump())
-    assert job_handler(pool.runtime, requeue_pause=0)(message) == message.requeue  # type: ignore[arg-type]
+    assert job_handler(pool.runtime, requeue_pause=0)(message) == "requeue"  # type: ignore[arg-type]
     assert pool.ledger.abandoned and not pool.receipts()
     pool.batcher.call = real_call  # type: ignore[method-assign]
 
@@ -482,7 +480,7 @@ def test_a_job_that_does_not_parse_is_dead_lettered_with_the_reason_never_run(
     doc = {**job(params={"title": "t", "api_token": "s3cret"}).model_dump(), **change}
     message = TaskMessage(doc)
     handle = job_handler(pool.runtime, requeue_pause=0)
-    assert handle(message) == message.ack  # type: ignore[arg-type]
+    assert handle(message) == "ack"  # type: ignore[arg-type]
     [letter] = pool.publisher.dead_letters()
     assert "not a valid job" in letter["headers"]["x-reach-reason"] and field in letter["headers"]["x-reach-reason"]
     assert b"s3cret" not in letter["body"]  # kept like a job: params redacted
@@ -492,7 +490,7 @@ def test_a_job_that_does_not_parse_is_dead_lettered_with_the_reason_never_run(
 def test_a_message_that_is_not_a_job_object_is_dead_lettered_as_it_came(catalog: Catalog) -> None:
     pool = Pool(catalog, FakeAdapter())
     message = TaskMessage("just a string")
-    assert job_handler(pool.runtime, requeue_pause=0)(message) == message.ack  # type: ignore[arg-type]
+    assert job_handler(pool.runtime, requeue_pause=0)(message) == "ack"  # type: ignore[arg-type]
     [letter] = pool.publisher.dead_letters()
     assert letter["body"] == message.body and "x-reach-connector" not in letter["headers"]
     assert not pool.adapter.calls and not pool.receipts()

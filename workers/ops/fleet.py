@@ -176,12 +176,10 @@ def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:
 
 
 def was_redacted(letter: DeadLetter) -> bool:
-    """Whether sensitive params of this letter were replaced by the redaction marker.
+    """Whether this letter's sensitive params were replaced by the redaction marker (so not replayable).
 
-    Replayed as it is, the business system would get the marker instead of the value. Pools say so
-    in a header; letters without it (the router's, whose body is redacted, and older pool letters)
-    are recognized by the marker in their params.
-    """
+    Pools say so in a header; letters without it (the router's, and older pool letters) are
+    recognized by the marker in their params."""
     if _text(letter.headers.get(REDACTED_HEADER)).lower() == "true":
         return True
     try:

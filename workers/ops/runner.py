@@ -16,9 +16,9 @@ from connectors.catalog import Catalog
 from workers.observability import metrics, probes
 from workers.observability.audit import Audit
 from workers.observability.tracing import configure_tracing
-from workers.pool.consumer import consumer_class as pool_consumer_class
+from workers.pool.consumer import job_handler
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
-from workers.router.routing import Router, RouterRuntime, consumer_class
+from workers.router.routing import Router, RouterRuntime
 from workers.settings import Settings
 from workers.state.batcher import Batcher
 from workers.state.breaker import SharedBreaker
@@ -28,7 +28,9 @@ from workers.state.guards import RedisGuards
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.ratelimit import RedisRateLimiter, parse_rate
-from workers.transport.app import create_app
+from workers.transport.app import JobMessages, create_app
+from workers.transport.consuming import sender_key, threaded_consumer
+from workers.transport.delivery import handler_for
 from workers.transport.pause import install_pause_watcher
 from workers.transport.publisher import BatchPublisher, Publisher
 from workers.transport.receipts import ReceiptLimits, ReceiptSink
@@ -40,9 +42,7 @@ log = logging.getLogger("reach")
 def quiet_per_intent_logs(level: str) -> None:
     """Below DEBUG, drop Celery's and httpx's log line per task and per request.
 
-    The audit trail already has one line per stage of every intent, so these duplicates only cost
-    the pool CPU. Failures still log.
-    """
+    The audit trail already has a line per stage of every intent; these only cost CPU. Failures still log."""
     if logging.getLevelName(level) == logging.DEBUG:
         return
     for name in ("celery.worker.strategy", "celery.app.trace", "httpx"):
@@ -51,11 +51,8 @@ def quiet_per_intent_logs(level: str) -> None:
 
 @signals.worker_ready.connect(weak=False)
 def _freeze_startup_objects(**_: Any) -> None:
-    """Move everything built at start-up (catalog, models, Celery, kombu) out of the collector's sight.
-
-    It lives as long as the process; a full collection walking it would hold the GIL long enough
-    to stall every intent in flight.
-    """
+    """Move what start-up built (catalog, models, Celery, kombu) out of the collector's sight: it
+    lives as long as the process, and full collections walking it would stall every intent in flight."""
     gc.collect()
     gc.freeze()
 
@@ -102,7 +99,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     batcher = Batcher(redis_client)
     runtime = RouterRuntime(
         router,
-        app,
+        JobMessages(app),
         sink,
         publisher,
         Audit(redis_client, "router", batcher=batcher),
@@ -110,9 +107,17 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         max_deliveries=settings.max_deliveries,
     )
     configure_tracing("reach-router")
-    # fair lanes, a prefetch that reads past a flood, the bytes held bounded (workers/transport/consuming.py)
-    app.conf.worker_consumer = consumer_class(
-        runtime, settings.router_threads, fair=settings.router_fair, hold_bytes=settings.router_hold_bytes
+    # several routing threads, so that several publisher confirms are in flight at once (intents of
+    # one agent may be dispatched out of order); one lane per sender served round-robin, so a flood
+    # from one agent does not delay the others; the bytes held bounded; held messages not yet
+    # started are left to the broker on shutdown (workers/transport/consuming.py)
+    app.conf.worker_consumer = threaded_consumer(
+        handler_for(runtime.handle),
+        settings.router_threads,
+        "reach-route",
+        lane_of=sender_key if settings.router_fair else None,
+        hold_bytes=settings.router_hold_bytes,
+        drain_on_shutdown=False,
     )
     metrics.register_fleet_collector(metrics.FleetCollector(redis_client, app.connection_for_read, catalog.connectors))
 
@@ -178,7 +183,8 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
         output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{name}", batcher=batcher)),
         options=PoolOptions(max_deliveries=settings.max_deliveries),
     )
-    app.conf.worker_consumer = pool_consumer_class(runtime, threads)
+    # each job runs on one of the pool's threads; what is held is finished on a warm shutdown
+    app.conf.worker_consumer = threaded_consumer(handler_for(job_handler(runtime)), threads, "reach-pool")
     install_pause_watcher(app, redis_client, name, queue.name, status, on_change=_probe_detail)
     configure_tracing(f"reach-pool-{name}")
 

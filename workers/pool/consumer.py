@@ -9,20 +9,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from celery.worker.consumer import Consumer
-from kombu.message import Message
-
 from workers.observability import metrics
-from workers.pool.runtime import TRANSIENT_ERRORS, PoolRuntime
+from workers.pool.runtime import PoolRuntime
 from workers.transport.app import EXECUTE_TASK
-from workers.transport.consuming import threaded_consumer
+from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Settle
 from workers.transport.job import Job, JobDecodeError, parse_job
 
 log = logging.getLogger("reach.pool")
 REQUEUE_PAUSE_SECONDS = 1.0
 
 
-def decode_job(message: Message) -> Job:
+def decode_job(message: Delivery) -> Job:
     """The job in a ``reach.execute`` task message (Celery protocol 2: ``[[job], {}, {...}]``).
 
     Raises:
@@ -32,8 +29,7 @@ def decode_job(message: Message) -> Job:
     if task != EXECUTE_TASK:
         raise JobDecodeError(f"not a {EXECUTE_TASK} message (task header {str(task)[:100]!r})")
     try:
-        body = message.body
-        args = json.loads(body if isinstance(body, (bytes, str)) else bytes(body))[0]
+        args = json.loads(message.body)[0]
     except (ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
         raise JobDecodeError("the message body is not a task message of JSON") from exc
     if not isinstance(args, list) or len(args) != 1:
@@ -41,30 +37,23 @@ def decode_job(message: Message) -> Job:
     return parse_job(args[0])
 
 
-def consumer_class(runtime: PoolRuntime, threads: int) -> type[Consumer]:
-    """The pool's consumer: each job runs on one of ``threads`` threads (see ``job_handler``)."""
-    return threaded_consumer(job_handler(runtime), threads, "reach-pool")
-
-
-def job_handler(
-    runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECONDS
-) -> Callable[[Message], Callable[[], None]]:
+def job_handler(runtime: PoolRuntime, requeue_pause: float = REQUEUE_PAUSE_SECONDS) -> Callable[[Delivery], Settle]:
     """One message -> what to do with it. A job is acked after its receipt went out. A job that
     could not be finished because Redis or the broker failed goes back to the queue (after a
     pause, so an outage does not become a redelivery storm) instead of being acked without a
     receipt; a message that is not a job is dead-lettered once, with the reason."""
 
-    def handle(message: Message) -> Callable[[], None]:
+    def handle(message: Delivery) -> Settle:
         try:
             job = decode_job(message)
         except JobDecodeError as exc:
             return _not_a_job(runtime, message, exc, requeue_pause)
         try:
-            runtime.execute(job, redelivered=bool(message.delivery_info.get("redelivered")))
+            runtime.execute(job, redelivered=message.redelivered)
         except TRANSIENT_ERRORS:
             log.exception("could not finish intent %s; it goes back to the queue", job.intent_id)
             time.sleep(requeue_pause)
-            return message.requeue
+            return "requeue"
         except Exception as exc:
             # not the broker or Redis: the same job would fail the same way on every delivery
             log.exception("giving up on intent %s", job.intent_id)
@@ -74,14 +63,12 @@ def job_handler(
             except Exception as again:
                 log.error("could not dead-letter intent %s either (%s); dropped", job.intent_id, again)
                 metrics.DEAD_LETTERS_DROPPED.labels(reason="publish_failed").inc()
-        return message.ack
+        return "ack"
 
     return handle
 
 
-def _not_a_job(
-    runtime: PoolRuntime, message: Message, problem: JobDecodeError, requeue_pause: float
-) -> Callable[[], None]:
+def _not_a_job(runtime: PoolRuntime, message: Delivery, problem: JobDecodeError, requeue_pause: float) -> Settle:
     """Dead-letter a message that is not a job this pool can run (a job object that does not
     parse is kept like a job, params redacted; anything else as it came), then ack it."""
     log.error("dead-lettering a message that is not a job: %s", problem.reason)
@@ -93,6 +80,6 @@ def _not_a_job(
     except Exception:
         log.exception("could not dead-letter it; it will be redelivered")
         time.sleep(requeue_pause)
-        return message.requeue
+        return "requeue"
     metrics.MESSAGES_DROPPED.labels(reason="JobDecodeError").inc()
-    return message.ack
+    return "ack"

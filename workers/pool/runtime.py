@@ -29,10 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import amqp.exceptions
-import kombu.exceptions
 import redis
-from kombu.message import Message
 
 from connectors.adapters.base import Adapter, CallContext, Outcome
 from connectors.catalog import ActionRef, Catalog
@@ -48,20 +45,13 @@ from workers.state.batcher import Batcher
 from workers.state.breaker import Permit, SharedBreaker, permit_from
 from workers.state.control import PoolStatus
 from workers.state.ledger import Begin, Claim, Ledger, params_hash
+from workers.transport.delivery import Delivery, Refused
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, build_receipt, iso
 from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
 
 log = logging.getLogger("reach.pool")
-# failures after which the job may well finish on its next delivery (the delivery count bounds it)
-TRANSIENT_ERRORS = (
-    OSError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    amqp.exceptions.RecoverableConnectionError,
-    kombu.exceptions.OperationalError,
-)
 Stage = tuple[str, dict[str, Any]]
 
 
@@ -488,7 +478,7 @@ class PoolRuntime:
         doc = job.model_dump(mode="json") if isinstance(job, Job) else job
         try:
             self._dead_letter(doc, reason)
-        except amqp.exceptions.MessageNacked:
+        except Refused:
             log.warning("reach.dlq is full; dead letter of intent %s dropped", str(doc.get("intent_id"))[:200])
             metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
 
@@ -513,15 +503,15 @@ class PoolRuntime:
             headers=headers,
         )
 
-    def dead_letter_raw(self, message: Message, reason: str) -> None:
+    def dead_letter_raw(self, message: Delivery, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "replace")
+        body = message.body
         # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
         self.publisher.publish(
             body,
             exchange=DEFAULT_EXCHANGE,
             routing_key=DLQ.name,
-            message_id=_short(str(message.properties.get("message_id") or "")),
+            message_id=_short(message.message_id or ""),
             headers={
                 "x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
                 "x-reach-queue": connector_queue_name(self.connector.name),

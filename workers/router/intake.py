@@ -25,26 +25,12 @@ from producers.formats import (
     value_depth,
 )
 from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
+from workers.transport.delivery import Delivery
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
-@dataclass(frozen=True)
-class RawMessage:
-    """The parts of an AMQP delivery the router looks at."""
-
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-    user_id: str | None = None
-    message_id: str | None = None
-    content_type: str | None = None
-    received_at: float = 0.0
-    unreadable: str | None = None  # why the AMQP properties could not be read
-    oversize: tuple[int, str] | None = None  # a body too large to keep: (bytes, SHA-256 hex)
-
-    @property
-    def size(self) -> int:
-        return self.oversize[0] if self.oversize else len(self.body)
+RawMessage = Delivery  # the router's name for what the broker delivered
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import amqp.exceptions
-import kombu.exceptions
-import redis
-from celery import Celery
-from celery.worker.consumer import Consumer
-from kombu.message import Message
-
 from connectors.catalog import ActionRef, Catalog, Refusal
 from connectors.hours import parse_window
 from connectors.schema import suggestion_for
@@ -44,8 +37,7 @@ from workers.state.breaker import AlwaysAvailable
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.transport.app import JobMessages
-from workers.transport.consuming import sender_key, threaded_consumer
-from workers.transport.inbound import OVERSIZE, UNREADABLE
+from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, build_receipt
@@ -57,14 +49,6 @@ COUNTED_AS_INVALID = frozenset(
     {ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED, ErrorCode.VALIDATION_FAILED}
 )
 INVALID_ALLOWANCE = "(invalid)"  # the rate limiter's "connector" for it: no connector can be named so
-# failures after which the same message may well be handled on its next delivery
-TRANSIENT_ERRORS = (
-    OSError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    amqp.exceptions.RecoverableConnectionError,
-    kombu.exceptions.OperationalError,
-)
 
 
 @dataclass(frozen=True)
@@ -348,7 +332,7 @@ class RouterRuntime:
     def __init__(
         self,
         router: Router,
-        app: Celery,
+        jobs: JobMessages,
         sink: ReceiptSink,
         publisher: Publisher,
         audit: Audit,
@@ -357,27 +341,16 @@ class RouterRuntime:
         max_deliveries: int = 5,
     ) -> None:
         self.router = router
-        self.jobs = JobMessages(app)
+        self.jobs = jobs
         self.sink = sink
         self.publisher = publisher
         self.audit = audit
         self.keep_unparsable = keep_unparsable
         self.retries = RetryCounts(max_deliveries)
 
-    def process(self, message: Message) -> Callable[[], None]:
-        """Route one message; return what must then happen to it on the consumer's own thread
-        (ack, or requeue when the decision could not be carried out for a passing reason)."""
-        properties = message.properties
-        raw = RawMessage(
-            body=_raw_body(message),
-            headers=dict(message.headers or {}),
-            user_id=_text(properties.get("user_id")),
-            message_id=_text(properties.get("message_id")),
-            content_type=_text(message.content_type),
-            received_at=time.time(),
-            unreadable=properties.get(UNREADABLE),
-            oversize=properties.get(OVERSIZE),
-        )
+    def handle(self, raw: RawMessage) -> Settle:
+        """Route one delivery; say what must then happen to it (ack, or requeue when the decision
+        could not be carried out for a passing reason)."""
         try:
             decision = self.router.decide(raw)
         except Exception:  # a bug, not a bad message: answer INTERNAL rather than stall the queue
@@ -388,12 +361,12 @@ class RouterRuntime:
         except TRANSIENT_ERRORS as exc:
             if self.retries.again(raw):
                 log.warning("could not complete a routing decision (%s); the intent will be redelivered", exc)
-                return message.requeue
+                return "requeue"
             self._give_up(decision, raw, exc)
         except Exception as exc:
             self._give_up(decision, raw, exc)
         self.retries.forget(raw)
-        return message.ack
+        return "ack"
 
     def _give_up(self, decision: Decision, raw: RawMessage, exc: BaseException) -> None:
         """The decision cannot be carried out for this message: keep it once, then let it go."""
@@ -514,7 +487,7 @@ class RouterRuntime:
                 headers=headers,
                 message_id=decision.receipt.intent_id,
             )
-        except amqp.exceptions.MessageNacked:
+        except Refused:
             # reach.dlq is full (its bounds refuse new letters): counted, not retried
             log.warning(
                 "reach.dlq is full; dead letter of intent %s dropped (%s)", decision.receipt.intent_id, reason[:200]
@@ -598,34 +571,3 @@ def _human_ms(ms: int) -> str:
     if ms < 7_200_000:
         return f"{ms / 60_000:.0f} min"
     return f"{ms / 3_600_000:.1f} h"
-
-
-def _raw_body(message: Message) -> bytes:
-    """The bytes the agent sent (``workers.transport.inbound`` keeps py-amqp from decoding them)."""
-    body = message.body
-    if isinstance(body, (bytes, bytearray, memoryview)):
-        return bytes(body)
-    return str(body).encode("utf-8", "surrogateescape")
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def consumer_class(
-    runtime: RouterRuntime, threads: int, *, fair: bool = True, hold_bytes: int | None = None
-) -> type[Consumer]:
-    """The router's consumer: raw JSON intents routed on ``threads`` threads, so that several
-    publisher confirms are in flight at once (each thread publishes on its own connection).
-    Intents of one agent may therefore be dispatched in a different order than they were sent.
-    ``fair``: one lane per sender, served round-robin (``workers.transport.consuming``), so a flood from one
-    agent does not delay the others; otherwise one FIFO lane. Held messages not yet started are
-    left to the broker on shutdown."""
-    return threaded_consumer(
-        runtime.process,
-        threads,
-        "reach-route",
-        lane_of=sender_key if fair else None,
-        hold_bytes=hold_bytes,
-        drain_on_shutdown=False,
-    )

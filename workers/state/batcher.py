@@ -40,8 +40,7 @@ def write_stdout(lines: list[str]) -> None:
     """Write audit lines to stdout as bare JSON, one per line, whatever the log format.
 
     One direct write per batch: through ``logging`` (caller lookup, a handler lock per line) they
-    would cost more CPU than everything else the audit does.
-    """
+    would cost more CPU than everything else the audit does."""
     text = "\n".join(lines) + "\n"
     with _stdout_lock:
         sys.stdout.write(text)

@@ -56,10 +56,8 @@ class Publisher:
     def prewarm(self, count: int) -> int:
         """Open ``count`` connections now, for the first publishing threads to take.
 
-        A thread's first publish would otherwise open one (an AMQP handshake of several round
-        trips) in the middle of an intent, and a pool's threads all start at once. Returns how many
-        were opened (fewer if the broker cannot be reached: threads then connect themselves).
-        """
+        Otherwise every thread's first publish does an AMQP handshake mid-intent, all at once. Returns
+        how many were opened (fewer if the broker cannot be reached: threads then connect themselves)."""
         for opened in range(count):
             pair = self._connect()
             if pair is None:
@@ -216,11 +214,9 @@ class BatchPublisher(Publisher):
         self._combiner: Combiner[_Item] = Combiner(self._run_batch, max_batch=MAX_BATCH, name="reach-publisher")
 
     def prewarm(self, count: int = 1) -> int:
-        """Open the publishing connection now rather than on the first intent.
+        """Open the publishing connection now rather than during the first intent (an AMQP handshake).
 
-        The AMQP handshake takes several round trips. Call before anything is published. Returns 0
-        if the broker cannot be reached (the first batch then connects).
-        """
+        Call before anything is published. 0 if the broker cannot be reached (the first batch then connects)."""
         return int(self._channel is not None or self._connect_batch() is not None)
 
     def publish(
