@@ -95,3 +95,16 @@ def test_no_import_cycles() -> None:
         if state.get(start) is None and visit(start, []):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_the_roles_and_state_never_touch_celery_or_kombu() -> None:
+    """Transport is the only room that knows the AMQP libraries (ops wires processes and may use them)."""
+    problems = []
+    for name, path in modules().items():
+        if name.split(".")[:2] in (["workers", "router"], ["workers", "pool"], ["workers", "state"]):
+            for node in ast.walk(ast.parse(path.read_text())):
+                found = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found = [node.module]
+                problems += [f"{name} imports {m}" for m in found if m.split(".")[0] in ("celery", "kombu", "amqp")]
+    assert not problems, "\n".join(problems)
