@@ -227,7 +227,7 @@ def _rejoin_flow_commas(node: yaml.Node, text: str) -> list[tuple[int, str]]:
     """Undo YAML's split of ``{ description: Ticket title, at most 100 chars }``.
 
     In a flow mapping the comma ends the value, so "at most 100 chars" becomes a key with no
-    value. Authors (and design.md's own example) mean one sentence: such bare words that follow a
+    value. Authors (and the contract's own example) mean one sentence: such bare words that follow a
     description are joined back onto it. Returns (line, words) for each repair, for a warning.
     """
     repairs: list[tuple[int, str]] = []
@@ -300,7 +300,7 @@ def _describe(err: Any) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key (check its spelling against design.md section 4)"
+        msg = "unknown key (check its spelling against docs/contract.md section 5)"
     elif err["type"] == "literal_error":
         msg = f"{msg} (got {err.get('input')!r})"
     return f"{loc}: {msg}" if loc else msg

@@ -1,6 +1,6 @@
 """Catalog models: connectors with their semantic actions, and agent apps with their bindings.
 
-The YAML shapes of design.md section 4 load into these models unchanged. Every model forbids
+The YAML shapes of docs/contract.md section 5 load into these models unchanged. Every model forbids
 unknown keys so a typo in YAML is an error with a line number, not a silent default.
 """
 

@@ -7,7 +7,7 @@ Errors::
     ReceiptTimeout        no receipt arrived in time (a TimeoutError; the intent may still run)
 
 Any language can do the same with a plain AMQP client; this module is just the shortest correct
-way to do it from Python (design.md sections 1-3).
+way to do it from Python (docs/contract.md sections 1-3).
 
 It needs no configure permission: the fleet declares the exchanges, the client only checks them
 with passive declares, so an agent's broker user can be confined to publishing intents and

@@ -1,7 +1,7 @@
 """Intent shapes accepted on the intent queue, and the strict JSON parser in front of them.
 
 Agents built on model SDKs tend to forward the tool call the model produced instead of writing
-a native intent, so the queue accepts those shapes too (design.md section 2) and turns them into
+a native intent, so the queue accepts those shapes too (docs/contract.md section 2) and turns them into
 the native one here. Field types of the native shape are checked later by ``wire.Intent``; this
 module only decides which shape a document is and reshapes it.
 
@@ -67,7 +67,7 @@ class Normalized:
     """A document reshaped into a native intent.
 
     Attributes:
-        intent: The native intent (keys of design.md section 2 only), not yet type-checked.
+        intent: The native intent (keys of docs/contract.md section 2 only), not yet type-checked.
         format: The shape it arrived in: one of :data:`FORMATS`.
     """
 

@@ -1,7 +1,7 @@
 """The wire contract: intents in, receipts out, and the error codes that connect them.
 
 Everything that crosses the broker is JSON described here; every other package imports these
-models instead of re-declaring them (design.md sections 2 and 3).
+models instead of re-declaring them (docs/contract.md sections 2 and 3).
 
 Error codes, grouped by the receipt status they produce::
 
@@ -82,7 +82,7 @@ class ErrorCode(StrEnum):
         return _CODE_TABLE[self][1]
 
 
-# code -> (receipt status, retryable), exactly design.md section 3
+# code -> (receipt status, retryable), exactly docs/contract.md section 3
 _CODE_TABLE: dict[ErrorCode, tuple[Status, bool]] = {
     ErrorCode.INVALID_INTENT: ("rejected", False),
     ErrorCode.UNKNOWN_ACTION: ("rejected", False),
@@ -135,7 +135,7 @@ class Execution(BaseModel):
 
 
 class Receipt(BaseModel):
-    """Exactly one per intent, on the reach.receipts exchange (design.md section 3)."""
+    """Exactly one per intent, on the reach.receipts exchange (docs/contract.md section 3)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -166,7 +166,7 @@ class IntentContext(BaseModel):
 
 
 class Intent(BaseModel):
-    """A request by an agent to perform one semantic action (design.md section 2)."""
+    """A request by an agent to perform one semantic action (docs/contract.md section 2)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

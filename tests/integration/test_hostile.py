@@ -1,4 +1,4 @@
-"""Hostile input through a running fleet (design.md section 9, "Hostile input").
+"""Hostile input through a running fleet (docs/contract.md section 4, limits against hostile input).
 
 Nothing a message contains may crash, stall or loop the router, fill a store without bound, or put
 a sensitive value where it is kept. Each test sends its hostile message(s) to a real router and

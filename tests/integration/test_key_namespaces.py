@@ -1,5 +1,5 @@
 """Redis keys are namespaced by agent: one agent's intent ids can never answer, overwrite or
-reveal another agent's intent (design.md section 9, "Hostile input"; workers/state/keys.py)."""
+reveal another agent's intent (docs/contract.md section 4, limits against hostile input; workers/state/keys.py)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-# design.md section 4, verbatim (flow-mapping commas in the descriptions included)
+# docs/contract.md section 5, verbatim (flow-mapping commas in the descriptions included)
 DESIGN_EXAMPLE = """\
 connector:
   name: local_ticket_system

@@ -1,4 +1,4 @@
-"""Intent shapes: detection, normalisation and the strict JSON parser (design.md section 2)."""
+"""Intent shapes: detection, normalisation and the strict JSON parser (docs/contract.md section 2)."""
 
 from __future__ import annotations
 

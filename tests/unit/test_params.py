@@ -1,4 +1,4 @@
-"""ParamValidator: an agent's params against an action's declared input (design.md section 4)."""
+"""ParamValidator: an agent's params against an action's declared input (docs/contract.md section 5)."""
 
 from __future__ import annotations
 

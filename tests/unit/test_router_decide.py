@@ -124,7 +124,7 @@ def test_guardrail_order_permission_before_rate_limit_before_validation(catalog:
         == "PERMISSION_DENIED"
     )
     assert limiter.calls == []
-    # rate limit comes before params validation (design.md section 6)
+    # rate limit comes before params validation (docs/contract.md section 6)
     assert (
         code_of(r.decide(message({"agent_id": "bot", "action": "create_ticket", "params": {"bogus": 1}})))
         == "RATE_LIMITED"

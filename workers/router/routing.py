@@ -1,4 +1,4 @@
-"""The router: every intent is checked here, in the order of design.md section 6, before any
+"""The router: every intent is checked here, in the order of docs/contract.md section 6, before any
 connector queue sees it.
 
 ``Router.decide`` is pure (catalog lookups and checks, no I/O) so it can be driven by property

@@ -1,4 +1,4 @@
-"""The AMQP topology of design.md section 1, declared by every process on start."""
+"""The AMQP topology of docs/contract.md section 1, declared by every process on start."""
 
 from __future__ import annotations
 
