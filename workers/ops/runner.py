@@ -18,7 +18,8 @@ from workers.observability.audit import Audit
 from workers.observability.tracing import configure_tracing
 from workers.pool.consumer import job_handler
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
-from workers.router.routing import Router, RouterRuntime
+from workers.router.routing import Router
+from workers.router.runtime import RouterRuntime
 from workers.settings import Settings
 from workers.state.batcher import Batcher
 from workers.state.breaker import SharedBreaker

@@ -1,22 +1,14 @@
 """The router: every intent is checked here, in the order of docs/contract.md section 6, before any
 connector queue sees it.
 
-``Router.decide`` is pure (catalog lookups and checks, no I/O) so it can be driven by property
-tests; ``RouterRuntime.process`` carries the decision out: dispatch, or receipt (+ dead letter),
-then ack.
-
-The router's Celery worker consumes ``reach.intents`` as *plain JSON data*. Celery's task
-handler is replaced (``workers.transport.consuming``) so no message, whatever headers it carries, can make
-this worker run a task by name.
+``Router.decide`` is pure but for the Redis round trip of its guards (rate limit, breaker), so
+it can be driven by property tests; ``workers.router.runtime`` carries its decisions out.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,19 +21,16 @@ from connectors.schema import suggestion_for
 from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS
 from producers.wire import ErrorCode, Receipt
 from workers.observability import metrics
-from workers.observability.audit import Audit, params_digest
-from workers.observability.redaction import redact_body, redact_params
-from workers.observability.tracing import span, traceparent_for
-from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, fail_identity, new_trace_id, parse
+from workers.observability.audit import params_digest
+from workers.observability.redaction import redact_params
+from workers.observability.tracing import traceparent_for
+from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
 from workers.state.breaker import AlwaysAvailable
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
-from workers.transport.app import JobMessages
-from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
 from workers.transport.job import Job
-from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt
-from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ, connector_queue_name
+from workers.transport.receipts import build_receipt
+from workers.transport.topology import connector_queue_name
 
 log = logging.getLogger("reach.router")
 # rejections that mean the sender got something wrong; they count against its invalid allowance
@@ -318,237 +307,6 @@ class Router:
                 data={"tools": tools},
             )
         return Answer(receipt, intent.reply_to or agent_id)
-
-
-class RouterRuntime:
-    """Carries decisions out with confirmed publishes; the message is acked only afterwards.
-
-    A message is requeued only when the broker or Redis failed (its next delivery may go
-    through), and at most ``max_deliveries`` times; anything else that stops a decision from
-    being carried out is a property of the message, so it is dead-lettered once (or, if even
-    that fails, dropped with a log line and a metric) and acked: nothing loops.
-    """
-
-    def __init__(
-        self,
-        router: Router,
-        jobs: JobMessages,
-        sink: ReceiptSink,
-        publisher: Publisher,
-        audit: Audit,
-        *,
-        keep_unparsable: bool = False,
-        max_deliveries: int = 5,
-    ) -> None:
-        self.router = router
-        self.jobs = jobs
-        self.sink = sink
-        self.publisher = publisher
-        self.audit = audit
-        self.keep_unparsable = keep_unparsable
-        self.retries = RetryCounts(max_deliveries)
-
-    def handle(self, raw: RawMessage) -> Settle:
-        """Route one delivery; say what must then happen to it (ack, or requeue when the decision
-        could not be carried out for a passing reason)."""
-        try:
-            decision = self.router.decide(raw)
-        except Exception:  # a bug, not a bad message: answer INTERNAL rather than stall the queue
-            log.exception("router failed on a message; answering INTERNAL")
-            decision = self._internal(raw)
-        try:
-            self._carry_out(decision, raw)
-        except TRANSIENT_ERRORS as exc:
-            if self.retries.again(raw):
-                log.warning("could not complete a routing decision (%s); the intent will be redelivered", exc)
-                return "requeue"
-            self._give_up(decision, raw, exc)
-        except Exception as exc:
-            self._give_up(decision, raw, exc)
-        self.retries.forget(raw)
-        return "ack"
-
-    def _give_up(self, decision: Decision, raw: RawMessage, exc: BaseException) -> None:
-        """The decision cannot be carried out for this message: keep it once, then let it go."""
-        intent_id = decision.intent_id if isinstance(decision, Dispatch) else decision.receipt.intent_id
-        log.error("giving up on intent %s: %s: %s", intent_id, type(exc).__name__, str(exc)[:300])
-        metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
-        answer = decision if isinstance(decision, Answer) else self._internal(raw)
-        try:
-            self._dead_letter(raw, answer, f"could not be answered: {type(exc).__name__}: {exc}")
-        except Exception as again:
-            log.error("could not dead-letter intent %s either (%s); dropped", intent_id, again)
-            metrics.DEAD_LETTERS_DROPPED.labels(reason="publish_failed").inc()
-
-    def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
-        received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
-        if isinstance(decision, Dispatch):
-            self._dispatch(decision, received, raw.received_at)
-            return
-        receipt = decision.receipt
-        self.sink.send(receipt, decision.routing_key)
-        metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
-        error = receipt.error
-        common = {
-            "agent": receipt.agent_id,
-            "action": receipt.action,
-            "connector": receipt.connector,
-            "trace_id": receipt.execution.trace_id,
-        }
-        binding = self.router.catalog.binding(receipt.agent_id or "", receipt.connector or "")
-        self.audit.events(
-            receipt.intent_id,
-            [
-                ("received", {**received, **common}),
-                (
-                    "rejected" if error else "answered",
-                    {
-                        **common,
-                        "code": error.code.value if error else None,
-                        "dead_lettered": decision.dead_letter_reason is not None,
-                        **(decision.audit or {}),
-                    },
-                ),
-                (
-                    "receipt",
-                    {
-                        **common,
-                        "status": receipt.status,
-                        "code": error.code.value if error else None,
-                        "latency_ms": receipt.execution.latency_ms,
-                    },
-                ),
-            ],
-            level=binding.audit_level if binding else "full",
-            agent=receipt.agent_id,
-        )
-        # after the receipt: a receipt that cannot be sent must not leave a letter per attempt
-        if decision.dead_letter_reason is not None:
-            self._dead_letter(raw, decision, decision.dead_letter_reason)
-
-    def _dispatch(self, decision: Dispatch, received: dict[str, Any], received_at: float) -> None:
-        """Publish the job to its connector's queue (confirmed), then write its audit stages."""
-        job = decision.job
-        with span(
-            "reach.route",
-            job.traceparent,
-            start_time=received_at,
-            attributes={"reach.connector": job.connector, "reach.action": job.action},
-        ) as route:
-            if route is not None and route.is_recording():
-                # the pool's spans become children of this one
-                context = route.get_span_context()
-                job = job.model_copy(update={"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"})
-            body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
-            self.publisher.publish(
-                body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers, **properties
-            )
-        metrics.INTENTS_DISPATCHED.labels(connector=job.connector).inc()
-        ref = self.router.catalog.refs[(job.connector, job.action)]
-        binding = self.router.catalog.binding(job.agent_id, job.connector)
-        redacted = redact_params(job.params, ref.action.input)
-        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
-        self.audit.events(
-            job.intent_id,
-            [
-                ("received", {**received, **common, "format": job.format}),
-                (
-                    "dispatched",
-                    {
-                        **common,
-                        "param_keys": sorted(redacted),
-                        "params_digest": params_digest(redacted),
-                        "route_ms": round((time.time() - received_at) * 1000, 3),
-                    },
-                ),
-            ],
-            level=binding.audit_level if binding else "full",
-            agent=job.agent_id,
-        )
-
-    def _dead_letter(self, raw: RawMessage, decision: Answer, reason: str) -> None:
-        """Keep the message in reach.dlq for operators, without anything sensitive: an oversize
-        body is never read, and one that cannot be parsed is kept only if the operator opted in."""
-        body, kept = self._letter_body(raw)
-        headers = {
-            "x-reach-reason": reason[:1000],
-            "x-reach-intent-id": decision.receipt.intent_id,
-            "x-reach-agent-id": decision.receipt.agent_id or "",
-            "x-reach-received-at": datetime.fromtimestamp(raw.received_at, UTC).isoformat(),
-            "x-reach-body-bytes": raw.size,
-            "x-reach-body-sha256": raw.oversize[1] if raw.oversize else hashlib.sha256(raw.body).hexdigest(),
-            "x-reach-body-kept": kept,
-        }
-        try:
-            self.publisher.publish(
-                body,
-                exchange=DEFAULT_EXCHANGE,
-                routing_key=DLQ.name,
-                headers=headers,
-                message_id=decision.receipt.intent_id,
-            )
-        except Refused:
-            # reach.dlq is full (its bounds refuse new letters): counted, not retried
-            log.warning(
-                "reach.dlq is full; dead letter of intent %s dropped (%s)", decision.receipt.intent_id, reason[:200]
-            )
-            metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
-            return
-        metrics.DEAD_LETTERS.labels(kept=kept).inc()
-
-    def _letter_body(self, raw: RawMessage) -> tuple[bytes, str]:
-        """(what is kept of the body, "redacted" | "full" | "none")."""
-        if raw.oversize is not None or len(raw.body) > self.router.max_intent_bytes:
-            return b"", "none"
-        redacted = redact_body(raw.body, self.router.catalog, self.router.max_depth)
-        if redacted is None:
-            return (raw.body, "full") if self.keep_unparsable else (b"", "none")
-        return redacted, "redacted" if redacted != raw.body else "full"
-
-    def _internal(self, raw: RawMessage) -> Answer:
-        intent_id, agent_id = fail_identity(raw)
-        receipt = build_receipt(
-            intent_id=intent_id,
-            agent_id=agent_id,
-            action=None,
-            connector=None,
-            trace_id=new_trace_id(),
-            received_at=raw.received_at,
-            code=ErrorCode.INTERNAL,
-            message="the router failed on this intent",
-            suggestion="Retry later; operators were told.",
-        )
-        return Answer(receipt, agent_id, dead_letter_reason="router error")
-
-
-class RetryCounts:
-    """How often this process requeued a message (by a digest of its id and body), so a message
-    that keeps failing for a passing reason still stops after ``limit`` deliveries. Bounded: the
-    oldest entries are forgotten first."""
-
-    def __init__(self, limit: int, size: int = 10_000) -> None:
-        self._limit = limit
-        self._size = size
-        self._counts: OrderedDict[bytes, int] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(raw: RawMessage) -> bytes:
-        return hashlib.blake2b(raw.body[:65536] + (raw.message_id or "").encode(), digest_size=16).digest()
-
-    def again(self, raw: RawMessage) -> bool:
-        key = self._key(raw)
-        with self._lock:
-            count = self._counts.pop(key, 0) + 1
-            self._counts[key] = count
-            while len(self._counts) > self._size:
-                self._counts.popitem(last=False)
-        return count < self._limit
-
-    def forget(self, raw: RawMessage) -> None:
-        if self._counts:
-            with self._lock:
-                self._counts.pop(self._key(raw), None)
 
 
 def _closed_window(now: float, *windows: str | None) -> tuple[str, int] | None:
