@@ -29,7 +29,7 @@ CREATE_TICKET = """\
         customer_id: {{ type: string, required: true, pattern: "^C[0-9]{{4}}$" }}
         quantity: {{ type: integer, min: 1, max: 100 }}
       output:
-        ticket_id: {{ type: string }}
+        item_id: {{ type: string }}
         status: {{ type: enum, values: [open, closed] }}
       permission: write
       timeout: {timeout}

@@ -1,15 +1,22 @@
-"""A downstream for failure tests that counts what it *did*, not only what it was asked.
+"""The one fake downstream of the tests and the benchmarks: it counts what it *did*, not only what
+it was asked.
 
-Stdlib only. ``POST /items`` creates an item from ``{"title": ...}``: every title and every
-``Idempotency-Key`` has an execution count, so a test can prove that no payload took effect
-twice. A request carrying a key already executed answers the stored item without executing
-again (checked after the delay, under the lock, so concurrent duplicates are deduplicated too).
-``GET /items/{id}`` is an idempotent read, ``GET /health`` answers ``health_status``.
+Stdlib only. ``POST`` to any path (``/items`` in the tests, ``/tickets`` in the benchmarks) creates
+an item from ``{"title": ...}`` and answers ``201 {"item_id", "title", "status"}``: every title and
+every ``Idempotency-Key`` has an execution count, so a test can prove that no payload took effect
+twice. A request carrying a key already executed answers the stored item without executing again
+(checked after the delay, under the lock, so concurrent duplicates are deduplicated too).
+``GET /items/{id}`` (any other GET) is an idempotent read, ``GET /health`` answers
+``health_status``, ``GET /_stats`` the calls answered so far (``{"requests": n, "slow": m}``).
+A path under ``/slow/`` answers after ``slow_seconds`` (a system that takes its time).
 
 Faults are set on ``state``: ``delay`` (seconds before answering, so writes are in flight),
 ``fail_status``/``fail_count`` (answer that status, with ``Retry-After: retry_after`` when set,
 instead of executing), and ``on_request`` (called with each recorded request before the delay,
 e.g. to kill a pool while its request is in flight). ``in_flight`` counts requests being served.
+
+In process (tests): ``CountingSystem().start()``; as a process of its own (bench/downstream.py):
+``python tests/integration/counting_system.py [PORT] [--slow SECONDS]`` prints ``READY <port>``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ class CountingState:
         self.fail_count = 0
         self.retry_after: str | None = None
         self.health_status = 200
+        self.slow_seconds = 2.0
+        self.keep_requests = True  # False in a benchmark: only the counts are kept
+        self.answered = self.slow_answered = 0
         self.on_request: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -72,9 +82,12 @@ class _Handler(BaseHTTPRequestHandler):
         key = self.headers.get("Idempotency-Key")
         record = {"method": self.command, "path": path, "title": title, "key": key, "t": time.time()}
         with st.lock:
-            st.requests.append(record)
+            if st.keep_requests:
+                st.requests.append(record)
             st.in_flight += 1
             hook, delay = st.on_request, st.delay
+            if path.startswith("/slow/"):
+                delay += st.slow_seconds
             fail = st.fail_status if st.fail_count > 0 else 0
             if fail:
                 st.fail_count -= 1
@@ -97,7 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
                     item = st.items_by_key[key]
                 else:
                     st.items += 1
-                    item = {"item_id": f"IT-{st.items:05d}", "title": title}
+                    item = {"item_id": f"IT-{st.items:05d}", "title": title, "status": "open"}
                     st.executions_by_title[title] += 1
                     if key:
                         st.executions_by_key[key] += 1
@@ -106,11 +119,19 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with st.lock:
                 st.in_flight -= 1
+                st.answered += 1
+                st.slow_answered += path.startswith("/slow/")
 
     def do_GET(self) -> None:  # noqa: N802
-        if urllib.parse.urlsplit(self.path).path == "/health":
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/health":
             status = self.server.state.health_status
             return self._send(status, {"ok": status == 200})
+        if path == "/_stats":
+            st = self.server.state
+            with st.lock:
+                stats = {"requests": st.answered, "slow": st.slow_answered}
+            return self._send(200, stats)
         self._serve(None)
 
     def do_POST(self) -> None:  # noqa: N802
@@ -127,8 +148,8 @@ class CountingSystem(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
         self.state = CountingState()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True, name="counting-system")
 
@@ -171,3 +192,27 @@ class CountingSystem(ThreadingHTTPServer):
     def in_flight(self) -> int:
         with self.state.lock:
             return self.state.in_flight
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve on PORT (0: any free one) until killed; ``--slow S`` sets the /slow/ delay."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="the fake downstream of the tests and the benchmarks")
+    parser.add_argument("port", nargs="?", type=int, default=0)
+    parser.add_argument("--slow", type=float, default=2.0, help="seconds a call under /slow/ takes")
+    args = parser.parse_args(argv)
+    system = CountingSystem(args.port)
+    system.state.slow_seconds = args.slow
+    system.state.keep_requests = False
+    print(f"READY {system.port}", flush=True)
+    sys.stdout.flush()
+    try:
+        system.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import FaultProxy
+from tests.waiting import wait_for
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"faults_{RUN}"
@@ -404,8 +405,10 @@ def test_a_blackholed_connector_with_a_backlog_does_not_slow_another_connector(
     lasts (2 threads, 20 intents: about 10 s)."""
     baseline = [timed(client, "healthy.read_item", {"id": "IT-b"})[1] for _ in range(5)]
     proxy.set("blackhole")
+    requests_before = proxy.counts()[0]
     backlog = {client.publish("stuck.read_item", {"id": f"IT-s{i}"}) for i in range(20)}
-    time.sleep(1.0)  # both of stuck's threads are now waiting on the blackhole
+    # both of stuck's threads are now waiting on the blackhole
+    wait_for(lambda: proxy.counts()[0] - requests_before >= 2, 10, "stuck's threads never reached the blackhole")
     during = []
     for _ in range(5):
         receipt, elapsed = timed(client, "healthy.read_item", {"id": "IT-b"})

@@ -9,15 +9,13 @@ a delay so that writes are in flight when a pool dies.
 
 from __future__ import annotations
 
-import os
 import queue
-import signal
 import subprocess
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +27,7 @@ from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
+from tests.waiting import wait_for
 from workers.transport.topology import (
     INTENTS_QUEUE,
     RECEIPTS_EXCHANGE,
@@ -99,16 +98,6 @@ def fleet(systems: dict[str, CountingSystem]) -> Iterator[Fleet]:
     with Fleet(catalog, started) as running:
         purge(*(connector_queue(name).name for name in CONNECTORS))
         yield running
-        stop_all_at_once(running)
-
-
-def stop_all_at_once(fleet: Fleet) -> None:
-    """SIGTERM every process group first, so the fleet's one-by-one stop only waits for them."""
-    for proc in fleet.procs.values():
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture
@@ -118,14 +107,6 @@ def client(fleet: Fleet) -> Iterator[ReachClient]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def gather(
@@ -281,9 +262,7 @@ def test_kill_9_of_one_replica_while_another_runs_loses_nothing(
     check_kill_outcome(titles[name], receipts, system, header=True)
 
 
-def test_a_pool_started_with_a_backlog_keeps_running(
-    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
-) -> None:
+def start_with_a_backlog(fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient, starts: int) -> None:
     name = "crash_backlog"
     system = systems[name]
     system.state.reset()
@@ -294,13 +273,26 @@ def test_a_pool_started_with_a_backlog_keeps_running(
     try:
         # once died here at random: a start-up step consumed before Celery's loop could take
         # the deliveries (the step order varies per process, so several starts)
-        for attempt in range(10):
+        for attempt in range(starts):
             started = start_pool(fleet, name)
             assert started, f"pool {name} died on start {attempt + 1}: {fleet.log(name)[-1500:]}"
             fleet.kill_process(name)
     finally:
         fleet.procs.pop(name, None)
         purge(connector_queue(name).name)
+
+
+def test_a_pool_started_with_a_backlog_keeps_running(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
+    start_with_a_backlog(fleet, systems, client, starts=4)  # ~1.2 s a start; the soak variant starts 10 times
+
+
+@pytest.mark.soak
+def test_soak_a_pool_started_with_a_backlog_keeps_running(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
+    start_with_a_backlog(fleet, systems, client, starts=10)
 
 
 @pytest.mark.xfail(

@@ -15,6 +15,7 @@ from kombu import Connection, Consumer, Queue
 from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, agent
+from tests.waiting import wait_for
 from workers.state import keys
 from workers.transport.topology import DLQ, INTENTS_EXCHANGE, RECEIPTS_EXCHANGE, DeadLetterBounds, dead_letter_queue
 
@@ -295,7 +296,8 @@ def test_slow_connector_backlog_does_not_delay_another_connector(
         baseline.append(time.perf_counter() - started)
     slow.state.delay = 3.0
     backlog = [tester.publish("slow_tickets.create_ticket", {"title": f"s{i}", "description": "d"}) for i in range(30)]
-    time.sleep(1.0)  # the slow pool is now busy and its queue is long
+    # the slow pool is busy (both its threads wait on the slow system) and its queue is long
+    wait_for(lambda: len(slow.requests("POST")) >= 2, 10, "the slow pool never took its backlog")
     during = []
     for _ in range(3):
         started = time.perf_counter()

@@ -275,10 +275,24 @@ def test_random_bytes_never_crash_and_get_one_answer(catalog: Catalog, body: byt
         assert decision.routing_key == "bot" and decision.dead_letter_reason
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _check_generated(catalog: Catalog, doc: dict[str, Any], header_agent: str | None) -> None:
+    headers = {"agent_id": header_agent} if header_agent else {}
+    _check_one(catalog, message(doc, headers=headers))
+
+
+# ~10 ms an example: 400 in the default run; the soak variant (`-m soak`) tries 3000
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=intent_like, header_agent=st.sampled_from([None, "bot"]))
 def test_generated_intents_never_crash_and_invalid_ones_never_dispatch(
     catalog: Catalog, doc: dict[str, Any], header_agent: str | None
 ) -> None:
-    headers = {"agent_id": header_agent} if header_agent else {}
-    _check_one(catalog, message(doc, headers=headers))
+    _check_generated(catalog, doc, header_agent)
+
+
+@pytest.mark.soak
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=intent_like, header_agent=st.sampled_from([None, "bot"]))
+def test_soak_generated_intents_never_crash_and_invalid_ones_never_dispatch(
+    catalog: Catalog, doc: dict[str, Any], header_agent: str | None
+) -> None:
+    _check_generated(catalog, doc, header_agent)
