@@ -121,3 +121,24 @@ def test_a_dead_letter_that_fails_is_retried_later_not_dropped() -> None:
 
     message = FakeMessage([[{**JOB, "v": 2}], {}, {}])
     assert job_handler(Failing(), requeue_pause=0)(message) == "requeue"  # type: ignore[arg-type]
+
+
+def test_a_message_that_is_not_a_job_is_acked_when_the_dead_letter_queue_is_full() -> None:
+    """A full reach.dlq refuses the letter (a nack): the message is dropped and counted, never
+    requeued into a loop."""
+    from amqp.exceptions import MessageNacked
+
+    from workers.pool.runtime import PoolRuntime
+
+    class FullPublisher:
+        def publish(self, *args: Any, **kwargs: Any) -> None:
+            raise MessageNacked()
+
+    class Connector:
+        name = "c"
+
+    runtime = PoolRuntime.__new__(PoolRuntime)
+    runtime.connector = Connector()  # type: ignore[assignment]
+    runtime.publisher = FullPublisher()  # type: ignore[assignment]
+    message = FakeMessage(b"\xff not json", task="celery.backend_cleanup")
+    assert job_handler(runtime, requeue_pause=0)(message) == "ack"

@@ -505,18 +505,21 @@ class PoolRuntime:
 
     def dead_letter_raw(self, message: Delivery, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
-        body = message.body
         # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
-        self.publisher.publish(
-            body,
-            exchange=DEFAULT_EXCHANGE,
-            routing_key=DLQ.name,
-            message_id=_short(message.message_id or ""),
-            headers={
-                "x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
-                "x-reach-queue": connector_queue_name(self.connector.name),
-            },
-        )
+        try:
+            self.publisher.publish(
+                message.body,
+                exchange=DEFAULT_EXCHANGE,
+                routing_key=DLQ.name,
+                message_id=_short(message.message_id or ""),
+                headers={
+                    "x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
+                    "x-reach-queue": connector_queue_name(self.connector.name),
+                },
+            )
+        except Refused:  # reach.dlq is full: counted, not retried
+            log.warning("reach.dlq is full; a message that is not a job was dropped (%s)", reason[:200])
+            metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
 
     # -- sending and counting --------------------------------------------------------------
 
