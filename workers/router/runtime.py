@@ -150,6 +150,9 @@ class RouterRuntime:
                 context = route.get_span_context()
                 job = job.model_copy(update={"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"})
             body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
+            # the stage's time is the dispatch, not the confirm: the pool may log its attempt before
+            # the confirm comes back, and `reach trace` orders stages by time
+            dispatched_at = round(time.time(), 6)
             self.publisher.publish(
                 body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers, **properties
             )
@@ -165,6 +168,7 @@ class RouterRuntime:
                 (
                     "dispatched",
                     {
+                        "ts": dispatched_at,
                         **common,
                         "param_keys": sorted(redacted),
                         "params_digest": params_digest(redacted),
