@@ -53,7 +53,10 @@ def _isolated() -> tuple[str, str]:
     atexit.register(lambda: subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60))
     broker = urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
     redis_parts = urlsplit(SHARED_REDIS_URL)
-    redis_url = urlunsplit(redis_parts._replace(path=f"/{1 + os.getpid() % 15}"))
+    # parallel workers of one run (pytest-xdist: gw0, gw1, ...) get databases of their own
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    database = 1 + (int(worker[2:]) if worker[2:].isdigit() else os.getpid()) % 15
+    redis_url = urlunsplit(redis_parts._replace(path=f"/{database}"))
     return broker, redis_url
 
 
