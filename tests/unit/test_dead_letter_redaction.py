@@ -103,6 +103,7 @@ def dead_letter(catalog: Catalog, the_job: dict[str, Any]) -> tuple[dict[str, An
     """(the letter's body, its headers) as ``PoolRuntime._dead_letter`` publishes them."""
     publisher = RecordingPublisher()
     runtime = SimpleNamespace(catalog=catalog, connector=SimpleNamespace(name="tickets"), publisher=publisher)
+    runtime._letter = lambda *args: PoolRuntime._letter(runtime, *args)  # type: ignore[arg-type]
     PoolRuntime._dead_letter(runtime, the_job, "poison")  # type: ignore[arg-type]
     [(body, options)] = publisher.published
     return json.loads(body), options["headers"]

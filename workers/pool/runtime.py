@@ -476,11 +476,7 @@ class PoolRuntime:
         """Keep a job that cannot be finished (or one that does not parse as a job) in reach.dlq,
         params redacted; a full queue is counted."""
         doc = job.model_dump(mode="json") if isinstance(job, Job) else job
-        try:
-            self._dead_letter(doc, reason)
-        except Refused:
-            log.warning("reach.dlq is full; dead letter of intent %s dropped", str(doc.get("intent_id"))[:200])
-            metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
+        self._dead_letter(doc, reason)
 
     def _dead_letter(self, job: dict[str, Any], reason: str) -> None:
         ref = self.catalog.refs.get((str(job.get("connector")), str(job.get("action"))))
@@ -495,30 +491,23 @@ class PoolRuntime:
         }
         if safe_params != params:
             headers[REDACTED_HEADER] = "true"  # `reach dlq replay` must not send the marker downstream
-        self.publisher.publish(
-            json.dumps(dict(job, params=safe_params), default=str).encode(),
-            exchange=DEFAULT_EXCHANGE,
-            routing_key=DLQ.name,
-            message_id=intent_id,
-            headers=headers,
-        )
+        self._letter(json.dumps(dict(job, params=safe_params), default=str).encode(), intent_id, headers)
 
     def dead_letter_raw(self, message: Delivery, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
         # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
+        queue = connector_queue_name(self.connector.name)
+        headers = {"x-reach-reason": f"{reason} (found on {queue})"[:1000], "x-reach-queue": queue}
+        self._letter(message.body, _short(message.message_id or ""), headers)
+
+    def _letter(self, body: bytes, message_id: str, headers: dict[str, Any]) -> None:
+        """Publish one dead letter; a full reach.dlq refuses it, which is counted, not retried."""
         try:
             self.publisher.publish(
-                message.body,
-                exchange=DEFAULT_EXCHANGE,
-                routing_key=DLQ.name,
-                message_id=_short(message.message_id or ""),
-                headers={
-                    "x-reach-reason": f"{reason} (found on {connector_queue_name(self.connector.name)})"[:1000],
-                    "x-reach-queue": connector_queue_name(self.connector.name),
-                },
+                body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, message_id=message_id, headers=headers
             )
-        except Refused:  # reach.dlq is full: counted, not retried
-            log.warning("reach.dlq is full; a message that is not a job was dropped (%s)", reason[:200])
+        except Refused:
+            log.warning("reach.dlq is full; dead letter %s dropped (%s)", message_id, headers["x-reach-reason"][:200])
             metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
 
     # -- sending and counting --------------------------------------------------------------

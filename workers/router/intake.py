@@ -25,7 +25,7 @@ from producers.formats import (
     value_depth,
 )
 from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
-from workers.transport.delivery import Delivery
+from workers.transport.delivery import Delivery, text_or_none
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -201,8 +201,8 @@ class _Intake:
         body_intent = doc.get("intent_id")
         if isinstance(body_intent, str) and INTENT_ID_PATTERN.match(body_intent):
             self.intent_id = body_intent
-        self.agent = self.trusted(_valid_agent(_str(doc.get("agent_id"))), self.header_agent)
-        self.reply_to = _str(doc.get("reply_to"))
+        self.agent = self.trusted(_valid_agent(text_or_none(doc.get("agent_id"))), self.header_agent)
+        self.reply_to = text_or_none(doc.get("reply_to"))
         if (depth := value_depth(doc.get("params"))) > max_depth:
             return self.fail(f"params nest {depth} levels deep; at most {max_depth} are accepted: flatten them")
         return doc, normalized.format
@@ -261,7 +261,3 @@ class _Intake:
             )
         trace_id, traceparent = trace_from(intent.traceparent)
         return ParsedIntent(intent, shape, trace_id, traceparent)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None

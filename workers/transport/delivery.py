@@ -57,9 +57,9 @@ def delivery_of(message: Message) -> Delivery:
     return Delivery(
         body=bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else str(body).encode("utf-8", "replace"),
         headers=dict(message.headers or {}),
-        user_id=_text(properties.get("user_id")),
-        message_id=_text(properties.get("message_id")),
-        content_type=_text(message.content_type),
+        user_id=text_or_none(properties.get("user_id")),
+        message_id=text_or_none(properties.get("message_id")),
+        content_type=text_or_none(message.content_type),
         received_at=time.time(),
         redelivered=bool((message.delivery_info or {}).get("redelivered")),
         unreadable=properties.get(UNREADABLE),
@@ -77,5 +77,6 @@ def handler_for(handle: Callable[[Delivery], Settle]) -> Callable[[Message], Cal
     return on_message
 
 
-def _text(value: Any) -> str | None:
+def text_or_none(value: Any) -> str | None:
+    """``value`` if it is a str (a header or property from outside may be anything)."""
     return value if isinstance(value, str) else None
