@@ -7,9 +7,12 @@ and are never logged, put in receipts or repr'd.
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 import time
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -25,6 +28,50 @@ def _secret(environ: Mapping[str, str], var: str | None, connector: str) -> str:
     if not value:
         raise MissingSecret(f"connector {connector}: auth needs the environment variable {var}, which is not set")
     return value
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """mtls: the client certificate and key (and the CA bundle that signed the server), as paths."""
+
+    cert: str
+    key: str
+    ca: str | None
+
+
+def tls_files(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None) -> TlsFiles | None:
+    """The files an ``mtls`` connector presents (None for other auth types). Every HTTP-based
+    adapter (http, soap) loads them into its TLS context."""
+    if spec.type != "mtls":
+        return None
+    env = os.environ if environ is None else environ
+    files = TlsFiles(
+        _secret(env, spec.cert_env, connector),
+        _secret(env, spec.key_env, connector),
+        env.get(spec.ca_env) if spec.ca_env else None,
+    )
+    for path in (files.cert, files.key, files.ca):
+        if path is not None and not os.path.isfile(path):
+            raise MissingSecret(f"connector {connector}: mtls file {path} does not exist")
+    return files
+
+
+def ssl_context(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None) -> ssl.SSLContext:
+    """The TLS context of an HTTP-based adapter: the system's CAs (or the connector's CA bundle),
+    plus the client certificate for ``mtls``."""
+    files = tls_files(spec, connector, environ)
+    context = (
+        httpx.create_ssl_context() if files is None or files.ca is None else ssl.create_default_context(cafile=files.ca)
+    )
+    if files is not None:
+        context.load_cert_chain(files.cert, files.key)
+    return context
+
+
+def read_secret(var: str | None, connector: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value of the environment variable a connector names (``dsn_env``, ``url_env``, ...);
+    raises MissingSecret when it is not set. Every adapter reads its secrets through here."""
+    return _secret(os.environ if environ is None else environ, var, connector)
 
 
 class TokenError(RuntimeError):
@@ -108,7 +155,9 @@ class ClientCredentialsAuth(httpx.Auth):
             yield request
 
 
-def build_auth(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None) -> httpx.Auth | None:
+def build_auth(
+    spec: AuthSpec, connector: str, environ: Mapping[str, str] | None = None, *, redis: Any = None
+) -> httpx.Auth | None:
     """The httpx auth for a connector, or None for ``type: none``.
 
     The variables are the ones the spec names (catalog data, not fleet settings), read from
@@ -118,7 +167,7 @@ def build_auth(spec: AuthSpec, connector: str, environ: Mapping[str, str] | None
         MissingSecret: a named environment variable is not set.
     """
     env = os.environ if environ is None else environ
-    if spec.type == "none":
+    if spec.type in ("none", "mtls"):  # mtls is in the TLS context (ssl_context), not a header
         return None
     if spec.type == "api_key":
         value = _secret(env, spec.key_env, connector)

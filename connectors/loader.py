@@ -28,7 +28,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from connectors.spec import AgentApp, AgentAppDocument, ConnectorDocument, ConnectorSpec, path_param_problems
+from connectors.spec import (
+    AgentApp,
+    AgentAppDocument,
+    ConnectorDocument,
+    ConnectorSpec,
+    path_param_problems,
+    type_problems,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -194,12 +201,13 @@ def _load_document(
     kind = next(iter(doc))
     structural = _structure_problems(doc, node, name) if kind == "connector" else []
     result.problems.extend(structural)
-    if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get("endpoint"), str):
-        try:
-            doc["connector"]["endpoint"] = expand_env(doc["connector"]["endpoint"], env)
-        except ValueError as exc:
-            result.problems.append(Problem(name, _line_of(node, ("connector", "endpoint")), str(exc)))
-            return
+    for key in ("endpoint", "wsdl"):
+        if kind == "connector" and isinstance(doc["connector"], dict) and isinstance(doc["connector"].get(key), str):
+            try:
+                doc["connector"][key] = expand_env(doc["connector"][key], env)
+            except ValueError as exc:
+                result.problems.append(Problem(name, _line_of(node, ("connector", key)), str(exc)))
+                return
     try:
         if kind == "connector":
             model: ConnectorSpec | AgentApp = ConnectorDocument.model_validate(doc).connector
@@ -269,7 +277,10 @@ def _structure_problems(doc: dict[str, Any], node: yaml.Node, file: str) -> list
     actions = connector.get("actions") if isinstance(connector, dict) else None
     if not isinstance(actions, list):
         return []
-    problems = []
+    problems = [
+        Problem(file, _line_of(node, ("connector",)), f"connector: {message}")
+        for message in type_problems(connector)  # type: ignore[arg-type]
+    ]
     seen: set[str] = set()
     for i, action in enumerate(actions):
         if not isinstance(action, dict):

@@ -255,7 +255,7 @@ class ParamValidator:
             name: (compile_field(spec, in_header=spec.in_ == "header"), spec)
             for name, spec in self._action.input.items()
         }
-        path_params = set(re.findall(r"\{([^{}]*)\}", self._action.template))
+        path_params = set(re.findall(r"\{([^{}]*)\}", self._action.template))  # "" for non-HTTP actions
         # where the HTTP adapter puts each field, for those whose size the URL or a header bounds
         default_place = "query" if self._action.method in ("GET", "DELETE") else "body"
         places = {

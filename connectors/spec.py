@@ -15,11 +15,14 @@ from connectors.durations import Duration
 from connectors.rates import parse_rate
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
+ROUTINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+OPERATION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 PATH_PARAM = re.compile(r"\{([^{}]*)\}")
 HOURS_WINDOW = re.compile(r"^\s*(\d{2}):(\d{2})\s*-\s*(\d{2}):(\d{2})\s+(\S+)\s*$")
 
+ConnectorType = Literal["http", "soap", "sql", "amqp", "agent"]
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
 # reserved: the router answers `reach.list_tools` itself
 RESERVED_CONNECTOR_NAMES = frozenset({"reach"})
@@ -132,13 +135,25 @@ class HealthSpec(_Spec):
         return v
 
 
+AuthType = Literal[
+    "none",
+    "api_key",
+    "bearer",
+    "basic",
+    "oauth2_client_credentials",
+    "oauth2_refresh_token",
+    "form_login",
+    "mtls",
+    "jwt",
+]
+
+
 class AuthSpec(_Spec):
     """Credentials are named by environment variable, never written inline."""
 
-    type: Literal["none", "api_key", "bearer", "basic", "oauth2_client_credentials"] = "none"
+    type: AuthType = "none"
     in_: Literal["header", "query"] = Field(default="header", alias="in")
     name: str | None = None  # api_key: header or query parameter name
-    key_env: str | None = None  # api_key
     token_env: str | None = None  # bearer
     username_env: str | None = None  # basic
     password_env: str | None = None  # basic
@@ -146,6 +161,18 @@ class AuthSpec(_Spec):
     client_id_env: str | None = None
     client_secret_env: str | None = None
     scope: str | None = None
+    refresh_token_env: str | None = None  # oauth2_refresh_token: the first refresh token
+    login_url: str | None = None  # form_login: where the credentials are POSTed
+    username_field: str = "username"  # form_login: form field names
+    password_field: str = "password"
+    cert_env: str | None = None  # mtls: path of the client certificate (PEM)
+    key_env: str | None = None  # mtls: path of its private key; api_key: the key itself
+    ca_env: str | None = None  # mtls (optional): path of the CA bundle that signed the server
+    signing_key_env: str | None = None  # jwt: HS256 secret or RS256 private key (PEM)
+    algorithm: Literal["HS256", "RS256"] = "HS256"  # jwt
+    issuer: str = "agent-reach"  # jwt `iss`
+    audience: str | None = None  # jwt `aud`
+    ttl: Duration = 60.0  # jwt lifetime, at most 5 minutes
 
     @model_validator(mode="after")
     def _complete(self) -> AuthSpec:
@@ -155,7 +182,13 @@ class AuthSpec(_Spec):
             "bearer": ["token_env"],
             "basic": ["username_env", "password_env"],
             "oauth2_client_credentials": ["token_url", "client_id_env", "client_secret_env"],
+            "oauth2_refresh_token": ["token_url", "client_id_env", "refresh_token_env"],
+            "form_login": ["login_url", "username_env", "password_env"],
+            "mtls": ["cert_env", "key_env"],
+            "jwt": ["signing_key_env", "audience"],
         }[self.type]
+        if self.type == "jwt" and not 0 < self.ttl <= 300:
+            raise ValueError("jwt ttl must be between 0 and 5m")
         missing = [k for k in needed if getattr(self, k) is None]
         if missing:
             raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
@@ -224,7 +257,13 @@ class ActionSpec(_Spec):
 
     action: str
     description: str | None = None
-    path: str
+    # how the action reaches its system; which one is needed depends on the connector's type
+    path: str | None = None  # http: "METHOD /template"
+    operation: str | None = None  # soap: the WSDL operation
+    procedure: str | None = None  # sql: CALL schema.name(...)
+    function: str | None = None  # sql: SELECT * FROM schema.name(...)
+    exchange: str | None = None  # amqp: where the request is published ("" = the default exchange)
+    routing_key: str | None = None  # amqp
     input: dict[str, FieldSpec] = Field(default_factory=dict)
     output: dict[str, FieldSpec] | None = None
     permission: Literal["read", "write", "read_only"] = "read"
@@ -243,8 +282,23 @@ class ActionSpec(_Spec):
 
     @field_validator("path")
     @classmethod
-    def _path(cls, v: str) -> str:
-        split_path(v)
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_path(v)
+        return v
+
+    @field_validator("procedure", "function")
+    @classmethod
+    def _routine(cls, v: str | None) -> str | None:
+        if v is not None and not ROUTINE_NAME.match(v):
+            raise ValueError(f"{v!r} must be a routine name like name or schema.name (letters, digits, _)")
+        return v
+
+    @field_validator("operation")
+    @classmethod
+    def _operation(cls, v: str | None) -> str | None:
+        if v is not None and not OPERATION_NAME.match(v):
+            raise ValueError(f"operation {v!r} must be a WSDL operation name (letters, digits, _ . -)")
         return v
 
     @field_validator("allowed_hours")
@@ -262,11 +316,27 @@ class ActionSpec(_Spec):
 
     @property
     def method(self) -> str:
-        return split_path(self.path)[0]
+        """The HTTP method (POST for the non-HTTP types: what a call to them is)."""
+        return split_path(self.path)[0] if self.path else "POST"
 
     @property
     def template(self) -> str:
-        return split_path(self.path)[1]
+        return split_path(self.path)[1] if self.path else ""
+
+    @property
+    def target(self) -> str:
+        """What one call does, for people: ``POST /tickets``, ``soap CreateInvoice``, ..."""
+        if self.path:
+            return self.path
+        if self.operation:
+            return f"soap {self.operation}"
+        if self.procedure:
+            return f"CALL {self.procedure}"
+        if self.function:
+            return f"SELECT {self.function}"
+        if self.routing_key is not None:
+            return f"amqp {self.exchange or '(default)'} / {self.routing_key}"
+        return f"agent {self.action}"
 
     @property
     def is_write(self) -> bool:
@@ -291,7 +361,12 @@ class ConnectorSpec(_Spec):
 
     name: str
     description: str | None = None
-    endpoint: str
+    type: ConnectorType = "http"
+    endpoint: str | None = None  # http (required); soap: overrides the WSDL's service address
+    wsdl: str | None = None  # soap: a file path or an http(s) URL
+    dsn_env: str | None = None  # sql: env variable holding a SQLAlchemy URL
+    url_env: str | None = None  # amqp: env variable holding the legacy system's broker URL
+    agent: str | None = None  # agent: the agent that answers this connector's actions
     auth: AuthSpec = Field(default_factory=AuthSpec)
     health: HealthSpec | None = None
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
@@ -312,15 +387,30 @@ class ConnectorSpec(_Spec):
 
     @field_validator("endpoint")
     @classmethod
-    def _endpoint(cls, v: str) -> str:
+    def _endpoint(cls, v: str | None) -> str | None:
         from urllib.parse import urlsplit
 
+        if v is None:
+            return v
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"endpoint {v!r} must be an http:// or https:// URL with a host")
         if parts.query or parts.fragment or parts.username or parts.password:
             raise ValueError(f"endpoint {v!r} must not carry a query, fragment or credentials (use auth)")
         return v.rstrip("/")
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, v: str | None) -> str | None:
+        if v is not None and not AGENT_ID_PATTERN.match(v):
+            raise ValueError(f"agent {v!r} must be {NAME_RULE}")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_type(self) -> ConnectorSpec:
+        for problem in type_problems(self.model_dump(by_alias=True, exclude_unset=True)):
+            raise ValueError(problem)
+        return self
 
     def action(self, name: str) -> ActionSpec | None:
         for action in self.actions:
@@ -395,6 +485,76 @@ def check_hours(v: str | None) -> str | None:
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ValueError(f"allowed_hours {v!r}: unknown timezone {zone!r}") from exc
     return v
+
+
+# per connector type: the connector keys it needs, the action keys it needs (one of), and the
+# connector / action keys that belong to other types
+CONNECTOR_KEYS: dict[str, tuple[str, ...]] = {
+    "http": ("endpoint",),
+    "soap": ("wsdl",),
+    "sql": ("dsn_env",),
+    "amqp": ("url_env",),
+    "agent": ("agent",),
+}
+ACTION_KEYS: dict[str, tuple[str, ...]] = {
+    "http": ("path",),
+    "soap": ("operation",),
+    "sql": ("procedure", "function"),
+    "amqp": ("routing_key",),
+    "agent": (),
+}
+_ACTION_ONLY_FOR = {"exchange": "amqp"}
+_AUTH_FOR_TYPE: dict[str, tuple[str, ...]] = {
+    # sql and amqp carry credentials in their URL; agent is the fleet's own broker
+    "sql": ("none",),
+    "amqp": ("none",),
+    "agent": ("none",),
+}
+
+
+def type_problems(connector: dict[str, Any]) -> list[str]:
+    """What a connector declares that its ``type`` does not use, or lacks what it needs (raw
+    YAML dict or a dumped model, so the loader can report these with line numbers)."""
+    kind = connector.get("type", "http")
+    if kind not in CONNECTOR_KEYS:
+        return []  # reported by the model's Literal
+    problems = []
+    for key in CONNECTOR_KEYS[kind]:
+        if connector.get(key) in (None, ""):
+            problems.append(f"a connector of type {kind} needs `{key}`")
+    for other, keys in CONNECTOR_KEYS.items():
+        for key in keys:
+            if other != kind and key not in CONNECTOR_KEYS[kind] and connector.get(key) is not None:
+                if not (kind == "soap" and key == "endpoint"):
+                    problems.append(f"`{key}` belongs to connectors of type {other}, not {kind}")
+    auth = connector.get("auth")
+    auth_type = auth.get("type", "none") if isinstance(auth, dict) else "none"
+    if kind in _AUTH_FOR_TYPE and auth_type not in _AUTH_FOR_TYPE[kind]:
+        problems.append(f"a connector of type {kind} takes no `auth` (its credentials are in its URL or the fleet's)")
+    if kind == "sql" or kind == "amqp" or kind == "agent":
+        if connector.get("health") is not None and isinstance(connector.get("health"), dict):
+            if "path" in connector["health"]:
+                problems.append(f"health.path is for http connectors; a {kind} connector is probed by its adapter")
+    actions = connector.get("actions")
+    for i, action in enumerate(actions if isinstance(actions, list) else []):
+        if not isinstance(action, dict):
+            continue
+        wanted = ACTION_KEYS[kind]
+        given = [k for k in wanted if action.get(k) is not None]
+        name = action.get("action", i)
+        if wanted and len(given) != 1:
+            need = " or ".join(f"`{k}`" for k in wanted)
+            problems.append(
+                f"action {name}: a {kind} action needs {'exactly one of ' if len(wanted) > 1 else ''}{need}"
+            )
+        for other, keys in ACTION_KEYS.items():
+            for key in keys:
+                if other != kind and key not in wanted and action.get(key) is not None:
+                    problems.append(f"action {name}: `{key}` belongs to {other} actions, not {kind}")
+        for key, owner in _ACTION_ONLY_FOR.items():
+            if owner != kind and action.get(key) is not None:
+                problems.append(f"action {name}: `{key}` belongs to {owner} actions, not {kind}")
+    return problems
 
 
 class ConnectorDocument(_Spec):

@@ -38,9 +38,27 @@ class CallContext:
     traceparent: str | None = None
     timeout: float | None = None
     max_depth: int | None = None  # nesting of ``data`` passed on (REACH_MAX_DEPTH); None: the adapter's own
+    agent_id: str | None = None  # who asked (a jwt's subject; the agent adapter's caller)
+    connector: str | None = None
+    action: str | None = None
+    hops: int = 0  # agent-to-agent calls that led to this one (the agent adapter's loop guard)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One health probe of a system: ``reach beat`` marks the connector up or down from these."""
+
+    healthy: bool
+    detail: str
 
 
 class Adapter(Protocol):
+    """One connector's way to its system; one instance per pool process, called from many threads."""
+
     def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome: ...
+
+    def probe(self, timeout: float) -> ProbeResult:
+        """Is the system there? Cheap, side-effect free, never raises."""
+        ...
 
     def close(self) -> None: ...

@@ -29,8 +29,8 @@ from zoneinfo import ZoneInfo
 
 import httpx
 
-from connectors.adapters.base import CallContext, Outcome
-from connectors.auth import TokenError, build_auth
+from connectors.adapters.base import CallContext, Outcome, ProbeResult
+from connectors.auth import TokenError, build_auth, ssl_context
 from connectors.schema import (
     MAX_HEADER_VALUE_BYTES,
     MAX_PATH_SEGMENT_BYTES,
@@ -150,17 +150,21 @@ class HttpAdapter:
         transport: httpx.BaseTransport | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_depth: int = DEFAULT_MAX_DEPTH,
+        redis: Any = None,
     ) -> None:
+        """``redis``: where shared auth state lives (rotated OAuth2 refresh tokens)."""
         self.connector = connector
+        if connector.endpoint is None:
+            raise ValueError(f"connector {connector.name} has no endpoint")
         self._base = httpx.URL(connector.endpoint)
         self._base_path = self._base.raw_path.decode("ascii").rstrip("/")
         self._max_response_bytes = max_response_bytes
         self._max_depth = max_depth
         self._outputs = _compile_outputs(connector)
-        self._auth = build_auth(connector.auth, connector.name, environ)
+        self._auth = build_auth(connector.auth, connector.name, environ, redis=redis)
         self._transport = transport
         # one TLS context for every thread's client: building one loads the whole CA bundle
-        self._ssl = httpx.create_ssl_context()
+        self._ssl = ssl_context(connector.auth, connector.name, environ)
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._local = threading.local()
         self._urls: dict[str, httpx.URL] = {}
@@ -186,6 +190,19 @@ class HttpAdapter:
                 self._clients.append(client)
         return client
 
+    def probe(self, timeout: float) -> ProbeResult:
+        """The declared ``health.path`` must answer 2xx; without one, a GET of the endpoint counts
+        any answer below 500 (a 404 on / still proves the system is up)."""
+        health = self.connector.health
+        method, path = split_path(health.path) if health and health.path else ("GET", "/")
+        url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii")) if health else self._base
+        try:
+            response = self._client.request(method, url, timeout=timeout)
+        except httpx.HTTPError as exc:
+            return ProbeResult(False, type(exc).__name__)
+        ok = 200 <= response.status_code < 300 if health else response.status_code < 500
+        return ProbeResult(ok, f"HTTP {response.status_code}")
+
     def close(self) -> None:
         with self._clients_lock:
             clients, self._clients = self._clients, []
@@ -195,6 +212,8 @@ class HttpAdapter:
     # -- request building ---------------------------------------------------------------
 
     def build_request(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> httpx.Request:
+        if action.path is None:
+            raise ValueError(f"action {action.action} has no path")
         method, template = split_path(action.path)
         in_template = set(PATH_PARAM.findall(template))
         default_place = "query" if method in ("GET", "DELETE") else "body"

@@ -34,8 +34,8 @@ TODAYS_JOB: dict[str, Any] = {
 
 def test_todays_job_round_trips_through_the_model() -> None:
     job = parse_job(TODAYS_JOB)
-    assert job.model_dump() == TODAYS_JOB
-    assert list(json.loads(job.model_dump_json())) == list(TODAYS_JOB)  # same keys, same order
+    assert job.hops == 0 and job.model_dump(exclude={"hops"}) == TODAYS_JOB
+    assert list(json.loads(job.model_dump_json(exclude={"hops"}))) == list(TODAYS_JOB)  # same keys, same order
     assert parse_job_json(job.model_dump_json()) == job
 
 
@@ -51,6 +51,15 @@ def test_the_task_message_carries_the_job_as_its_only_argument() -> None:
     assert args == [TODAYS_JOB] and kwargs == {} and isinstance(embed, dict)
     assert headers["task"] == EXECUTE_TASK and headers["id"] == "i-1:1" and "Ünïcode" not in str(headers)
     assert properties["correlation_id"] == "i-1:1"
+
+
+def test_hops_travel_only_when_an_agent_called_an_agent() -> None:
+    jobs = JobMessages(Celery("reach", set_as_current=False))
+    body, _, _ = jobs.build(parse_job({**TODAYS_JOB, "hops": 2}), "i-1:1")
+    assert json.loads(body)[0] == [{**TODAYS_JOB, "hops": 2}]
+    assert parse_job(json.loads(body)[0][0]).hops == 2
+    with pytest.raises(JobDecodeError):
+        parse_job({**TODAYS_JOB, "hops": -1})
 
 
 def test_the_job_is_frozen() -> None:

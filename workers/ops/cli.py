@@ -121,7 +121,7 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
         (
             r.qualified,
             r.action.permission,
-            r.action.method + " " + r.action.template,
+            r.action.target,
             ", ".join(f"{n}{'*' if f.required else ''}" for n, f in r.action.input.items()),
             r.action.description or "",
         )

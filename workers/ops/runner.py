@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import signals
 
-from connectors.adapters.http import HttpAdapter
+from connectors.adapters.factory import AdapterOptions, build_adapter
 from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers.observability import metrics, probes
@@ -156,14 +156,22 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
     queue = connector_queue(name)
     # solo + prefetch = threads: the consumer's loop hands each job to one of the pool's threads
     app = create_app(settings, [queue], worker_prefetch_multiplier=threads)
+    redis_client = connect_redis(settings)
     try:
-        adapter = HttpAdapter(connector, max_connections=threads, max_depth=settings.max_depth)
+        adapter = build_adapter(
+            connector,
+            AdapterOptions(
+                max_connections=threads,
+                max_depth=settings.max_depth,
+                redis=redis_client,
+                broker_url=settings.broker_url,
+            ),
+        )
     except MissingSecret as exc:
         print(f"reach worker {name}: {exc}", file=sys.stderr)
         sys.exit(2)
     with app.connection_for_write() as conn:
         declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
-    redis_client = connect_redis(settings)
     batcher = Batcher(redis_client)
     publisher = BatchPublisher(app.producer_pool, batcher)  # it writes receipts' sent marks
     publisher.prewarm()  # its connection open before the first intent
@@ -198,7 +206,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
 
     probes.install(app)
     probes.serve(settings.metrics_port)
-    log.info("pool %s: %d thread(s) on %s -> %s", name, threads, queue.name, connector.endpoint)
+    log.info("pool %s: %d thread(s) on %s -> %s system", name, threads, queue.name, connector.type)
     app.worker_main(
         [
             "worker",
@@ -217,15 +225,16 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
     """Probe every connector's health until stopped (SIGTERM/SIGINT)."""
     import signal
 
-    from connectors.auth import build_auth
-
+    redis_client = connect_redis(settings)
+    targets = []
     for connector in catalog.connectors.values():
         try:
-            build_auth(connector.auth, connector.name)
+            options = AdapterOptions(max_connections=1, redis=redis_client, broker_url=settings.broker_url)
+            targets.append((connector, build_adapter(connector, options)))
         except MissingSecret as exc:
             print(f"reach beat: {exc}", file=sys.stderr)
             sys.exit(2)
-    beat = Beat(list(catalog.connectors.values()), HealthBoard(connect_redis(settings)), heartbeat=probes.PROBE.beat)
+    beat = Beat(targets, HealthBoard(redis_client), heartbeat=probes.PROBE.beat)
     signal.signal(signal.SIGTERM, lambda *_: beat.stop())
     signal.signal(signal.SIGINT, lambda *_: beat.stop())
     probes.PROBE.ready = True

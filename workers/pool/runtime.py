@@ -385,6 +385,10 @@ class PoolRuntime:
             idempotency_key=ctx.job.idempotency_key,
             traceparent=ctx.job.traceparent,
             timeout=min(timeout, remaining) if remaining is not None else None,
+            agent_id=ctx.job.agent_id,
+            connector=ctx.job.connector,
+            action=ctx.job.action,
+            hops=ctx.job.hops,
         )
 
     def _queue_wait_span(self, ctx: JobContext) -> None:

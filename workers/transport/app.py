@@ -76,5 +76,5 @@ class JobMessages:
     def build(self, job: Job, task_id: str) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         """(body, headers, properties) for one job."""
         headers = {**self._headers, "id": task_id, "root_id": task_id}
-        body = b"[[" + job.model_dump_json().encode() + self._tail
+        body = b"[[" + job.model_dump_json(exclude={"hops"} if job.hops == 0 else None).encode() + self._tail
         return body, headers, {"correlation_id": task_id, "reply_to": ""}

@@ -37,6 +37,9 @@ class Job(BaseModel):
     format: str  # the intent's wire format (for the audit trail)
     received_at: float
     dispatched_at: float
+    # agents calling agents (connector type agent): how many agent-to-agent calls led here. Left
+    # out of the JSON when 0, so a pool that predates it reads every job without one.
+    hops: int = Field(default=0, ge=0, le=64)
 
 
 class JobDecodeError(ValueError):
