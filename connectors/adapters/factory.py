@@ -50,3 +50,13 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
 
         return AgentAdapter(connector, options)
     raise ValueError(f"connector {connector.name}: unknown type {connector.type!r}")
+
+
+def system_problems(connector: ConnectorSpec) -> list[str]:
+    """What ``reach validate`` learns by asking the system's own description: a soap connector's
+    operations and params checked against its WSDL. Empty for types with nothing to check."""
+    if connector.type == "soap":
+        from connectors.adapters.soap import wsdl_problems
+
+        return wsdl_problems(connector)
+    return []

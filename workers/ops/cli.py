@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 import click
 
 from connectors.catalog import Catalog, build
-from connectors.loader import CatalogError, load_directory
+from connectors.loader import CatalogError, LoadResult, Problem, load_directory
+from connectors.spec import ConnectorSpec
 from workers.ops.table import print_table
 from workers.settings import Settings, SettingsError
 from workers.state.client import connect_redis
@@ -85,6 +86,7 @@ def validate(directory: str | None) -> None:
         click.echo(f"{warning} (warning)")
     for problem in sorted(problems):
         click.echo(str(problem))
+    problems.extend(_system_problems(catalog, loaded))
     if problems:
         click.echo(f"{len(problems)} problem(s) in {target}", err=True)
         sys.exit(EXIT_PROBLEMS)
@@ -92,6 +94,23 @@ def validate(directory: str | None) -> None:
     click.echo(
         f"ok: {len(catalog.connectors)} connector(s), {actions} action(s), {len(catalog.agents)} agent app(s) in {target}"
     )
+
+
+def _system_problems(catalog: Catalog, loaded: LoadResult) -> list[Problem]:
+    """Check connectors against their systems' own descriptions (a SOAP connector's WSDL), and
+    print what does not match."""
+    from connectors.adapters.factory import system_problems
+
+    found = []
+    for doc in loaded.connectors:
+        connector = doc.model
+        if not isinstance(connector, ConnectorSpec) or connector.name not in catalog.connectors:
+            continue
+        for message in system_problems(connector):
+            problem = Problem(doc.file, doc.line, f"connector {connector.name}: {message}")
+            click.echo(str(problem))
+            found.append(problem)
+    return found
 
 
 @main.command("catalog")

@@ -26,7 +26,8 @@ Keyed by connector or process (names from the catalog and the fleet, never from 
     reach:alive:<worker_id>                           string  a worker process's heartbeat
     reach:abandoned:<attempt>                         string  an attempt that was given up
 
-The Lua scripts of the ledger build the last two from ``ALIVE_PREFIX`` and ``ABANDONED_PREFIX``.
+Every Lua script receives the keys it touches through KEYS, none builds a key itself. (Which
+keys share a Redis Cluster slot is not arranged yet: a script's keys may hash to different slots.)
 """
 
 from __future__ import annotations

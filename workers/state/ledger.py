@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from string import Template
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
@@ -40,39 +39,60 @@ log = logging.getLogger("reach.idempotency")
 
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
 
-# The claim itself, shared by both scripts below: `rec_key` is the record, `n` the delivery count;
-# ARGV: payload hash, owner, intent id, in-progress ttl ms; `attempt` is set by the wrapper.
-# Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending}
-_CLAIM_BODY = Template("""
+# Every key a script touches comes in KEYS. A record held by another worker is judged by that
+# worker's heartbeat key, which only the record names: the first script answers 'holder' with the
+# owner, and the caller asks again with the owner's heartbeat key (``_JUDGE``). That second trip
+# happens only for a record someone else holds (a redelivery or a concurrent duplicate).
+#
+# The claim, shared by the scripts below: `rec_key` the record, `gone_key` this attempt's
+# given-up mark, `alive_key` the heartbeat of `known_owner` (or nil), `n` the delivery count;
+# ARGV: payload hash, owner, intent id, in-progress ttl ms.
+# Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending,
+#          the holder's worker id for 'holder'}
+_CLAIM_BODY = """
 local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
 if not rec[1] then
-  if redis.call('EXISTS', '$abandoned' .. attempt) == 1 then return {'abandoned', '', '', n, 0} end
+  if redis.call('EXISTS', gone_key) == 1 then return {'abandoned', '', '', n, 0, ''} end
   redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3],
              'attempt', attempt)
   redis.call('PEXPIRE', rec_key, ARGV[4])
-  return {'claimed', '', '', n, 0}
+  return {'claimed', '', '', n, 0, ''}
 end
-if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0} end
-if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0} end
-if redis.call('EXISTS', '$alive' .. rec[3]) == 1 then return {'in_progress', '', rec[5] or '', n, 0} end
-return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0}
-""").substitute(abandoned=keys.ABANDONED_PREFIX, alive=keys.ALIVE_PREFIX)
+if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0, ''} end
+if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0, ''} end
+if alive_key == nil or rec[3] ~= known_owner then return {'holder', '', rec[5] or '', n, 0, rec[3] or ''} end
+if redis.call('EXISTS', alive_key) == 1 then return {'in_progress', '', rec[5] or '', n, 0, ''} end
+return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0, ''}
+"""
 
-# KEYS[1] record
-_CLAIM = "local rec_key = KEYS[1]\nlocal n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
+# KEYS[1] record, KEYS[2] the attempt's given-up mark; ARGV[5] the attempt
+_CLAIM = (
+    "local rec_key = KEYS[1]\nlocal gone_key = KEYS[2]\nlocal alive_key = nil\nlocal known_owner = nil\n"
+    "local n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
+)
+
+# the claim again, now knowing who holds the record: KEYS[3] is the heartbeat of ARGV[6]
+_JUDGE = (
+    "local rec_key = KEYS[1]\nlocal gone_key = KEYS[2]\nlocal alive_key = KEYS[3]\nlocal known_owner = ARGV[6]\n"
+    "local n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
+)
 
 # the pool's first round trip for a job: receipt already sent? count the delivery (poison
-# messages), then claim. KEYS: sent marker, delivery counter, record, optional breaker hash;
-# ARGV[5]: max deliveries, ARGV[6] the attempt. With a breaker key, a claim made while that breaker is closed also
-# takes the first attempt's permit (the record is marked "sending", as the breaker's acquire
-# does): the 6th value is 1 then. Open and half-open breakers are left to the acquire script.
+# messages), then claim. KEYS: sent marker, delivery counter, record, the attempt's given-up mark,
+# optional breaker hash; ARGV[5]: max deliveries, ARGV[6] the attempt. With a breaker key, a claim
+# made while that breaker is closed also takes the first attempt's permit (the record is marked
+# "sending", as the breaker's acquire does): the 7th value is 1 then. Open and half-open breakers
+# are left to the acquire script.
 _BEGIN = (
     """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, '', 0} end
 local n = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 86400)
-if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, 0} end
+if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, '', 0} end
 local rec_key = KEYS[3]
+local gone_key = KEYS[4]
+local alive_key = nil
+local known_owner = nil
 local attempt = ARGV[6]
 local function claim()
 """
@@ -80,42 +100,43 @@ local function claim()
     + """
 end
 local out = claim()
-out[6] = 0
-if out[1] == 'claimed' and KEYS[4] and (redis.call('HGET', KEYS[4], 'state') or 'closed') == 'closed' then
+out[7] = 0
+if out[1] == 'claimed' and KEYS[5] and (redis.call('HGET', KEYS[5], 'state') or 'closed') == 'closed' then
   redis.call('HSET', rec_key, 'sending', '1')
-  out[6] = 1
+  out[7] = 1
 end
 return out
 """
 )
 
-# take over an orphaned record (only when repeating the call is safe); KEYS[1], ARGV: old owner,
-# new owner, intent, attempt
-_TAKE_OVER = Template("""
+# take over an orphaned record (only when repeating the call is safe); KEYS[1] record, KEYS[2] the
+# attempt's given-up mark; ARGV: old owner, new owner, intent, attempt
+_TAKE_OVER = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if redis.call('EXISTS', '$abandoned' .. ARGV[4]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if owner == ARGV[1] and redis.call('HGET', KEYS[1], 'state') == 'in_progress' then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'intent', ARGV[3], 'attempt', ARGV[4])
   return 1
 end
 return 0
-""").substitute(abandoned=keys.ABANDONED_PREFIX)
+"""
 
 
 # an attempt that could not keep its outcome (Redis or the broker failed after the call) gives
 # its record up, so that the job's next delivery sees it orphaned instead of waiting for an
 # attempt that no longer runs (its owner then names no live worker, for workers of any version).
 # The attempt is also marked given up for an hour: one of its own commands that Redis runs late
-# (its caller stopped waiting for it) can then never claim the record. KEYS[1] record; ARGV: owner, attempt
-_ABANDON = Template("""
-redis.call('SET', '$abandoned' .. ARGV[2], '1', 'EX', 3600)
+# (its caller stopped waiting for it) can then never claim the record.
+# KEYS[1] record, KEYS[2] the attempt's given-up mark; ARGV: owner, attempt
+_ABANDON = """
+redis.call('SET', KEYS[2], '1', 'EX', 3600)
 local rec = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
 if rec[1] == 'in_progress' and rec[2] == ARGV[1] and rec[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'owner', 'abandoned:' .. ARGV[1])
   return 1
 end
 return 0
-""").substitute(abandoned=keys.ABANDONED_PREFIX)
+"""
 ABANDON_RETRY_SECONDS = 600.0
 
 
@@ -190,6 +211,7 @@ class Ledger:
         self._heartbeat = heartbeat
         self._ttl_ms = ttl_seconds * 1000
         self._claim = client.register_script(_CLAIM)
+        self._judge_script = client.register_script(_JUDGE)
         self._begin = client.register_script(_BEGIN)
         self._take_over = client.register_script(_TAKE_OVER)
         self._abandon = client.register_script(_ABANDON)
@@ -198,10 +220,23 @@ class Ledger:
         self._retrier: threading.Thread | None = None
 
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
-        state, receipt, holder, _, _ = self._claim(
-            keys=[key], args=[params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
-        )
+        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
+        state, receipt, holder, _, _, owner = self._claim(keys=[key, keys.abandoned(attempt)], args=args)
+        if text(state) == "holder":
+            state, receipt, holder, _ = self._judge(key, args, text(owner))
         return Claim(text(state), text(receipt), text(holder))  # type: ignore[arg-type]
+
+    def _judge(self, key: str, args: list[Any], owner: str) -> tuple[Any, Any, Any, Any]:
+        """A record someone holds: in progress while its owner's heartbeat lives, else orphaned.
+        Asked again if the record changed hands in between (bounded: each round saw a new owner)."""
+        for _ in range(5):
+            state, receipt, holder, _, sending, owner_now = self._judge_script(
+                keys=[key, keys.abandoned(str(args[4])), keys.alive(owner)], args=[*args, owner]
+            )
+            if text(state) != "holder":
+                return state, receipt, holder, sending
+            owner = text(owner_now)
+        return "in_progress", "", "", 0  # a record changing hands this fast is held by someone
 
     def begin(
         self,
@@ -218,14 +253,17 @@ class Ledger:
         """One round trip (of its own, or in the ``batcher``'s next one): the sent check, the
         delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
         breaker is closed."""
-        keys = [sent_key, deliveries_key, key] + ([breaker_key] if breaker_key else [])
+        names = [sent_key, deliveries_key, key, keys.abandoned(attempt)] + ([breaker_key] if breaker_key else [])
         args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries, attempt]
         if batcher is not None:
             # EVAL in a pipeline: a Script object would add a SCRIPT EXISTS round trip per batch
-            result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(keys), *keys, *args))[0]
+            result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(names), *names, *args))[0]
         else:
-            result = self._begin(keys=keys, args=args)
-        state, receipt, holder, deliveries, sending, permit = result
+            result = self._begin(keys=names, args=args)
+        state, receipt, holder, deliveries, sending, owner, permit = result
+        if text(state) == "holder":
+            claim_args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
+            state, receipt, holder, sending = self._judge(key, claim_args, text(owner))
         return Begin(
             cast(BeginState, text(state)),
             text(receipt),
@@ -244,7 +282,11 @@ class Ledger:
         owner = self._client.hget(key, "owner")
         if owner is None:
             return False
-        return bool(self._take_over(keys=[key], args=[owner, self._heartbeat.worker_id, intent_id, attempt]))
+        return bool(
+            self._take_over(
+                keys=[key, keys.abandoned(attempt)], args=[owner, self._heartbeat.worker_id, intent_id, attempt]
+            )
+        )
 
     def abandon(self, key: str, attempt: str) -> None:
         """Give up the record ``attempt`` holds (if it still does): its outcome was not kept, and
@@ -253,7 +295,7 @@ class Ledger:
         attempt that no longer runs and acking the job unanswered. Redis is what just failed, so
         this keeps trying on a thread of its own until it succeeds (for ``ABANDON_RETRY_SECONDS``)."""
         try:
-            self._abandon(keys=[key], args=[self._heartbeat.worker_id, attempt])
+            self._abandon(keys=[key, keys.abandoned(attempt)], args=[self._heartbeat.worker_id, attempt])
         except redis.RedisError:
             with self._retry_lock:
                 self._to_abandon.append((key, attempt, time.monotonic() + ABANDON_RETRY_SECONDS))
@@ -272,7 +314,7 @@ class Ledger:
                     return
             for key, attempt, give_up in pending:
                 try:
-                    self._abandon(keys=[key], args=[self._heartbeat.worker_id, attempt])
+                    self._abandon(keys=[key, keys.abandoned(attempt)], args=[self._heartbeat.worker_id, attempt])
                 except redis.RedisError:
                     if time.monotonic() < give_up:
                         with self._retry_lock:
