@@ -7,16 +7,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from workers.ops.processes import Proc, ProcessGroup  # noqa: E402, F401  (Proc: re-exported for the scripts)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -252,90 +252,8 @@ def purge(broker_url: str, *names: str) -> None:
 # -- processes we start -----------------------------------------------------------------------
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] | None = None
-    cwd: Path = REPO
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-@dataclass
-class Procs:
-    """Everything this run started, each in its own session; stopped by process group only."""
-
-    log_dir: Path
-    items: dict[str, Proc] = field(default_factory=dict)
-
-    def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout_pipe: bool = False, cwd: Path = REPO
-    ) -> Proc:
-        log_path = self.log_dir / f"{name}.log"
-        out = subprocess.PIPE if stdout_pipe else open(log_path, "ab")
-        popen = subprocess.Popen(
-            argv,
-            env=env or dict(os.environ),
-            stdout=out,
-            stderr=open(log_path, "ab") if stdout_pipe else subprocess.STDOUT,
-            stdin=subprocess.PIPE if stdout_pipe else subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=cwd,
-        )
-        proc = Proc(name, popen, log_path, argv, env, cwd)
-        self.items[name] = proc
-        return proc
-
-    def restart(self, name: str) -> Proc:
-        """Start a process that died again, as it was started (what an orchestrator would do)."""
-        old = self.items.pop(name)
-        return self.start(name, old.argv, env=old.env, cwd=old.cwd)
-
-    def stop(self, name: str, grace: float = 20.0) -> None:
-        self.stop_many([name], grace)
-
-    def stop_all(self, grace: float = 20.0) -> None:
-        self.stop_many(list(self.items), grace)
-
-    def stop_many(self, names: list[str], grace: float = 20.0) -> None:
-        """SIGTERM these process groups at once, then wait (SIGKILL after ``grace`` seconds)."""
-        chosen = [self.items.pop(n) for n in names if n in self.items]
-        live = [p for p in chosen if p.popen.poll() is None]
-        for proc in live:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + grace
-        for proc in live:
-            try:
-                proc.popen.wait(max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
-                    proc.popen.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
-
-    def check_alive(self, *names: str) -> None:
-        for name in names or list(self.items):
-            proc = self.items.get(name)
-            if proc is not None and not proc.alive():
-                raise RuntimeError(f"{name} exited with {proc.popen.returncode}: {proc.log_text()[-2000:]}")
+# the processes a run starts: the same registry as reach demo's and the tests' (one harness)
+Procs = ProcessGroup
 
 
 def start_private_redis(procs: Procs) -> tuple[str, int]:

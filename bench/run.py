@@ -910,7 +910,11 @@ def main() -> int:
         ctx.agents.pop("bare").quit()
         procs.stop_many(["bare-router", "bare-connector", "agent-bare"])
         ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST]
-        fleet_logs = {name: scan_log(procs.items[name].log_text()) for name in fleet.names if name in procs.items}
+        fleet_logs = {
+            fleet.full(n): scan_log(procs.items[fleet.full(n)].log_text())
+            for n in fleet.names
+            if fleet.full(n) in procs.items
+        }
         if "scale" in sections:
             fleet.stop_all()
             import scale

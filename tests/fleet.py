@@ -5,10 +5,8 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from urllib.parse import urlsplit
 from kombu import Connection
 
 from producers.client import ReachClient, ReachError
+from workers.ops.processes import FleetProcesses, Proc, ProcessGroup, free_port  # noqa: F401  (free_port: tests import it from here)
 from workers.transport.topology import INTENTS_QUEUE, connector_queue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,12 +59,28 @@ def _isolated() -> tuple[str, str]:
     return broker, redis_url
 
 
-BROKER_URL, REDIS_URL = _isolated()
+_URLS: tuple[str, str] | None = None
+
+
+def isolated_urls() -> tuple[str, str]:
+    """This test process's broker and Redis URLs (made on first use, not at import: a benchmark
+    that imports the harness brings its own)."""
+    global _URLS
+    if _URLS is None:
+        _URLS = _isolated()
+    return _URLS
+
+
+def __getattr__(name: str) -> str:
+    # ``from tests.fleet import BROKER_URL, REDIS_URL``: this run's isolated URLs
+    if name == "BROKER_URL":
+        return isolated_urls()[0]
+    if name == "REDIS_URL":
+        return isolated_urls()[1]
+    raise AttributeError(name)
 
 
 def reachable(url: str, default_port: int) -> bool:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     try:
         with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2):
@@ -74,15 +89,9 @@ def reachable(url: str, default_port: int) -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def queue_depth(name: str) -> tuple[int, int]:
+def queue_depth(name: str, broker_url: str | None = None) -> tuple[int, int]:
     """(messages ready, consumers) of a queue."""
-    with Connection(BROKER_URL) as conn:
+    with Connection(broker_url or isolated_urls()[0]) as conn:
         channel = conn.channel()
         try:
             result = channel.queue_declare(name, passive=True)
@@ -91,8 +100,8 @@ def queue_depth(name: str) -> tuple[int, int]:
             channel.close()
 
 
-def purge(*names: str) -> None:
-    with Connection(BROKER_URL) as conn:
+def purge(*names: str, broker_url: str | None = None) -> None:
+    with Connection(broker_url or isolated_urls()[0]) as conn:
         channel = conn.channel()
         for name in names:
             try:
@@ -103,49 +112,48 @@ def purge(*names: str) -> None:
 
 
 class Fleet:
-    """Starts the router and one pool per named connector against a catalog text."""
+    """The router and one pool per named connector against a catalog text, on this test run's
+    vhost and Redis database (or the URLs given). The processes are those of
+    ``workers.ops.processes``, which ``reach demo`` and the benchmarks use too."""
 
     def __init__(
-        self, catalog_yaml: str, pools: list[str], *, env: dict[str, str] | None = None, log_dir: Path | None = None
+        self,
+        catalog_yaml: str,
+        pools: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+        broker_url: str | None = None,
+        redis_url: str | None = None,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="reach-test-catalog-"))
         (self.dir / "catalog.yaml").write_text(catalog_yaml)
         self.pools = pools
         self.log_dir = log_dir or self.dir
-        self.env = dict(
-            os.environ,
-            REACH_CATALOG=str(self.dir),
-            REACH_BROKER_URL=BROKER_URL,
-            REACH_REDIS_URL=REDIS_URL,
-            REACH_LOG_LEVEL="INFO",
-            **(env or {}),
+        default_broker, default_redis = (None, None) if broker_url and redis_url else isolated_urls()
+        self.broker_url = broker_url or str(default_broker)
+        self.redis_url = redis_url or str(default_redis)
+        self.processes = FleetProcesses(
+            ProcessGroup(self.log_dir), self.dir, self.broker_url, self.redis_url, env=env or {}
         )
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = self.processes.env
+        self.procs = self.processes.group.items  # name -> Proc (pid, poll())
 
     def start(self, timeout: float = 60.0) -> Fleet:
-        purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools))
+        purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools), broker_url=self.broker_url)
         self.start_process("router", ["router"])
         for pool in self.pools:
             self.start_process(pool, ["worker", pool])
         deadline = time.time() + timeout
         for pool in self.pools:
-            while True:
-                self.check_alive()
-                try:
-                    if queue_depth(connector_queue(pool).name)[1] > 0:
-                        break
-                except Exception:
-                    pass
-                if time.time() > deadline:
-                    raise RuntimeError(f"pool {pool} did not start consuming; see {self.log_dir}")
-                time.sleep(0.2)
+            self.processes.wait_consuming(connector_queue(pool).name, max(1.0, deadline - time.time()))
         # the router is ready when it answers
         # the probe sends as the broker login with user_id set, so it is answered in every identity mode
-        login = urlsplit(BROKER_URL).username or "guest"
+        login = urlsplit(self.broker_url).username or "guest"
         while True:  # on a fresh vhost the exchanges exist once the router (or a pool) has declared them
             self.check_alive()
             try:
-                probe = ReachClient(login, BROKER_URL, authenticated=True)
+                probe = ReachClient(login, self.broker_url, authenticated=True)
                 break
             except ReachError:
                 if time.time() > deadline:
@@ -162,104 +170,43 @@ class Fleet:
                         raise RuntimeError(f"router did not answer; see {self.log_dir}") from None
         return self
 
-    def start_process(
-        self, name: str, args: list[str], extra_env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        env = dict(self.env, REACH_METRICS_PORT=str(free_port()), **(extra_env or {}))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.ops.cli", *args],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
-        self.procs[name] = proc
-        return proc
+    def start_process(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
+        return self.processes.start(name, args, extra_env)
 
     def metrics_port(self, name: str) -> int:
-        """The REACH_METRICS_PORT the running process ``name`` serves /metrics, /healthz and /readyz on
-        (read from the process's own environment, so nothing above has to remember it; Linux only)."""
-        proc = self.procs[name]
-        deadline = time.time() + 5
-        # right after Popen the child's environ can still read empty (exec not finished)
-        while not (environ := Path(f"/proc/{proc.pid}/environ").read_bytes()) and time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
-            time.sleep(0.02)
-        for entry in environ.split(b"\0"):
-            if entry.startswith(b"REACH_METRICS_PORT="):
-                return int(entry.split(b"=", 1)[1])
-        raise KeyError(f"{name} was started without REACH_METRICS_PORT")
+        """The REACH_METRICS_PORT the running process ``name`` serves /metrics, /healthz and /readyz on."""
+        return self.processes.metrics_ports[name]
 
     def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
+        self.processes.group.check_alive()
 
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop_process(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        self.processes.group.stop(name)
 
     def kill_process(self, name: str) -> int:
-        """kill -9 the process group of ``name`` (the process and anything it started), reap it,
-        and return its pid. Nothing runs its shutdown code: this is a crash, not a stop."""
-        proc = self.procs.pop(name)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-        return proc.pid
+        """kill -9 the process group of ``name``, reap it, and return its pid (a crash, not a stop)."""
+        return self.processes.group.kill(name)
 
     def wait_consuming(self, queue: str, timeout: float = 60.0, consumers: int = 1) -> None:
         """Wait until ``queue`` has at least ``consumers`` consumers (a process started or reconnected)."""
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                if queue_depth(queue)[1] >= consumers:
+                if self.processes.queue_state(queue)[1] >= consumers:
                     return
             except Exception:  # broker not back yet
                 pass
-            if time.time() > deadline:
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"{queue} has no consumer after {timeout:g} s; see {self.log_dir}")
             time.sleep(0.1)
 
     def stop(self) -> None:
-        """SIGTERM every process group at once, then wait for each (SIGKILL after 20 s): the
-        processes shut down side by side, not one after another."""
-        procs, self.procs = self.procs, {}
-        for proc in procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 20
-        for proc in procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(10)
+        """Stop every process at once (SIGTERM to each group, SIGKILL after 20 s)."""
+        self.processes.group.stop_all()
 
     def __enter__(self) -> Fleet:
         return self.start()
@@ -268,5 +215,5 @@ class Fleet:
         self.stop()
 
 
-def agent(agent_id: str) -> ReachClient:
-    return ReachClient(agent_id, BROKER_URL, drop_duplicates=False)  # tests see the wire as it is
+def agent(agent_id: str, broker_url: str | None = None) -> ReachClient:
+    return ReachClient(agent_id, broker_url or isolated_urls()[0], drop_duplicates=False)  # tests see the wire as it is

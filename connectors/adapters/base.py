@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,18 @@ class CallContext:
     connector: str | None = None
     action: str | None = None
     hops: int = 0  # agent-to-agent calls that led to this one (the agent adapter's loop guard)
+
+
+@dataclass(frozen=True)
+class AdapterOptions:
+    """What the process around an adapter gives it."""
+
+    max_connections: int = 20  # the pool's threads: connections it may need at once
+    max_depth: int | None = None  # nesting of ``data`` passed on (REACH_MAX_DEPTH)
+    redis: Any = None  # shared state (rotated OAuth2 refresh tokens); None in single-process tools
+    broker_url: str | None = None  # the fleet's broker (the agent adapter's way to other agents)
+    environ: Mapping[str, str] | None = None  # where secrets are read; None: the process environment
+    extra: dict[str, Any] = field(default_factory=dict)  # per-adapter knobs for tests
 
 
 @dataclass(frozen=True)

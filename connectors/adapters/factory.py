@@ -3,24 +3,10 @@ SQLAlchemy, ...) is imported only when a connector of that type is built."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.adapters.base import Adapter
+from connectors.adapters.base import Adapter, AdapterOptions
 from connectors.spec import ConnectorSpec
-
-
-@dataclass(frozen=True)
-class AdapterOptions:
-    """What the process around an adapter gives it."""
-
-    max_connections: int = 20  # the pool's threads: connections it may need at once
-    max_depth: int | None = None  # nesting of ``data`` passed on (REACH_MAX_DEPTH)
-    redis: Any = None  # shared state (rotated OAuth2 refresh tokens); None in single-process tools
-    broker_url: str | None = None  # the fleet's broker (the agent adapter's way to other agents)
-    environ: Mapping[str, str] | None = None  # where secrets are read; None: the process environment
-    extra: dict[str, Any] = field(default_factory=dict)  # per-adapter knobs for tests
 
 
 def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = None) -> Adapter:

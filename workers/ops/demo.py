@@ -7,10 +7,7 @@ their receipts as a table, and stops everything it started.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +21,7 @@ from producers.wire import Receipt
 from workers.ops.demo_assets import CATALOG_DIR
 from workers.ops.demo_assets.ticket_system import TicketSystem
 from workers.ops.fleet import Unreachable, redact_url
+from workers.ops.processes import FleetProcesses, Proc, ProcessGroup
 from workers.ops.table import print_table
 from workers.settings import Settings
 
@@ -37,19 +35,6 @@ def _reachable(url: str, default_port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
 
 
 def _row(n: int, who: str, what: str, receipt: Receipt | None) -> tuple[str, ...]:
@@ -106,40 +91,26 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         return 2
     tickets = TicketSystem(0).start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
-    env = dict(
-        os.environ,
-        REACH_CATALOG=str(CATALOG_DIR),
-        TICKETS_URL=tickets.url,
-        REACH_BROKER_URL=settings.broker_url,
-        REACH_REDIS_URL=settings.redis_url,
+    fleet = FleetProcesses(
+        ProcessGroup(logs),
+        CATALOG_DIR,
+        settings.broker_url,
+        settings.redis_url,
+        env={"TICKETS_URL": tickets.url},
+        metrics=False,
     )
-    env.pop("REACH_METRICS_PORT", None)
-    procs: list[subprocess.Popen[bytes]] = []
     print(f"ticket system on {tickets.url}; fleet logs in {logs}")
     try:
-        for name, args in (("router", ["router"]), ("pool", ["worker", CONNECTOR])):
-            out = open(logs / f"{name}.log", "wb")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "workers.ops.cli", *args],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-            print(f"started reach {' '.join(args)} (pid {procs[-1].pid})")
-        return _script(settings, tickets, procs, logs, keep_running)
+        for proc in (fleet.start_router(), fleet.start_pool(CONNECTOR)):
+            print(f"started reach {' '.join(proc.argv[3:])} (pid {proc.pid})")
+        return _script(settings, tickets, list(fleet.group.items.values()), logs, keep_running)
     finally:
-        for proc in procs:
-            _stop(proc)
+        fleet.stop_all()
         tickets.stop()
         print("stopped the router, the pool and the ticket system")
 
 
-def _script(
-    settings: Settings, tickets: TicketSystem, procs: list[subprocess.Popen[bytes]], logs: Path, keep_running: bool
-) -> int:
+def _script(settings: Settings, tickets: TicketSystem, procs: list[Proc], logs: Path, keep_running: bool) -> int:
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
     qa = ReachClient("ticket_qa_bot", settings.broker_url)
     try:
