@@ -30,7 +30,15 @@ from zoneinfo import ZoneInfo
 import httpx
 
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
-from connectors.auth import TokenError, build_auth, ssl_context
+from connectors.auth import (
+    CredentialsError,
+    CredentialsUnavailable,
+    TokenError,
+    bind_call,
+    build_auth,
+    ssl_context,
+    tls_refusal,
+)
 from connectors.schema import (
     MAX_HEADER_VALUE_BYTES,
     MAX_PATH_SEGMENT_BYTES,
@@ -198,7 +206,7 @@ class HttpAdapter:
         url = self._base.copy_with(raw_path=(self._base_path + path).encode("ascii")) if health else self._base
         try:
             response = self._client.request(method, url, timeout=timeout)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, CredentialsError) as exc:
             return ProbeResult(False, type(exc).__name__)
         ok = 200 <= response.status_code < 300 if health else response.status_code < 500
         return ProbeResult(ok, f"HTTP {response.status_code}")
@@ -294,6 +302,7 @@ class HttpAdapter:
         if len(request.url.raw_path) > MAX_URL_BYTES:
             raise UnsafeRequest(f"the request URL is longer than {MAX_URL_BYTES} bytes")
         self._check_destination(request, template, path)
+        bind_call(request, ctx)  # for an auth that names the caller (jwt)
         return request
 
     def _check_destination(self, request: httpx.Request, template: str, path: str) -> None:
@@ -332,6 +341,8 @@ class HttpAdapter:
             finally:
                 response.close()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            if refused := tls_refusal(exc):
+                return self._tls_refused(refused, started)
             return self._failed(
                 ErrorCode.DOWNSTREAM_UNREACHABLE,
                 f"could not connect to {self.connector.name}: {type(exc).__name__}",
@@ -353,8 +364,16 @@ class HttpAdapter:
         except TokenError as exc:
             return self._failed(
                 ErrorCode.DOWNSTREAM_AUTH_FAILED,
-                f"could not obtain an access token: {exc}",
+                f"could not obtain credentials for {self.connector.name}: {exc}",
                 "The connector's credentials were refused; do not retry. Tell an operator.",
+                started,
+                sent=False,
+            )
+        except CredentialsUnavailable as exc:
+            return self._failed(
+                ErrorCode.DOWNSTREAM_UNREACHABLE,
+                f"could not obtain credentials for {self.connector.name}: {exc}",
+                "The system's sign-in is unreachable; retry later.",
                 started,
                 sent=False,
             )
@@ -377,6 +396,8 @@ class HttpAdapter:
                 action, exc.response, b"", (time.perf_counter() - started) * 1000, omitted=omitted
             )
         except (httpx.TransportError, httpx.DecodingError) as exc:
+            if refused := tls_refusal(exc):
+                return self._tls_refused(refused, started)
             if safe_to_repeat:
                 return self._failed(
                     ErrorCode.DOWNSTREAM_ERROR,
@@ -439,6 +460,16 @@ class HttpAdapter:
             http_status=status,
             retry_after_ms=retry_after_ms,
             downstream_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _tls_refused(self, reason: str, started: float) -> Outcome:
+        # the handshake failed, so the system never read the request
+        return self._failed(
+            ErrorCode.DOWNSTREAM_AUTH_FAILED,
+            f"{self.connector.name}: {reason}",
+            "The connector's client certificate is missing or not accepted; do not retry. Tell an operator.",
+            started,
+            sent=False,
         )
 
     def _unknown(self, message: str, action: ActionSpec, started: float) -> Outcome:

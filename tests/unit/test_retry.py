@@ -55,6 +55,8 @@ def run(
     "outcome, safe, retried",
     [
         (failing(ErrorCode.DOWNSTREAM_UNREACHABLE, sent=False), False, True),  # never reached the system
+        (failing(ErrorCode.DOWNSTREAM_ERROR, sent=False), False, True),  # e.g. a deadlock a database rolled back
+        (failing(ErrorCode.DOWNSTREAM_TIMEOUT, sent=False), False, True),  # a cancelled statement, rolled back
         (failing(ErrorCode.DOWNSTREAM_RATE_LIMITED), False, True),  # 429: the system refused it
         (failing(ErrorCode.DOWNSTREAM_ERROR), True, True),  # 5xx on a safe call
         (failing(ErrorCode.DOWNSTREAM_ERROR), False, False),  # 5xx on a non-idempotent write

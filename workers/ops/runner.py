@@ -167,7 +167,7 @@ def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int |
                 broker_url=settings.broker_url,
             ),
         )
-    except MissingSecret as exc:
+    except (MissingSecret, ValueError) as exc:  # an unset secret, or one that is not usable (a bad DSN)
         print(f"reach worker {name}: {exc}", file=sys.stderr)
         sys.exit(2)
     with app.connection_for_write() as conn:
@@ -231,7 +231,7 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
         try:
             options = AdapterOptions(max_connections=1, redis=redis_client, broker_url=settings.broker_url)
             targets.append((connector, build_adapter(connector, options)))
-        except MissingSecret as exc:
+        except (MissingSecret, ValueError) as exc:
             print(f"reach beat: {exc}", file=sys.stderr)
             sys.exit(2)
     beat = Beat(targets, HealthBoard(redis_client), heartbeat=probes.PROBE.beat)

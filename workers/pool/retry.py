@@ -23,15 +23,20 @@ TRANSIENT = frozenset(
         ErrorCode.OUTCOME_UNKNOWN,
     }
 )
+# transient failures an adapter may report with sent=False: retried whatever the action
+_NOT_TAKEN_EFFECT = frozenset(
+    {ErrorCode.DOWNSTREAM_UNREACHABLE, ErrorCode.DOWNSTREAM_ERROR, ErrorCode.DOWNSTREAM_TIMEOUT}
+)
 
 
 def should_retry(outcome: Outcome, safe_to_repeat: bool) -> bool:
-    """Connection failures before sending and 429 always; 5xx and timeouts only when repeating
-    the call is safe (idempotent action, or the system dedupes by idempotency_header)."""
+    """Transient failures that certainly took no effect (``sent`` False) and 429 always; 5xx and
+    timeouts only when repeating the call is safe (idempotent action, or the system dedupes by
+    idempotency_header)."""
     if outcome.ok or outcome.code is None:
         return False
-    if outcome.code is ErrorCode.DOWNSTREAM_UNREACHABLE and not outcome.sent:
-        return True
+    if not outcome.sent and outcome.code in _NOT_TAKEN_EFFECT:
+        return True  # certainly without effect (never sent, or a database rolled it back)
     if outcome.code is ErrorCode.DOWNSTREAM_RATE_LIMITED:
         return True
     return safe_to_repeat and outcome.code in (ErrorCode.DOWNSTREAM_ERROR, ErrorCode.DOWNSTREAM_TIMEOUT)

@@ -25,6 +25,14 @@ Keyed by connector or process (names from the catalog and the fleet, never from 
     reach:last-error:<connector>                      string  the connector's last error
     reach:alive:<worker_id>                           string  a worker process's heartbeat
     reach:abandoned:<attempt>                         string  an attempt that was given up
+    reach:auth:<connector>                            hash    an oauth2_refresh_token connector's newest tokens
+    reach:auth:<connector>:lock                       string  held by the process spending its refresh token
+
+Keyed by what the catalog says (no agent's input reaches them)::
+
+    reach:embedding:<model>:<sha256 of the text>      string  an action text's embedding (float32, little-endian)
+
+The last two are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
 Every Lua script receives the keys it touches through KEYS, none builds a key itself. (Which
 keys share a Redis Cluster slot is not arranged yet: a script's keys may hash to different slots.)
@@ -48,6 +56,7 @@ WORKERS_PREFIX = PREFIX + "workers:"
 LAST_ERROR_PREFIX = PREFIX + "last-error:"
 ALIVE_PREFIX = PREFIX + "alive:"
 ABANDONED_PREFIX = PREFIX + "abandoned:"
+EMBEDDING_PREFIX = PREFIX + "embedding:"
 
 
 def _agent(agent: str | None) -> str:
@@ -142,3 +151,9 @@ def connector_of(key: str | bytes) -> str | None:
         if text.startswith(prefix) and len(text) > len(prefix):
             return text[len(prefix) :]
     return None
+
+
+def embedding(model_and_digest: str) -> str:
+    """An action text's embedding: ``<model>:<sha256 hex>`` (connectors.routing.ActionIndex.cache_key);
+    shared by every router, so a restart or a second replica embeds nothing again."""
+    return EMBEDDING_PREFIX + model_and_digest
