@@ -16,20 +16,27 @@ that declares an ``output``, which is DOWNSTREAM_CONTRACT_VIOLATION (a write's e
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from array import array
 from collections.abc import Mapping
-from datetime import date, datetime
 from itertools import accumulate
 from typing import Any, cast
 from urllib.parse import quote
-from zoneinfo import ZoneInfo
 
 import httpx
 
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
+from connectors.adapters.common import (
+    OMIT,
+    CookielessClient,
+    check_output,
+    compile_outputs,
+    convert_for_system,
+    header_safe,
+    retry_after_ms,
+    scalar_text,
+)
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -43,17 +50,12 @@ from connectors.schema import (
     MAX_HEADER_VALUE_BYTES,
     MAX_PATH_SEGMENT_BYTES,
     MAX_URL_BYTES,
-    Check,
-    FieldProblem,
-    Problems,
-    compile_field,
 )
-from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, FieldSpec, split_path
+from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, split_path
 from producers.wire import ErrorCode
 
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
 DEFAULT_MAX_DEPTH = 32  # nesting of ``data`` passed on (REACH_MAX_DEPTH): a receipt's JSON must stay cheap to handle
-_OMIT = object()
 _SYSTEM_MESSAGE_KEYS = ("detail", "message", "error_description", "error", "errors", "title")
 
 
@@ -72,74 +74,12 @@ class UnsafeRequest(ValueError):
 
 def encode_path_segment(value: Any) -> str:
     """Percent-encode a path parameter so it stays exactly one segment."""
-    text = _scalar_text(value)
+    text = scalar_text(value)
     encoded = quote(text, safe="")
     if encoded.strip(".") == "":
         # "." and ".." are dot segments that HTTP clients and servers collapse
         encoded = encoded.replace(".", "%2E")
     return encoded
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _header_safe(text: str) -> bool:
-    """What HTTP/1.1 allows in a field value: visible ASCII, inner spaces, no edges of blank."""
-    return text.isascii() and text == text.strip(" \t") and _CONTROL.search(text) is None
-
-
-def _scalar_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return str(value)
-
-
-def _convert(value: Any, spec: FieldSpec) -> Any:
-    """Agent value -> what the legacy system expects (null_as, format/timezone, as: string)."""
-    if value is None:
-        if spec.null_as == "omit":
-            return _OMIT
-        if spec.null_as == "":
-            return ""
-        return None
-    if spec.type == "datetime" and (spec.format or spec.timezone):
-        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        if spec.timezone:
-            moment = moment.astimezone(ZoneInfo(spec.timezone))
-        return moment.strftime(spec.format) if spec.format else moment.isoformat()
-    if spec.type == "date" and spec.format:
-        return date.fromisoformat(str(value)).strftime(spec.format)
-    if spec.as_ == "string":
-        return _scalar_text(value)
-    return value
-
-
-class _NoCookies(httpx.Cookies):
-    """A cookie jar that keeps nothing: a pool's clients carry every agent's calls, so a cookie set by
-    one call's answer must not ride along on the next agent's call (and Set-Cookie is never parsed)."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        pass
-
-    def set_cookie_header(self, request: httpx.Request) -> None:
-        pass
-
-
-class _Client(httpx.Client):
-    """An httpx client without a cookie jar (see ``_NoCookies``)."""
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return _NO_COOKIES
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        pass  # there is no jar to set (httpx's own constructor fills ``_cookies``, which is never read)
-
-
-_NO_COOKIES = _NoCookies()
 
 
 class HttpAdapter:
@@ -168,7 +108,7 @@ class HttpAdapter:
         self._base_path = self._base.raw_path.decode("ascii").rstrip("/")
         self._max_response_bytes = max_response_bytes
         self._max_depth = max_depth
-        self._outputs = _compile_outputs(connector)
+        self._outputs = compile_outputs(connector)
         self._auth = build_auth(connector.auth, connector.name, environ, redis=redis)
         self._transport = transport
         # one TLS context for every thread's client: building one loads the whole CA bundle
@@ -184,7 +124,7 @@ class HttpAdapter:
         """This thread's client."""
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is None:
-            client = _Client(
+            client = CookielessClient(
                 auth=self._auth,
                 timeout=httpx.Timeout(15.0, connect=5.0),
                 limits=self._limits,
@@ -235,8 +175,8 @@ class HttpAdapter:
                 raise UnsafeRequest(f"param {name!r} is not declared")  # validation runs first; never reached
             place = spec.in_ or ("path" if name in in_template else default_place)
             wire = spec.name or name
-            converted = _convert(value, spec)
-            if converted is _OMIT:
+            converted = convert_for_system(value, spec)
+            if converted is OMIT:
                 continue
             if place == "path":
                 segment = encode_path_segment(converted)
@@ -250,12 +190,12 @@ class HttpAdapter:
                 if converted is None:
                     continue
                 items = converted if isinstance(converted, list) else [converted]
-                query.extend((wire, _scalar_text(v)) for v in items)
+                query.extend((wire, scalar_text(v)) for v in items)
             elif place == "header":
                 if converted is None:
                     continue
-                text = _scalar_text(converted)
-                if not _header_safe(text):
+                text = scalar_text(converted)
+                if not header_safe(text):
                     raise UnsafeRequest(
                         f"header value for {name!r} must be plain ASCII without control characters",
                         field=name,
@@ -274,7 +214,7 @@ class HttpAdapter:
             ("traceparent", ctx.traceparent),
         ):
             if header and value:
-                if not _header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
+                if not header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
                     raise UnsafeRequest(
                         f"the {header} value must be plain ASCII without control characters, "
                         f"at most {MAX_HEADER_VALUE_BYTES} bytes"
@@ -514,7 +454,7 @@ class HttpAdapter:
             return Outcome(True, data=omitted, http_status=status, downstream_ms=elapsed_ms)
         if 200 <= status < 300:
             data = body if isinstance(body, dict) else ({} if body is None else {"result": body})
-            problems = _check_output(self._outputs[action.action], data)
+            problems = check_output(self._outputs[action.action], data)
             if problems:
                 return Outcome(
                     False,
@@ -527,7 +467,7 @@ class HttpAdapter:
                 )
             return Outcome(True, data=data, http_status=status, downstream_ms=elapsed_ms)
         code = _status_code(status)
-        retry_after = _retry_after_ms(response.headers.get("Retry-After")) if status in (429, 503) else None
+        retry_after = retry_after_ms(response.headers.get("Retry-After")) if status in (429, 503) else None
         return Outcome(
             False,
             code=code,
@@ -652,35 +592,3 @@ def _dig(body: Any, dotted: str) -> Any:
             return None
         body = body.get(part)
     return body
-
-
-def _retry_after_ms(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        return max(0, int(float(value) * 1000))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0, int((when.timestamp() - time.time()) * 1000))
-
-
-def _compile_outputs(connector: ConnectorSpec) -> dict[str, dict[str, Check]]:
-    return {
-        action.action: {name: compile_field(spec) for name, spec in (action.output or {}).items()}
-        for action in connector.actions
-    }
-
-
-def _check_output(checks: dict[str, Check], data: dict[str, Any]) -> list[dict[str, Any]]:
-    problems = Problems()  # bounded: an answer with many stray keys must not cost a detail each
-    for name, check in checks.items():
-        if name not in data:
-            problems.append(FieldProblem(name, "required", "is missing from the response"))
-            continue
-        check(data[name], name, problems)
-    return [p.to_detail() for p in problems]

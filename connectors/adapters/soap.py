@@ -58,14 +58,14 @@ from connectors.adapters.base import AdapterOptions, CallContext, Outcome, Probe
 
 # the http adapter's rules, kept identical here: field conversions (null_as, format/timezone, as: string),
 # output checks, header safety, Retry-After, and a client without a cookie jar
-from connectors.adapters.http import (
-    _OMIT,
-    _check_output,
-    _Client,
-    _compile_outputs,
-    _convert,
-    _header_safe,
-    _retry_after_ms,
+from connectors.adapters.common import (
+    OMIT,
+    CookielessClient,
+    check_output,
+    compile_outputs,
+    convert_for_system,
+    header_safe,
+    retry_after_ms,
 )
 from connectors.auth import (
     CredentialsError,
@@ -304,8 +304,8 @@ class SoapAdapter:
         self._wsdl = connector.wsdl
         self._max_response_bytes = int(options.extra.get("max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES))
         self._max_depth = options.max_depth if options.max_depth is not None else DEFAULT_MAX_DEPTH
-        self._outputs = _compile_outputs(connector)
-        self._http = _Client(
+        self._outputs = compile_outputs(connector)
+        self._http = CookielessClient(
             auth=build_auth(connector.auth, connector.name, options.environ, redis=options.redis),
             verify=ssl_context(connector.auth, connector.name, options.environ),
             timeout=httpx.Timeout(15.0, connect=5.0),
@@ -397,7 +397,7 @@ class SoapAdapter:
             ("traceparent", ctx.traceparent),
         ):
             if header and value:
-                if not _header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
+                if not header_safe(value) or len(value) > MAX_HEADER_VALUE_BYTES:
                     return self._refused(
                         f"the {header} value must be plain ASCII without control characters, "
                         f"at most {MAX_HEADER_VALUE_BYTES} bytes",
@@ -411,10 +411,10 @@ class SoapAdapter:
             if wire not in operation.parts:
                 return self._refused(f"{operation.name} has no input part {wire!r}", started, field=name)
             try:
-                converted = _convert(value, spec) if spec is not None else value
+                converted = convert_for_system(value, spec) if spec is not None else value
             except ValueError as exc:  # a date the field's format cannot take
                 return self._refused(f"param {name!r} cannot be converted: {exc}", started, field=name)
-            if converted is not _OMIT:
+            if converted is not OMIT:
                 kwargs[wire] = converted
         left = max(0.001, timeout - (time.perf_counter() - started))  # the first call also loaded the WSDL
         with self._transport.scope(ctx, left, headers) as scope:
@@ -482,7 +482,7 @@ class SoapAdapter:
                 _SUGGESTIONS[code],
                 started,
                 status=exc.status,
-                retry_after_ms=_retry_after_ms(exc.retry_after) if exc.status == 429 else None,
+                retry_after_ms=retry_after_ms(exc.retry_after) if exc.status == 429 else None,
             )
         status = scope.status or 0
         if isinstance(exc, zeep.exceptions.Fault) and exc.code:
@@ -530,7 +530,7 @@ class SoapAdapter:
             return self._omitted(action, f"the system's answer nests deeper than {limit} levels, the limit", started)
         data = plain if isinstance(plain, dict) else ({} if plain is None else {"result": plain})
         elapsed = (time.perf_counter() - started) * 1000
-        problems = _check_output(self._outputs[action.action], data)
+        problems = check_output(self._outputs[action.action], data)
         if problems:
             return Outcome(
                 False,
