@@ -214,7 +214,7 @@ class _Transport(zeep.Transport):
         request = self._http.build_request(
             "POST",
             address,
-            content=etree_to_string(envelope),  # type: ignore[no-untyped-call]
+            content=etree_to_string(envelope),  # type: ignore[no-untyped-call, unused-ignore]
             headers={**headers, **scope.headers},
             timeout=httpx.Timeout(scope.timeout, connect=min(scope.timeout, 5.0)),
         )
@@ -342,7 +342,7 @@ class SoapAdapter:
     def _load(self, timeout: float) -> _Service:
         self._transport.load_timeout = timeout
         try:
-            client = zeep.Client(self._wsdl, transport=self._transport, settings=SETTINGS)  # type: ignore[no-untyped-call]
+            client = zeep.Client(self._wsdl, transport=self._transport, settings=SETTINGS)  # type: ignore[no-untyped-call, unused-ignore]
         except WsdlError:
             raise
         except httpx.HTTPError as exc:
@@ -361,7 +361,7 @@ class SoapAdapter:
         address = self.connector.endpoint or port.binding_options.get("address")
         if not address:
             raise WsdlError("the WSDL's SOAP port has no address; set the connector's endpoint")
-        proxy = ServiceProxy(client, port.binding, address=address)  # type: ignore[no-untyped-call]
+        proxy = ServiceProxy(client, port.binding, address=address)  # type: ignore[no-untyped-call, unused-ignore]
         return _Service(client, proxy, address, _operations(port.binding))
 
     # -- calling -------------------------------------------------------------------------------
@@ -524,7 +524,7 @@ class SoapAdapter:
     def _success(self, action: ActionSpec, result: Any, ctx: CallContext, started: float) -> Outcome:
         limit = ctx.max_depth if ctx.max_depth is not None else self._max_depth
         try:
-            result = serialize_object(result, dict)  # type: ignore[no-untyped-call]
+            result = serialize_object(result, dict)  # type: ignore[no-untyped-call, unused-ignore]
             plain = _plain(result, limit - (0 if isinstance(result, dict) else 1), 0)
         except _TooDeep:
             return self._omitted(action, f"the system's answer nests deeper than {limit} levels, the limit", started)

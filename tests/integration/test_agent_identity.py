@@ -219,8 +219,9 @@ def test_created_agent_user_has_exactly_the_least_privilege_permissions(password
         text=True,
         check=True,
     )
-    assert json.loads(topic.stdout) == [
-        {"vhost": VHOST, "exchange": "reach.receipts", "write": "^$", "read": expected.topic_read}
+    assert sorted(json.loads(topic.stdout), key=lambda p: p["exchange"]) == [
+        {"vhost": VHOST, "exchange": "reach.agent-replies", "write": expected.reply_topic_write, "read": "^$"},
+        {"vhost": VHOST, "exchange": "reach.receipts", "write": "^$", "read": expected.topic_read},
     ]
 
 
@@ -239,7 +240,9 @@ def test_cli_creates_prints_rotates_and_deletes_an_agent_user(topology: None, mo
     runner = CliRunner()
     printed = runner.invoke(reach_cli, ["agent-user", "create", DAVE, "--print", "--vhost", VHOST])
     assert printed.exit_code == 0, printed.output
-    assert "<password>" in printed.stdout and "^(reach\\.intents|amq\\.gen-.*)$" in printed.stdout
+    assert (
+        "<password>" in printed.stdout and "^(reach\\.intents|amq\\.gen-.*|reach\\.agent\\-replies)$" in printed.stdout
+    )
     assert runner.invoke(reach_cli, ["agent-user", "create", "bad name"]).exit_code == 2
     try:
         first_password = "first-" + secrets.token_urlsafe(12)

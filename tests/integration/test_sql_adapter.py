@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from connectors.adapters.base import CallContext, Outcome
-from connectors.adapters.factory import AdapterOptions, build_adapter
+from connectors.adapters.base import AdapterOptions
+from connectors.adapters.factory import build_adapter
 from connectors.adapters.sql import SqlAdapter
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode

@@ -11,6 +11,14 @@ An agent user may, in its vhost (checked against RabbitMQ 3.10 by
       write    ^$                                  (it may not publish there anyway)
       read     ^<agent>(\..+)?$                    bind only its own routing keys: no ``#``, no other agent
 
+and, to answer connectors of type agent (``agent: <agent>``; see connectors.adapters.agent)::
+
+    read       reach\.agent\.<agent>                consume its own request queue, no other agent's
+    write      reach\.agent-replies                 publish answers there ...
+    topic permissions on reach.agent-replies:
+      write    ^<agent>\..+$                        ... only to the reply queues of calls made to it
+      read     ^$
+
 Nothing on ``amq.default`` (the default exchange reaches every queue by name), ``reach.dispatch``,
 ``reach.connector.*``, ``reach.dlq`` or the ``reach.intents`` queue. Passive declares need no
 permission, so the client checks that the fleet's exchanges exist without configure rights.
@@ -53,7 +61,13 @@ from workers.ops.broker_policy import (
     vhost_limits_command,
 )
 from workers.settings import Settings, SettingsError
-from workers.transport.topology import INTENTS_EXCHANGE, INTENTS_QUEUE, RECEIPTS_EXCHANGE
+from workers.transport.topology import (
+    AGENT_REPLIES_EXCHANGE,
+    INTENTS_EXCHANGE,
+    INTENTS_QUEUE,
+    RECEIPTS_EXCHANGE,
+    agent_queue,
+)
 
 EXIT_CONFIG = 2  # as in workers.ops.cli: usage or configuration errors
 PASSWORD_PLACEHOLDER = "<password>"
@@ -74,6 +88,9 @@ class AgentPermissions:
     topic_write: str
     topic_read: str
     topic_exchange: str = RECEIPTS_EXCHANGE.name
+    # an agent answering agent connectors: the reply keys it may publish (the pools' reply queues)
+    reply_topic_write: str = "^$"
+    reply_exchange: str = AGENT_REPLIES_EXCHANGE.name
 
 
 def check_agent_name(agent: str) -> None:
@@ -96,12 +113,14 @@ def agent_permissions(agent: str) -> AgentPermissions:
         ValueError: The name is not a valid agent id, or is reserved.
     """
     check_agent_name(agent)
+    replies = re.escape(AGENT_REPLIES_EXCHANGE.name)
     return AgentPermissions(
         configure=f"^{_SERVER_NAMED_QUEUE}$",
-        write=f"^({re.escape(INTENTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE})$",
-        read=f"^({re.escape(RECEIPTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE})$",
+        write=f"^({re.escape(INTENTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE}|{replies})$",
+        read=f"^({re.escape(RECEIPTS_EXCHANGE.name)}|{_SERVER_NAMED_QUEUE}|{re.escape(agent_queue(agent).name)})$",
         topic_write="^$",
         topic_read=rf"^{re.escape(agent)}(\..+)?$",
+        reply_topic_write=rf"^{re.escape(agent)}\..+$",
     )
 
 
@@ -132,6 +151,16 @@ def rabbitmqctl_commands(
             perms.topic_exchange,
             perms.topic_write,
             perms.topic_read,
+        ],
+        [
+            "rabbitmqctl",
+            "set_topic_permissions",
+            f"--vhost={vhost}",
+            "--",
+            agent,
+            perms.reply_exchange,
+            perms.reply_topic_write,
+            "^$",
         ],
     ]
 
@@ -383,7 +412,7 @@ def agent_user() -> None:
 def create_cmd(
     name: str, password_env: str | None, vhost: str | None, print_only: bool, max_connections: int, max_channels: int
 ) -> None:
-    """Create agent NAME's user: write on reach.intents, read its own receipts, nothing else.
+    """Create agent NAME's user: write on reach.intents, read its own receipts and requests, nothing else.
 
     The user gets connection and channel limits. RabbitMQ has no per-user queue limit: the vhost
     gets the agent-queue policy and a queue limit (defaults, unless it has them; see `reach setup`).

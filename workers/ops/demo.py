@@ -20,12 +20,15 @@ from producers.client import ReachClient, ReceiptTimeout
 from producers.wire import Receipt
 from workers.ops.demo_assets import CATALOG_DIR
 from workers.ops.demo_assets.ticket_system import TicketSystem
+from workers.ops.demo_assets.warehouse import QUEUE as WAREHOUSE_QUEUE
+from workers.ops.demo_assets.warehouse import Warehouse
 from workers.ops.fleet import Unreachable, redact_url
 from workers.ops.processes import FleetProcesses, Proc, ProcessGroup
 from workers.ops.table import print_table
 from workers.settings import Settings
 
 CONNECTOR = "local_ticket_system"
+WAREHOUSE = "warehouse"  # the demo's second system: type amqp (workers/ops/demo_assets/warehouse.py)
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -90,29 +93,34 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         print(f"cannot declare the fleet's topology: {exc} (at {redact_url(settings.broker_url)})", file=sys.stderr)
         return 2
     tickets = TicketSystem(0).start()
+    warehouse = Warehouse(settings.broker_url).start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     fleet = FleetProcesses(
         ProcessGroup(logs),
         CATALOG_DIR,
         settings.broker_url,
         settings.redis_url,
-        env={"TICKETS_URL": tickets.url},
+        env={"TICKETS_URL": tickets.url, "WAREHOUSE_BROKER_URL": settings.broker_url},
         metrics=False,
     )
-    print(f"ticket system on {tickets.url}; fleet logs in {logs}")
+    print(f"ticket system on {tickets.url}, warehouse on queue {WAREHOUSE_QUEUE}; fleet logs in {logs}")
     try:
-        for proc in (fleet.start_router(), fleet.start_pool(CONNECTOR)):
+        for proc in (fleet.start_router(), fleet.start_pool(CONNECTOR), fleet.start_pool(WAREHOUSE)):
             print(f"started reach {' '.join(proc.argv[3:])} (pid {proc.pid})")
-        return _script(settings, tickets, list(fleet.group.items.values()), logs, keep_running)
+        return _script(settings, tickets, warehouse, list(fleet.group.items.values()), logs, keep_running)
     finally:
         fleet.stop_all()
         tickets.stop()
-        print("stopped the router, the pool and the ticket system")
+        warehouse.stop()
+        print("stopped the router, the pools, the ticket system and the warehouse")
 
 
-def _script(settings: Settings, tickets: TicketSystem, procs: list[Proc], logs: Path, keep_running: bool) -> int:
+def _script(
+    settings: Settings, tickets: TicketSystem, warehouse: Warehouse, procs: list[Proc], logs: Path, keep_running: bool
+) -> int:
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
     qa = ReachClient("ticket_qa_bot", settings.broker_url)
+    stock = ReachClient("stock_bot", settings.broker_url)
     try:
         deadline = time.time() + 90
         tools: list[dict[str, Any]] = []
@@ -168,6 +176,9 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[Proc], logs: 
             {"tid": "TK-9999"},
         )
         run(desk, "delete_everything", "UNKNOWN_ACTION", "delete_everything", {})
+        # the second system is not REST: the same intent and receipt, over a message queue
+        run(stock, "check_stock sku=PRN-42", "succeeded", "check_stock", {"sku": "PRN-42"})
+        run(stock, "check_stock sku=ZZZ-9", "DOWNSTREAM_NOT_FOUND", "check_stock", {"sku": "ZZZ-9"})
         # a malformed message: not JSON at all, identified by its agent_id header; a new id each run,
         # since the fleet answers an intent id once a day (a second demo would wait in vain)
         malformed_id = f"demo-malformed-{uuid.uuid4().hex[:12]}"
@@ -193,6 +204,10 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[Proc], logs: 
             + ", ".join(f"{c['method']} {c['path']}" for c in calls)
         )
         print("the bad enum, the forbidden action, the unknown action and the malformed message never reached it.")
+        print(
+            f"the warehouse (type: amqp, a queue and reply_to instead of HTTP) answered {len(warehouse.requests)} "
+            "stock request(s)."
+        )
         print("\nall receipts as expected" if ok else "\nSOME RECEIPTS WERE NOT AS EXPECTED")
         if keep_running:
             print(
@@ -205,7 +220,8 @@ def _script(settings: Settings, tickets: TicketSystem, procs: list[Proc], logs: 
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
-        return 0 if ok and len(calls) == 3 else 1
+        return 0 if ok and len(calls) == 3 and len(warehouse.requests) == 2 else 1
     finally:
         desk.close()
         qa.close()
+        stock.close()

@@ -10,7 +10,8 @@ from typing import Any
 
 from celery import signals
 
-from connectors.adapters.factory import AdapterOptions, build_adapter
+from connectors.adapters.base import AdapterOptions
+from connectors.adapters.factory import build_adapter
 from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers.observability import metrics, probes
@@ -23,8 +24,10 @@ from workers.router.runtime import RouterRuntime
 from workers.settings import Settings
 from workers.state.batcher import Batcher
 from workers.state.breaker import SharedBreaker
+from workers.router.semantic import SemanticRouting
 from workers.state.client import connect_redis
 from workers.state.control import PoolStatus
+from workers.state.embeddings import RedisVectorCache
 from workers.state.guards import RedisGuards
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
@@ -87,6 +90,8 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
+    semantic = SemanticRouting(catalog, RedisVectorCache(redis_client))
+    semantic.warm()  # the model and every action's embedding, now rather than on the first intent
     router = Router(
         catalog,
         max_intent_bytes=settings.max_intent_bytes,
@@ -96,6 +101,8 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         invalid_rate=parse_rate(settings.agent_invalid_rate),
         guards=RedisGuards(redis_client, dict(catalog.connectors), intervals),
         require_user_id=settings.require_user_id,
+        semantic=semantic,
+        semantic_rate=parse_rate(settings.semantic_rate),
     )
     batcher = Batcher(redis_client)
     runtime = RouterRuntime(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Exchange, Queue
 
+from connectors.spec import ConnectorSpec
+from producers.serve import AGENT_REPLIES_EXCHANGE_NAME, AGENTS_EXCHANGE_NAME, agent_queue_name
 from producers.wire import INTENT_ROUTING_KEY, INTENTS_EXCHANGE_NAME, RECEIPTS_EXCHANGE_NAME
 
 log = logging.getLogger("reach.topology")
@@ -22,6 +24,9 @@ DISPATCH_EXCHANGE = Exchange("reach.dispatch", "direct", durable=True)
 # the default exchange routes by queue name; kombu skips binding when the exchange name is ""
 DEFAULT_EXCHANGE = Exchange("", "direct")
 DLQ = Queue("reach.dlq", DEFAULT_EXCHANGE, routing_key="reach.dlq", durable=True)  # its name; declare with bounds
+# connectors of type agent: pools -> the answering agent's queue, and its answers back to the pools
+AGENTS_EXCHANGE = Exchange(AGENTS_EXCHANGE_NAME, "direct", durable=True)
+AGENT_REPLIES_EXCHANGE = Exchange(AGENT_REPLIES_EXCHANGE_NAME, "topic", durable=True)
 
 
 @dataclass(frozen=True)
@@ -73,16 +78,31 @@ def connector_queue(connector: str) -> Queue:
     return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True)
 
 
+def agent_queue(agent: str) -> Queue:
+    """Where the pools of the connectors that ``agent`` answers send it requests; only it may read."""
+    return Queue(agent_queue_name(agent), AGENTS_EXCHANGE, routing_key=agent, durable=True)
+
+
 def declare_all(
-    connection: Connection, connectors: Iterable[str], dead_letters: DeadLetterBounds | None = None
+    connection: Connection,
+    connectors: Iterable[str] | Mapping[str, ConnectorSpec],
+    dead_letters: DeadLetterBounds | None = None,
 ) -> list[str]:
-    """Declare every exchange and queue (idempotent); returns the queue names."""
+    """Declare every exchange and queue (idempotent); returns the queue names. Given the connector
+    specs (not only names), the request queues of the agents that answer connectors too."""
+    agents = (
+        sorted({c.agent for c in connectors.values() if c.type == "agent" and c.agent})
+        if isinstance(connectors, Mapping)
+        else []
+    )
     channel = connection.channel()
     try:
         INTENTS_EXCHANGE.declare(channel=channel)
         RECEIPTS_EXCHANGE.declare(channel=channel)
         DISPATCH_EXCHANGE.declare(channel=channel)
-        queues = [INTENTS_QUEUE, *(connector_queue(c) for c in connectors)]
+        AGENTS_EXCHANGE.declare(channel=channel)
+        AGENT_REPLIES_EXCHANGE.declare(channel=channel)
+        queues = [INTENTS_QUEUE, *(connector_queue(c) for c in connectors), *(agent_queue(a) for a in agents)]
         for queue in queues:
             queue.bind(channel).declare()
     finally:
