@@ -38,11 +38,11 @@ __all__ = [
 DEFAULT_MAX_DEPTH = 32
 ENVELOPE_DEPTH = 3
 
-FORMATS = ("native", "openai", "anthropic", "mcp", "langchain")
+FORMATS = ("native", "openai", "openai-responses", "anthropic", "mcp", "langchain")
 
 _EXPECTED = (
-    "expected an object with 'action' (or an OpenAI tool call, Anthropic tool_use, "
-    "MCP tools/call or LangChain ToolCall)"
+    "expected an object with 'action' (or an OpenAI tool call, OpenAI Responses function_call, "
+    "Anthropic tool_use, MCP tools/call or LangChain ToolCall)"
 )
 # a JSON escape for a UTF-16 surrogate; only then can a parsed string hold a lone surrogate
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -197,6 +197,8 @@ def normalize(doc: Any) -> Normalized:
     kind = doc.get("type")
     if kind == "function" or ("function" in doc and kind is None):
         return Normalized(_from_openai(doc), "openai")
+    if kind == "function_call":
+        return Normalized(_from_openai_responses(doc), "openai-responses")
     if kind == "tool_use":
         return Normalized(_from_anthropic(doc), "anthropic")
     if "jsonrpc" in doc or doc.get("method") == "tools/call":
@@ -223,6 +225,30 @@ def _from_openai(doc: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise FormatError(f"OpenAI tool call: 'function.arguments' must hold a JSON object, got {_describe(params)}")
     return _native(name, params, doc.get("id"))
+
+
+def _from_openai_responses(doc: dict[str, Any]) -> dict[str, Any]:
+    # a Responses API output item: {"type": "function_call", "id": "fc_…", "call_id": "call_…",
+    # "name", "arguments": "<JSON text>", "status"?}; call_id is what the model pairs the result with
+    shape = "OpenAI Responses function_call"
+    status = doc.get("status")
+    if status is not None and status != "completed":
+        shown = repr(status[:20]) if isinstance(status, str) else _describe(status)
+        raise FormatError(
+            f"{shape}: 'status' is {shown}; only a completed call is acted on (its arguments may be cut short)"
+        )
+    name = _tool_name(doc.get("name"), shape, "name")
+    arguments = doc.get("arguments")
+    if not isinstance(arguments, str):
+        raise FormatError(f"{shape}: 'arguments' must be a string holding a JSON object, got {_describe(arguments)}")
+    try:
+        params = loads_strict(arguments)
+    except FormatError as exc:
+        raise FormatError(f"{shape}: 'arguments' is not usable: {exc}") from exc
+    if not isinstance(params, dict):
+        raise FormatError(f"{shape}: 'arguments' must hold a JSON object, got {_describe(params)}")
+    call_id = doc.get("call_id")
+    return _native(name, params, call_id if call_id is not None else doc.get("id"))
 
 
 def _from_anthropic(doc: dict[str, Any]) -> dict[str, Any]:

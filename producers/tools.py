@@ -1,7 +1,8 @@
 """Tool schemas: the semantic actions an agent may call, in the shapes model APIs expect.
 
 The fleet describes each action once as a :class:`ToolSpec` (``reach.list_tools`` returns them
-as ``to_dict()`` documents); this module renders that list for OpenAI, Anthropic or MCP. Tool
+as ``to_dict()`` documents); this module renders that list for OpenAI (Chat Completions or the
+Responses API), Anthropic or MCP. Tool
 names are ``connector__action`` because tool-name rules of those APIs forbid dots; the router
 resolves them back.
 """
@@ -13,9 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXPORT_FORMATS", "ToolSpec", "export", "to_anthropic", "to_mcp", "to_openai"]
+__all__ = ["EXPORT_FORMATS", "ToolSpec", "export", "to_anthropic", "to_mcp", "to_openai", "to_openai_responses"]
 
-EXPORT_FORMATS = ("openai", "anthropic", "mcp", "json")
+EXPORT_FORMATS = ("openai", "anthropic", "mcp", "json", "openai-responses")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,30 @@ def to_openai(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
+def to_openai_responses(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+    """Render tools for the OpenAI Responses API ``tools`` parameter (flat, not nested in ``function``).
+
+    ``strict`` is false: the Responses API defaults it to true, which demands every property be
+    required, and optional params are the norm here (the router checks params either way).
+
+    Args:
+        tools: The specs.
+
+    Returns:
+        ``[{"type": "function", "name", "description", "parameters", "strict": false}]``.
+    """
+    return [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": copy.deepcopy(t.input_schema),
+            "strict": False,
+        }
+        for t in tools
+    ]
+
+
 def to_anthropic(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
     """Render tools for the Anthropic Messages API ``tools`` parameter.
 
@@ -125,6 +150,7 @@ def _to_json(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
 
 _EXPORTERS: dict[str, Callable[[Iterable[ToolSpec]], list[dict[str, Any]]]] = {
     "openai": to_openai,
+    "openai-responses": to_openai_responses,
     "anthropic": to_anthropic,
     "mcp": to_mcp,
     "json": _to_json,
@@ -136,7 +162,8 @@ def export(tools: Iterable[ToolSpec], fmt: str) -> list[dict[str, Any]]:
 
     Args:
         tools: The specs.
-        fmt: One of ``"openai"``, ``"anthropic"``, ``"mcp"`` or ``"json"`` (``to_dict`` documents).
+        fmt: One of ``"openai"`` (Chat Completions), ``"openai-responses"`` (Responses API),
+            ``"anthropic"``, ``"mcp"`` or ``"json"`` (``to_dict`` documents).
 
     Returns:
         The rendered list.

@@ -46,5 +46,6 @@ def test_the_examples_catalog_is_a_copy_of_the_packaged_demo_catalog() -> None:
 def test_the_packaged_demo_catalog_is_valid() -> None:
     catalog, problems = build(load_directory(CATALOG_DIR))
     assert not problems
-    assert set(catalog.connectors) == {"local_ticket_system"}
-    assert set(catalog.agents) == {"ticket_desk_bot", "ticket_qa_bot"}
+    assert set(catalog.connectors) == {"local_ticket_system", "warehouse"}
+    assert catalog.connectors["warehouse"].type == "amqp"  # the demo shows a system that is not REST
+    assert set(catalog.agents) == {"ticket_desk_bot", "ticket_qa_bot", "stock_bot"}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.formats import FormatError, Normalized, loads_strict, normalize
+from producers.formats import FORMATS, FormatError, Normalized, loads_strict, normalize
 from producers.wire import Intent
 
 NOT_AN_INTENT = "not an intent: expected an object with 'action'"
@@ -43,6 +43,39 @@ def test_openai_tool_call_becomes_native_intent() -> None:
         "intent_id": "call_abc123",
     }
     Intent.model_validate(result.intent)
+
+
+def test_openai_responses_function_call_becomes_native_intent_keyed_by_its_call_id() -> None:
+    # an output item of the Responses API, forwarded as the model produced it
+    doc = {
+        "type": "function_call",
+        "id": "fc_67ca09c5efe0819096d0511c92b8c890",
+        "call_id": "call_unLAR8MvFNptuiZK6K6HCy5k",
+        "name": "local_ticket_system__create_ticket",
+        "arguments": '{"title": "Printer broken", "priority": "high"}',
+        "status": "completed",
+    }
+    result = normalize(doc)
+    assert result.format == "openai-responses"
+    # call_id, not the item id: it is what the model pairs the function_call_output with
+    assert result.intent == {
+        "action": "local_ticket_system__create_ticket",
+        "params": {"title": "Printer broken", "priority": "high"},
+        "intent_id": "call_unLAR8MvFNptuiZK6K6HCy5k",
+    }
+    Intent.model_validate(result.intent)
+
+
+def test_openai_responses_function_call_without_call_id_or_status_uses_its_item_id() -> None:
+    doc = {"type": "function_call", "id": "fc_1", "name": "query_ticket", "arguments": '{"tid": "TK-1"}'}
+    assert normalize(doc).intent == {"action": "query_ticket", "params": {"tid": "TK-1"}, "intent_id": "fc_1"}
+
+
+@pytest.mark.parametrize("status", ["in_progress", "incomplete", 3])
+def test_openai_responses_function_call_that_is_not_completed_is_refused(status: Any) -> None:
+    doc = {"type": "function_call", "call_id": "c1", "name": "a", "arguments": '{"x": 1', "status": status}
+    with pytest.raises(FormatError, match="only a completed call"):
+        normalize(doc)
 
 
 def test_anthropic_tool_use_becomes_native_intent() -> None:
@@ -143,7 +176,13 @@ def test_non_object_is_not_an_intent(doc: Any) -> None:
 def test_object_of_no_known_shape_is_not_an_intent(doc: dict[str, Any]) -> None:
     with pytest.raises(FormatError, match=NOT_AN_INTENT) as info:
         normalize(doc)
-    for shape in ("OpenAI tool call", "Anthropic tool_use", "MCP tools/call", "LangChain ToolCall"):
+    for shape in (
+        "OpenAI tool call",
+        "OpenAI Responses function_call",
+        "Anthropic tool_use",
+        "MCP tools/call",
+        "LangChain ToolCall",
+    ):
         assert shape in str(info.value)
 
 
@@ -167,6 +206,11 @@ def _openai(function: Any) -> dict[str, Any]:
         (_openai({"name": "a", "arguments": "{not json"}), "'function.arguments'"),
         (_openai({"name": "a", "arguments": '{"x": NaN}'}), "'function.arguments'"),
         (_openai({"name": "a", "arguments": '{"x": 1, "x": 2}'}), "'function.arguments'"),
+        ({"type": "function_call", "call_id": "c", "arguments": "{}"}, "'name'"),
+        ({"type": "function_call", "call_id": "c", "name": "a", "arguments": {"x": 1}}, "'arguments'"),
+        ({"type": "function_call", "call_id": "c", "name": "a"}, "'arguments'"),
+        ({"type": "function_call", "call_id": "c", "name": "a", "arguments": "[1]"}, "'arguments'"),
+        ({"type": "function_call", "call_id": "c", "name": "a", "arguments": '{"x": NaN}'}, "'arguments'"),
         ({"type": "tool_use", "id": "t", "name": None, "input": {}}, "'name'"),
         ({"type": "tool_use", "id": "t", "name": "a", "input": "tid=1"}, "'input'"),
         ({"type": "tool_use", "id": "t", "name": "a"}, "'input'"),
@@ -279,10 +323,15 @@ _keys = st.sampled_from(
         "jsonrpc",
         "method",
         "params",
+        "call_id",
+        "status",
     ]
 ) | st.text(max_size=5)
 _json_values = st.recursive(
-    _json_scalars | st.sampled_from(["function", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]),
+    _json_scalars
+    | st.sampled_from(
+        ["function", "function_call", "completed", "tool_use", "tool_call", "2.0", "tools/call", "{}", '{"a":1}', "[]"]
+    ),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=5),
     max_leaves=30,
 )
@@ -293,7 +342,7 @@ def _normalize_text(data: bytes | str) -> None:
         result = normalize(loads_strict(data))
     except FormatError:
         return
-    assert result.format in ("native", "openai", "anthropic", "mcp", "langchain")
+    assert result.format in FORMATS
     assert isinstance(result.intent, dict)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from producers.tools import ToolSpec, export, to_anthropic, to_mcp, to_openai
+from producers.tools import ToolSpec, export, to_anthropic, to_mcp, to_openai, to_openai_responses
 
 SCHEMA = {
     "type": "object",
@@ -43,6 +43,20 @@ def test_openai_export_wraps_each_tool_as_a_function() -> None:
     ]
 
 
+def test_openai_responses_export_is_flat_and_not_strict() -> None:
+    # the Responses API takes the function's fields at the top level, and defaults `strict` to
+    # true, which would refuse a schema with optional properties such as `priority`
+    assert to_openai_responses([CREATE]) == [
+        {
+            "type": "function",
+            "name": "local_ticket_system__create_ticket",
+            "description": "Create a new ticket",
+            "parameters": SCHEMA,
+            "strict": False,
+        }
+    ]
+
+
 def test_anthropic_export_uses_input_schema() -> None:
     assert to_anthropic([CREATE]) == [
         {
@@ -67,6 +81,7 @@ def test_mcp_export_uses_camel_case_input_schema() -> None:
     ("fmt", "render"),
     [
         ("openai", to_openai),
+        ("openai-responses", to_openai_responses),
         ("anthropic", to_anthropic),
         ("mcp", to_mcp),
         ("json", lambda tools: [t.to_dict() for t in tools]),
@@ -80,7 +95,7 @@ def test_export_dispatches_by_format_and_keeps_order(fmt: str, render: object) -
 
 
 def test_export_of_no_tools_is_an_empty_list() -> None:
-    for fmt in ("openai", "anthropic", "mcp", "json"):
+    for fmt in ("openai", "openai-responses", "anthropic", "mcp", "json"):
         assert export([], fmt) == []
 
 
@@ -100,6 +115,7 @@ def test_to_dict_and_from_dict_round_trip() -> None:
 def test_exported_schemas_are_copies_so_callers_cannot_change_the_spec() -> None:
     for rendered in (
         to_openai([CREATE])[0]["function"]["parameters"],
+        to_openai_responses([CREATE])[0]["parameters"],
         to_mcp([CREATE])[0]["inputSchema"],
         CREATE.to_dict()["input_schema"],
     ):
