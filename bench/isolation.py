@@ -15,10 +15,14 @@ of the effect is two shared cores and Celery-with-threads, and how much is the f
 
 The phases alternate (fleet without, fleet with, bare without, bare with, ...). Reported for each
 pipeline: the fast connector's p50/p99 with and without the backlog over all repetitions' intents
-pooled (3 x 1,000 each in the full run: one p99 over 3,000 latencies moves less with a noisy
-neighbour than the median of three p99s of 1,000), p99 with / without (target <= 1.2 for the
+pooled (5 x 1,000 each in the full run: one p99 over 5,000 latencies moves less with a noisy
+neighbour than the median of five p99s of 1,000), p99 with / without (target <= 1.2 for the
 fleet), and each repetition's own p99 beside them. The fleet's figures are at the top level of the
-result, the baseline's under "bare". Run as a section of bench/run.py (``--only isolation``).
+result, the baseline's under "bare"; ``relative_to_bare`` is the fleet's ratio over the bare
+pipeline's (the figure of record, target <= 1.15). With ``big_backlog`` set (10,000 in the full run),
+each repetition also runs the fleet's fast connector beside that much backlog: ``big_over_with`` is
+its p99 over the 1,000-backlog one (backlog independence, target <= 1.1). Run as a section of
+bench/run.py (``--only isolation``).
 """
 
 from __future__ import annotations
@@ -69,16 +73,16 @@ def _wait_router_drained(ctx: Any, pipe: Pipeline, timeout: float = 120.0) -> fl
     return time.time() - t0
 
 
-def _publish_backlog(ctx: Any, pipe: Pipeline, agent: Agent) -> dict[str, Any]:
+def _publish_backlog(ctx: Any, pipe: Pipeline, agent: Agent, n: int | None = None) -> dict[str, Any]:
     cfg = ctx.cfg
     for attempt in range(3):
         try:
             return agent.run(
                 None,
                 mode="burst",
-                n=cfg["backlog"],
+                n=n or cfg["backlog"],
                 wait_receipts=False,
-                timeout=60,
+                timeout=60 + (n or 0) / 100,
                 intent=ctx.intent(
                     pipe.variant, [catalogs.SLOW_AGENT], action=f"{catalogs.SLOW}.create_ticket", suffix="sink"
                 ),
@@ -122,9 +126,33 @@ def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict
         ctx.problems.append(f"isolation ({v}): the slow backlog ran out before the 'with' phase ended")
     purge(ctx.broker_url, pipe.slow_queue)
     time.sleep(2.5)  # the 20 calls in flight finish (2 s each)
+    big = int(ctx.cfg.get("big_backlog") or 0)
+    if big and v == "fleet":
+        # backlog independence: the same phase beside a backlog ten times as long
+        _publish_backlog(ctx, pipe, agent, big)
+        _wait_router_drained(ctx, pipe, timeout=600)
+        depth_before = queue_state(ctx.broker_url, pipe.slow_queue)[0]
+        res = ctx.phase(v, "paced", n, rate=100, label=f"isolation with {big} backlog rep {rep + 1}", samples=True)
+        res.update(slow_depth_before=depth_before, slow_depth_after=queue_state(ctx.broker_url, pipe.slow_queue)[0])
+        out.setdefault("with_big", []).append(res)
+        log(
+            f"isolation {v} rep {rep + 1} with {big} backlog ({depth_before} waiting): p99 {res['latency_ms']['p99']} ms"
+        )
+        purge(ctx.broker_url, pipe.slow_queue)
+        time.sleep(2.5)
 
 
 def _summary(out: dict[str, Any]) -> dict[str, Any]:
+    if out.get("with_big"):
+        big = [v for r in out["with_big"] for v in r.pop("samples_ms", [])]
+        with_ = [v for r in out["with"] for v in r.get("samples_ms", [])]
+        p99_big, p99_with = percentile(big, 99), percentile(with_, 99)
+        out.update(
+            fast_p99_with_big_ms=p99_big,
+            big_over_with=round(p99_big / p99_with, 3) if p99_big and p99_with else None,
+            rep_p99_big_ms=[r["latency_ms"]["p99"] for r in out["with_big"]],
+            slow_depth_big=[(r["slow_depth_before"], r["slow_depth_after"]) for r in out["with_big"]],
+        )
     pooled = {phase: [v for r in out[phase] for v in r.pop("samples_ms", [])] for phase in ("without", "with")}
     p99_without, p99_with = percentile(pooled["without"], 99), percentile(pooled["with"], 99)
     out.update(
@@ -197,4 +225,8 @@ def run(ctx: Any, fleet: ReachFleet, bare: bool = True) -> dict[str, Any]:
     result = _summary(outs["fleet"])
     if bare:
         result["bare"] = _summary(outs["bare"])
+        # the figure of record: the fleet's sensitivity to the backlog over the bare pipeline's,
+        # measured in the same repetitions (what the machine does to both cancels out)
+        if result.get("ratio") and result["bare"].get("ratio"):
+            result["relative_to_bare"] = round(result["ratio"] / result["bare"]["ratio"], 3)
     return result

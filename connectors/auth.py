@@ -38,9 +38,11 @@ from redis.exceptions import RedisError
 from connectors.adapters.base import CallContext
 from connectors.spec import AuthSpec
 
-# Redis: the one key of this module, ``reach:auth:<connector>`` (a hash: an oauth2_refresh_token
-# connector's current tokens) and its lock ``reach:auth:<connector>:lock``. Listed with every other
-# key in workers/state/keys.py, which this lower layer cannot import. Connector names have no ``:``.
+# Redis: the one key of this module, ``reach:auth:{<connector>}`` (a hash: an oauth2_refresh_token
+# connector's current tokens) and its lock ``reach:auth:{<connector>}:lock``. Listed with every other
+# key in workers/state/keys.py, which this lower layer cannot import. Connector names have no ``:``
+# and no braces; the braces are the Redis Cluster hash tag, which keeps the tokens, their lock and
+# the connector's other keys in one slot.
 _PREFIX = "reach:"
 AUTH_KEY_PREFIX = _PREFIX + "auth:"
 CALL_EXTENSION = "reach.call"  # request.extensions key of the CallContext (bind_call)
@@ -50,7 +52,7 @@ REFUSAL_HOLD = 30.0  # seconds a refused login or refresh token is not tried aga
 
 def state_key(connector: str) -> str:
     """The Redis hash holding ``connector``'s rotating OAuth2 tokens (shared by its pool processes)."""
-    return AUTH_KEY_PREFIX + connector
+    return AUTH_KEY_PREFIX + "{" + connector + "}"
 
 
 class MissingSecret(RuntimeError):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from connectors.loader import CatalogError, LoadResult, Problem, load_directory
 from connectors.schema import ParamValidator, default_problems, object_json_schema
-from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec
+from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec, RoutingSpec
 from producers.tools import ToolSpec
 from producers.wire import ErrorCode
 
@@ -43,6 +43,25 @@ class Refusal:
     suggestion: str
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """A bare action that several connectors the agent is bound to offer: semantic routing
+    (workers/router/semantic.py) chooses between them, or answers AMBIGUOUS_ACTION."""
+
+    action: str
+    refs: list[ActionRef]
+
+    def refusal(self, domain: str | None = None) -> Refusal:
+        """The AMBIGUOUS_ACTION answer when nothing chooses (``domain`` picks one if it can)."""
+        names = ", ".join(r.qualified for r in self.refs)
+        return Refusal(
+            ErrorCode.AMBIGUOUS_ACTION,
+            f"{len(self.refs)} connectors offer {self.action!r}: {names}",
+            f'Name the connector explicitly, e.g. action "{self.refs[0].qualified}" (candidates: {names}), '
+            "or set context.domain to the connector's domain.",
+        )
+
+
 @dataclass
 class Catalog:
     connectors: dict[str, ConnectorSpec]
@@ -50,11 +69,24 @@ class Catalog:
     refs: dict[tuple[str, str], ActionRef]
     by_action: dict[str, list[ActionRef]]
     grants: dict[str, dict[str, Binding]]
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
 
     # -- routing ---------------------------------------------------------------------------
 
     def resolve(self, name: str, agent_id: str, domain: str | None = None) -> ActionRef | Refusal:
         """Find the one action an intent means (bare, ``connector.action`` or ``connector__action``)."""
+        found = self.resolve_candidates(name, agent_id)
+        if not isinstance(found, Candidates):
+            return found
+        if domain:
+            in_domain = [r for r in found.refs if r.connector.domain == domain]
+            if len(in_domain) == 1:
+                return in_domain[0]
+        return found.refusal()
+
+    def resolve_candidates(self, name: str, agent_id: str) -> ActionRef | Refusal | Candidates:
+        """Like ``resolve``, but a bare action the agent may use on several connectors comes back
+        as its candidates, for the router's rules and semantic ranking to choose from."""
         connector_name, action_name = split_action_name(name)
         if connector_name is not None:
             ref = self.refs.get((connector_name, action_name))
@@ -74,18 +106,11 @@ class Catalog:
             refusal = self.check_permission(agent_id, candidates[0])
             assert refusal is not None
             return refusal
-        pool = granted or candidates
-        if domain:
-            in_domain = [r for r in pool if r.connector.domain == domain]
-            if len(in_domain) == 1:
-                return in_domain[0]
-        names = ", ".join(r.qualified for r in pool)
-        return Refusal(
-            ErrorCode.AMBIGUOUS_ACTION,
-            f"{len(pool)} connectors offer {action_name!r}: {names}",
-            f'Name the connector explicitly, e.g. action "{pool[0].qualified}" (candidates: {names}), '
-            "or set context.domain to the connector's domain.",
-        )
+        return Candidates(action_name, granted)
+
+    def shares_actions(self) -> bool:
+        """Whether some bare action is offered by more than one connector (semantic routing may be needed)."""
+        return any(len(refs) > 1 for refs in self.by_action.values())
 
     def allows(self, agent_id: str, ref: ActionRef) -> bool:
         binding = self.grants.get(agent_id, {}).get(ref.connector.name)
@@ -225,7 +250,17 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
                     )
             per_connector[binding.connector] = binding
         grants[agent.name] = per_connector
-    return Catalog(connectors, agents, refs, by_action, grants), problems
+    routing = RoutingSpec()
+    for i, doc in enumerate(result.routing):
+        if i == 0:
+            assert isinstance(doc.model, RoutingSpec)
+            routing = doc.model
+        else:
+            first = result.routing[0]
+            problems.append(
+                Problem(doc.file, doc.line, f"a second routing: document (the first is at {first.file}:{first.line})")
+            )
+    return Catalog(connectors, agents, refs, by_action, grants, routing), problems
 
 
 def load_catalog(directory: str | Path, environ: dict[str, str] | None = None) -> Catalog:

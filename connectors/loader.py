@@ -1,7 +1,8 @@
 """Loading a catalog directory like a compiler: every problem, each with its file and line.
 
 Any ``*.yaml`` / ``*.yml`` under the directory (recursively) is read; a file may hold several
-documents separated by ``---``. Each document is either ``connector:`` or ``agent_app:``.
+documents separated by ``---``. Each document is ``connector:``, ``agent_app:`` or (at most one
+in a catalog) ``routing:``.
 
 Documents are composed one at a time (by libyaml when PyYAML has it) and their node trees are
 dropped once the document is checked, so a large catalog never holds all its trees at once (a
@@ -33,6 +34,8 @@ from connectors.spec import (
     AgentAppDocument,
     ConnectorDocument,
     ConnectorSpec,
+    RoutingDocument,
+    RoutingSpec,
     path_param_problems,
     type_problems,
 )
@@ -53,13 +56,14 @@ class LoadedDocument:
     file: str
     line: int
     index: int  # the document's place in its file (0 for the first), to find its lines again
-    model: ConnectorSpec | AgentApp
+    model: ConnectorSpec | AgentApp | RoutingSpec
 
 
 @dataclass
 class LoadResult:
     connectors: list[LoadedDocument] = field(default_factory=list)
     agents: list[LoadedDocument] = field(default_factory=list)
+    routing: list[LoadedDocument] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # names of connectors whose documents failed: bindings to them are not reported again
@@ -163,6 +167,7 @@ def _load_file(path: Path, result: LoadResult, env: Mapping[str, str]) -> None:
         result._sources[name] = (_digest(text), composer)
         result.connectors.extend(found.connectors)
         result.agents.extend(found.agents)
+        result.routing.extend(found.routing)
         result.problems.extend(found.problems)
         result.warnings.extend(found.warnings)
         result.broken_connectors |= found.broken_connectors
@@ -192,10 +197,12 @@ def _load_document(
     if duplicates:
         result.problems.extend(Problem(name, dup.line, str(dup)) for dup in duplicates)
         return
-    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app"):
+    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app", "routing"):
         keys = ", ".join(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
         result.problems.append(
-            Problem(name, line, f"a document must hold exactly one of connector: or agent_app: (found {keys})")
+            Problem(
+                name, line, f"a document must hold exactly one of connector: or agent_app: or routing: (found {keys})"
+            )
         )
         return
     kind = next(iter(doc))
@@ -210,8 +217,11 @@ def _load_document(
                 return
     try:
         if kind == "connector":
-            model: ConnectorSpec | AgentApp = ConnectorDocument.model_validate(doc).connector
+            model: ConnectorSpec | AgentApp | RoutingSpec = ConnectorDocument.model_validate(doc).connector
             result.connectors.append(LoadedDocument(name, line, index, model))
+        elif kind == "routing":
+            model = RoutingDocument.model_validate(doc).routing
+            result.routing.append(LoadedDocument(name, line, index, model))
         else:
             model = AgentAppDocument.model_validate(doc).agent_app
             result.agents.append(LoadedDocument(name, line, index, model))
@@ -223,7 +233,7 @@ def _load_document(
             if problem not in structural:  # the model re-checks what the raw pass reported
                 result.problems.append(problem)
         return
-    if structural and kind == "connector":
+    if structural and isinstance(model, ConnectorSpec):
         result.broken_connectors.add(model.name)
         result.connectors.pop()
 

@@ -455,6 +455,8 @@ class Binding(_Spec):
 class AgentApp(_Spec):
     name: str
     description: str | None = None
+    # semantic routing prefers connectors of this domain for the agent's bare actions
+    domain: str | None = None
     connector_bindings: list[Binding] = Field(default_factory=list)
 
     @field_validator("name")
@@ -557,9 +559,39 @@ def type_problems(connector: dict[str, Any]) -> list[str]:
     return problems
 
 
+# sentence-embedding models semantic routing can use (connectors/routing/embedders.py); "none"
+# ranks by the lexical scorer and the domain rules only
+EmbeddingModel = Literal["use-m3+e5-small", "use-m3", "e5-small", "none"]
+
+
+class RoutingWeights(_Spec):
+    """How much each path counts in a candidate's score (docs/contract.md "Semantic routing")."""
+
+    semantic: float = Field(default=1.0, ge=0, le=10)  # cosine of description and action text
+    lexical: float = Field(default=0.1, ge=0, le=10)  # BM25 over the most the request could score, in [0, 1]
+    domain: float = Field(default=0.3, ge=0, le=10)  # the connector's domain is the intent's context.domain
+    # ... or the agent app's own domain: above the margin, so it decides when nothing else differs,
+    # yet a clear description for another connector outweighs it
+    agent_domain: float = Field(default=0.05, ge=0, le=10)
+
+
+class RoutingSpec(_Spec):
+    """The catalog's ``routing:`` document: how a bare action offered by several of an agent's
+    connectors is routed. At most one per catalog; without one these defaults apply."""
+
+    model: EmbeddingModel = "use-m3+e5-small"
+    # the winner must lead the runner-up by this much, else AMBIGUOUS_ACTION
+    margin: float = Field(default=0.046, ge=0, le=10)
+    weights: RoutingWeights = Field(default_factory=RoutingWeights)
+
+
 class ConnectorDocument(_Spec):
     connector: ConnectorSpec
 
 
 class AgentAppDocument(_Spec):
     agent_app: AgentApp
+
+
+class RoutingDocument(_Spec):
+    routing: RoutingSpec

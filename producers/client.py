@@ -28,10 +28,11 @@ from typing import Any
 
 from amqp.exceptions import MessageNacked, NotFound
 from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.exceptions import OperationalError
 from kombu.message import Message
 from pydantic import ValidationError
 
-from producers.settings import DEFAULT_BROKER_URL, ClientSettings
+from producers.settings import DEFAULT_BROKER_URL, ClientSettings, broker_urls
 from producers.tools import EXPORT_FORMATS, ToolSpec, export
 from producers.wire import (
     AGENT_ID_PATTERN,
@@ -106,6 +107,14 @@ class ReachClient:
     property; RabbitMQ refuses it unless it equals the connection's login, so the router can
     trust it as the agent's identity (and with ``REACH_REQUIRE_USER_ID=1`` requires it).
 
+    On a cluster, give every node's URL, split by ``;``. When the connection is lost (its node
+    stopped), the client connects to the next node that answers, declares a new receipt queue
+    and goes on: a publish that was not confirmed is published again there (the fleet runs an
+    intent id once, so a copy that did get through changes nothing). Receipts sent while the
+    client had no queue (between the loss and the new binding, usually well under a second) are
+    lost; ``reconnects`` counts the losses. Resending such an intent with a new intent_id and the
+    same ``idempotency_key`` returns its stored outcome (``deduplicated``) without running it again.
+
     Example::
 
         with ReachClient("ticket_qa_bot") as reach:
@@ -131,8 +140,8 @@ class ReachClient:
 
         Args:
             agent_id: The calling agent app (``^[a-z][a-z0-9_]{0,62}$``).
-            broker_url: AMQP URL; default ``$REACH_BROKER_URL``, else
-                ``amqp://guest:guest@localhost:5672//``.
+            broker_url: AMQP URL, or a cluster's nodes' URLs split by ``;``; default
+                ``$REACH_BROKER_URL``, else ``amqp://guest:guest@localhost:5672//``.
             reply_to: Routing key for this client's receipts (default: ``agent_id``). Give
                 each concurrent client of one agent its own, or they share receipts.
             connect_timeout: Seconds to wait for the broker to accept the connection, and for
@@ -144,8 +153,8 @@ class ReachClient:
             drop_duplicates: Drop a receipt that repeats one this client already took in (of
                 the last ``SEEN_RECEIPTS``): same agent, intent, status, code, trace and finish
                 time. The fleet sends one, except when a pool dies right after the broker
-                confirmed a receipt and before it recorded that: the redelivered job publishes
-                the same stored receipt again. A different receipt for the same intent id (a
+                confirmed a receipt and before it recorded that, or loses its broker node while
+                the confirm is under way: the same stored receipt is published again. A different receipt for the same intent id (a
                 dead letter replayed, an id reused a day later) is kept. Dropped ones are counted
                 in ``duplicate_receipts``. False shows every receipt as it arrives (tests of the
                 fleet itself).
@@ -176,13 +185,12 @@ class ReachClient:
         # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
         # as the confirm of the next publish, so a late ack would confirm the wrong message
         self._publish_broken = False
-        url = broker_url or ClientSettings.from_env().broker_url
-        self._conn = Connection(
-            url,
-            transport="pyamqp",
-            connect_timeout=connect_timeout,
-            transport_options={"confirm_publish": True},
-        )
+        self.reconnects = 0  # connections lost and made again (see the class docstring)
+        self._urls = broker_urls(broker_url or ClientSettings.from_env().broker_url)
+        if not self._urls:
+            raise ValueError("broker_url names no broker")
+        self._node = 0  # the URL tried first
+        self._conn = self._connection()
         if authenticated:
             # a URL without a login connects as the transport's default user (guest)
             user_id = self._conn.userid or self._conn.transport.default_connection_params["userid"]
@@ -195,7 +203,26 @@ class ReachClient:
             )
         self.user_id: str | None = user_id
         try:
-            self._conn.connect()
+            self._open()
+        except BaseException:
+            self._closed = True
+            raise
+
+    def _connection(self) -> Connection:
+        """A connection to the cluster's nodes, from ``self._node`` on (kombu tries the others in turn)."""
+        return Connection(
+            ";".join(self._urls[self._node :] + self._urls[: self._node]),
+            transport="pyamqp",
+            connect_timeout=self._timeout,
+            transport_options={"confirm_publish": True},
+        )
+
+    def _open(self) -> None:
+        """Connect to the first node that answers, check the exchanges, declare and bind this
+        client's receipt queue and consume it. Releases the connection if any of it fails."""
+        try:
+            # each node once: a stopped one refuses at once, and the next one is tried
+            self._conn.ensure_connection(max_retries=len(self._urls) - 1, interval_start=0, interval_step=0)
             channel = self._conn.default_channel
             # py-amqp would turn bodies with a content_encoding into str; receipts are parsed
             # from the bytes as they arrived
@@ -204,10 +231,11 @@ class ReachClient:
             # arguments of its own
             INTENTS_EXCHANGE(channel).declare(passive=True)
             RECEIPTS_EXCHANGE(channel).declare(passive=True)
+            # exclusive (so classic on every broker: a quorum queue cannot be exclusive)
             self._queue = Queue(
                 name="",
                 exchange=RECEIPTS_EXCHANGE,
-                routing_key=reply_to or agent_id,
+                routing_key=self.reply_to or self.agent_id,
                 exclusive=True,
                 auto_delete=True,
                 durable=False,
@@ -235,18 +263,34 @@ class ReachClient:
             )
         except NotFound as exc:
             self._conn.release()
-            self._closed = True
             raise ReachError(
                 "the fleet's exchanges do not exist on this broker; run `reach setup` or start `reach router`"
             ) from exc
-        except self._broker_errors() as exc:
+        except (OperationalError, *self._broker_errors()) as exc:
             self._conn.release()
-            self._closed = True
             raise ReachError(f"cannot set up with the broker at {self._conn.as_uri()}: {exc}") from exc
         except BaseException:
             self._conn.release()
-            self._closed = True
             raise
+
+    def _reconnect(self, why: BaseException) -> None:
+        """The connection was lost: connect to the next node that answers, with a new receipt
+        queue (a publish is then retried once). Raises ReachError if no node answers."""
+        self.reconnects += 1
+        log.warning(
+            "lost the broker connection at %s (%s); connecting to the next node "
+            "(receipts sent until its receipt queue is bound do not reach this client)",
+            self._conn.as_uri(),
+            why,
+        )
+        try:
+            self._conn.collect()  # drop the socket without talking to a node that is gone
+        except Exception:  # noqa: BLE001 - nothing is left to clean up on our side
+            log.debug("dropping the lost connection failed", exc_info=True)
+        self._node = (self._node + 1) % len(self._urls)
+        self._conn = self._connection()
+        self._publish_broken = False  # a new channel numbers its confirms afresh
+        self._open()
 
     @property
     def queue_name(self) -> str:
@@ -465,32 +509,42 @@ class ReachClient:
             properties["message_id"] = message_id
         if self.user_id is not None:
             properties["user_id"] = self.user_id
-        self._returned.clear()
-        try:
-            # confirm mode makes this wait for the broker's ack; a basic.return for an
-            # unroutable message always comes before that ack, so _returned is current after it
-            self._producer.publish(
-                body,
-                content_type="application/json",
-                content_encoding="utf-8",
-                delivery_mode=2,
-                headers=headers,
-                mandatory=True,
-                timeout=self._timeout,
-                confirm_timeout=self._timeout,
-                **properties,
-            )
-        except MessageNacked as exc:
-            raise ReachError(f"the broker refused {label} (nack); it was not queued") from exc
-        except TimeoutError as exc:
-            self._publish_broken = True
-            raise ReachError(
-                f"the broker did not confirm {label} within {self._timeout:g} s; it may or may "
-                "not be queued: resend it from a new client with the same intent_id or "
-                "idempotency_key (receipts still arrive at this one)"
-            ) from exc
-        except self._broker_errors() as exc:
-            raise ReachError(f"publishing {label} failed: {exc}") from exc
+        for attempt in (1, 2):
+            self._returned.clear()
+            try:
+                # confirm mode makes this wait for the broker's ack; a basic.return for an
+                # unroutable message always comes before that ack, so _returned is current after it
+                self._producer.publish(
+                    body,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    headers=headers,
+                    mandatory=True,
+                    timeout=self._timeout,
+                    confirm_timeout=self._timeout,
+                    **properties,
+                )
+                break
+            except MessageNacked as exc:
+                raise ReachError(f"the broker refused {label} (nack); it was not queued") from exc
+            except TimeoutError as exc:
+                if attempt == 1 and len(self._urls) > 1:
+                    self._reconnect(exc)  # another node may confirm it
+                    continue
+                self._publish_broken = True
+                raise ReachError(
+                    f"the broker did not confirm {label} within {self._timeout:g} s; it may or may "
+                    "not be queued: resend it from a new client with the same intent_id or "
+                    "idempotency_key (receipts still arrive at this one)"
+                ) from exc
+            except tuple(self._conn.connection_errors) as exc:
+                if attempt == 1:
+                    self._reconnect(exc)  # unconfirmed: published again on the new connection
+                    continue
+                raise ReachError(f"publishing {label} failed: {exc}") from exc
+            except self._broker_errors() as exc:
+                raise ReachError(f"publishing {label} failed: {exc}") from exc
         if self._returned:
             raise ReachError(
                 f"{label} was not routed ({self._returned[0]}): no queue is bound to "
@@ -546,5 +600,7 @@ class ReachClient:
             self._conn.drain_events(timeout=timeout)
         except TimeoutError:
             return
+        except tuple(self._conn.connection_errors) as exc:
+            self._reconnect(exc)  # ReachError if no node answers
         except self._broker_errors() as exc:
             raise ReachError(f"lost the broker connection; receipts may be missed: {exc}") from exc

@@ -21,7 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-__all__ = ["DEFAULT_BROKER_URL", "ClientSettings", "EnvironSettings", "env_name"]
+__all__ = ["DEFAULT_BROKER_URL", "ClientSettings", "EnvironSettings", "broker_urls", "env_name"]
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@localhost:5672//"
 
@@ -81,6 +81,12 @@ def env_name(settings_cls: type[BaseSettings], field: str) -> str:
     return f"{settings_cls.model_config.get('env_prefix', '')}{field}".upper()
 
 
+def broker_urls(text: str) -> list[str]:
+    """The URLs in a broker URL that names several nodes of a cluster, split by ``;`` (kombu's
+    failover form: ``amqp://u:p@node1:5672/vh;amqp://u:p@node2:5672/vh``); one URL gives itself."""
+    return [part.strip() for part in text.split(";") if part.strip()]
+
+
 class ClientSettings(EnvironSettings):
     """What ``ReachClient`` reads from the environment when it is not given it."""
 
@@ -89,5 +95,5 @@ class ClientSettings(EnvironSettings):
     broker_url: str = Field(
         DEFAULT_BROKER_URL,
         min_length=1,
-        description="AMQP URL of the RabbitMQ broker the fleet listens on",
+        description="AMQP URL of the RabbitMQ broker the fleet listens on (a cluster's nodes: several, split by ';')",
     )

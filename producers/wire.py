@@ -46,6 +46,7 @@ INTENTS_EXCHANGE_NAME = "reach.intents"
 RECEIPTS_EXCHANGE_NAME = "reach.receipts"
 INTENT_ROUTING_KEY = "intent"
 LIST_TOOLS_ACTION = "reach.list_tools"
+FIND_TOOLS_ACTION = "reach.find_tools"  # the agent's best-matching tools for a description
 
 Status = Literal["succeeded", "rejected", "failed", "unknown"]
 
@@ -132,6 +133,9 @@ class Execution(BaseModel):
     received_at: str
     finished_at: str
     deduplicated: bool = False
+    # how the connector was chosen when several offer the bare action (docs/contract.md "Semantic
+    # routing"): method, candidates with scores, lead and margin; absent otherwise
+    routing: dict[str, Any] | None = None
 
 
 class Receipt(BaseModel):
@@ -154,8 +158,14 @@ class Receipt(BaseModel):
         doc = self.model_dump(mode="json")
         if doc["error"] is not None and doc["error"].get("retry_after_ms") is None:
             doc["error"].pop("retry_after_ms", None)
+        if doc["execution"].get("routing") is None:
+            doc["execution"].pop("routing", None)
         # ASCII escapes: a lone surrogate in a system's answer must not make the receipt unsendable
         return json.dumps(doc, separators=(",", ":")).encode()
+
+
+# agent-to-agent calls one intent may descend from (the fleet refuses calls past its own, lower limit)
+MAX_HOPS = 64
 
 
 class IntentContext(BaseModel):
@@ -163,6 +173,9 @@ class IntentContext(BaseModel):
 
     description: str | None = None
     domain: str | None = None
+    # set by an agent that sends intents while answering an agent connector's request: that
+    # request's hops (producers.serve does it), so a loop of agents calling agents is stopped
+    hops: int = Field(default=0, ge=0, le=MAX_HOPS, strict=True)
 
 
 class Intent(BaseModel):

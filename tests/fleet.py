@@ -113,14 +113,16 @@ def purge(*names: str, broker_url: str | None = None) -> None:
 
 class Fleet:
     """The router and one pool per named connector against a catalog text, on this test run's
-    vhost and Redis database (or the URLs given). The processes are those of
-    ``workers.ops.processes``, which ``reach demo`` and the benchmarks use too."""
+    vhost and Redis database (or the URLs given), and a process per pool group (``groups``: the
+    group's name -> its connectors, each started as ``reach worker A B --group NAME``). The
+    processes are those of ``workers.ops.processes``, which ``reach demo`` and the benchmarks use too."""
 
     def __init__(
         self,
         catalog_yaml: str,
         pools: list[str],
         *,
+        groups: dict[str, list[str]] | None = None,
         env: dict[str, str] | None = None,
         log_dir: Path | None = None,
         broker_url: str | None = None,
@@ -129,6 +131,7 @@ class Fleet:
         self.dir = Path(tempfile.mkdtemp(prefix="reach-test-catalog-"))
         (self.dir / "catalog.yaml").write_text(catalog_yaml)
         self.pools = pools
+        self.groups = groups or {}
         self.log_dir = log_dir or self.dir
         default_broker, default_redis = (None, None) if broker_url and redis_url else isolated_urls()
         self.broker_url = broker_url or str(default_broker)
@@ -140,12 +143,15 @@ class Fleet:
         self.procs = self.processes.group.items  # name -> Proc (pid, poll())
 
     def start(self, timeout: float = 60.0) -> Fleet:
-        purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools), broker_url=self.broker_url)
+        grouped = [c for connectors in self.groups.values() for c in connectors]
+        purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools + grouped), broker_url=self.broker_url)
         self.start_process("router", ["router"])
         for pool in self.pools:
             self.start_process(pool, ["worker", pool])
+        for group, connectors in self.groups.items():
+            self.start_group(group, connectors)
         deadline = time.time() + timeout
-        for pool in self.pools:
+        for pool in self.pools + grouped:
             self.processes.wait_consuming(connector_queue(pool).name, max(1.0, deadline - time.time()))
         # the router is ready when it answers
         # the probe sends as the broker login with user_id set, so it is answered in every identity mode
@@ -172,6 +178,10 @@ class Fleet:
 
     def start_process(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
         return self.processes.start(name, args, extra_env)
+
+    def start_group(self, name: str, connectors: list[str], extra_env: dict[str, str] | None = None) -> Proc:
+        """Start a pool group: one process (named ``name``) for ``connectors``; no waiting."""
+        return self.start_process(name, ["worker", *connectors, "--group", name], extra_env)
 
     def metrics_port(self, name: str) -> int:
         """The REACH_METRICS_PORT the running process ``name`` serves /metrics, /healthz and /readyz on."""
@@ -209,7 +219,11 @@ class Fleet:
         self.processes.group.stop_all()
 
     def __enter__(self) -> Fleet:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # what started before the failure must not outlive the test
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()

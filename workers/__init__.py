@@ -8,5 +8,6 @@ Layers, lowest first; a module imports only from its own layer or lower ones
     transport/        the only code that knows Celery and kombu: app, consuming, publishing, topology
     observability/    metrics, audit trail, tracing, probes, redaction
     router/  pool/    the two roles, each reading top to bottom
+    mcp/              the MCP facade: a third role, beside them (reach mcp)
     ops/              the CLI, process wiring, status, dead letters, agent users, demo
 """

@@ -12,9 +12,10 @@ import difflib
 import logging
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from connectors.durations import parse_duration
@@ -63,9 +64,34 @@ def _rate(value: Any) -> Any:
     return value
 
 
+def _http_url(value: Any) -> Any:
+    """An absolute http(s) URL without query or fragment (a JWT audience, an issuer)."""
+    if isinstance(value, str):
+        value = value.strip()
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("must be an http:// or https:// URL with a host, without query or fragment")
+    return value
+
+
+# the schemes workers.state.client opens (it reads the rest of the URL when it connects)
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+
+
+def _redis_url(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip()
+        scheme, sep, _ = value.partition("://")
+        if not sep or scheme.lower() not in REDIS_SCHEMES:
+            raise ValueError(f"must start with one of {', '.join(s + '://' for s in REDIS_SCHEMES)}")
+    return value
+
+
 Flag = Annotated[bool, BeforeValidator(_flag)]
 Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1)]
 RateText = Annotated[str, BeforeValidator(_rate)]
+HttpUrlText = Annotated[str, BeforeValidator(_http_url)]
+RedisUrlText = Annotated[str, BeforeValidator(_redis_url)]
 
 
 class Settings(EnvironSettings):
@@ -73,8 +99,24 @@ class Settings(EnvironSettings):
 
     model_config = SettingsConfigDict(env_prefix="REACH_")
 
-    broker_url: str = Field(DEFAULT_BROKER_URL, min_length=1, description="RabbitMQ (AMQP URL)")
-    redis_url: str = Field(DEFAULT_REDIS_URL, min_length=1, description="Redis (receipt store, rate-limit buckets)")
+    broker_url: str = Field(
+        DEFAULT_BROKER_URL, min_length=1, description="RabbitMQ (AMQP URL; a cluster's nodes as several, split by ';')"
+    )
+    queue_type: Literal["quorum", "classic"] = Field(
+        "quorum", description="type of the fleet's queues: quorum (replicated) or classic (one node, development)"
+    )
+    redis_url: RedisUrlText = Field(
+        DEFAULT_REDIS_URL,
+        min_length=1,
+        description="Redis: one server, a Cluster (redis+cluster://) or a Sentinel master (redis+sentinel://)",
+    )
+    # Redis failover (docs/operations.md "Redis topologies")
+    redis_wait_replicas: int = Field(
+        1, ge=0, le=16, description="replicas that must have each ledger write before the pool goes on (0: none)"
+    )
+    redis_wait_timeout_ms: int = Field(
+        100, ge=1, le=60_000, description="how long a ledger write waits for those replicas at most (ms)"
+    )
     catalog_dir: str = Field("catalog", min_length=1, validation_alias="REACH_CATALOG", description="catalog directory")
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="serve Prometheus metrics and probes on this port; unset: no server"
@@ -101,7 +143,11 @@ class Settings(EnvironSettings):
         validation_alias="REACH_IDEMPOTENCY_TTL",
         description="how long idempotency records are kept (seconds or a duration)",
     )
-    max_deliveries: int = Field(5, ge=1, description="deliveries of one intent before it is dead-lettered as poison")
+    # at most half the quorum queues' own limit (workers/transport/topology.py DELIVERY_LIMIT): the fleet
+    # answers a message that keeps coming back long before the broker drops it
+    max_deliveries: int = Field(
+        5, ge=1, le=100, description="deliveries of one intent before it is dead-lettered as poison"
+    )
     # hostile-input bounds (docs/contract.md "Limits")
     max_depth: int = Field(32, ge=2, description="how deep params (and a system's answer in data) may nest")
     max_details: int = Field(50, ge=1, description="error details per receipt, then 'and K more'")
@@ -115,6 +161,29 @@ class Settings(EnvironSettings):
     )
     dlq_keep_unparsable: Flag = Field(False, description="keep the bytes of a body that could not be parsed")
     agent_invalid_rate: RateText = Field("20/sec", description="invalid intents an agent may send before they cost it")
+    semantic_rate: RateText = Field(
+        "20/sec", description="intents per agent that make the router run its embedding model (then RATE_LIMITED)"
+    )
+    # the MCP facade, `reach mcp` (docs/operations.md "The MCP facade")
+    mcp_url: HttpUrlText | None = Field(
+        None, description="the MCP endpoint's public URL: JWT audience and resource metadata (unset: local)"
+    )
+    mcp_host: str = Field("127.0.0.1", min_length=1, description="address `reach mcp --http` listens on")
+    mcp_port: int = Field(8808, ge=1, le=65535, description="port `reach mcp --http` listens on")
+    mcp_tokens_file: str | None = Field(
+        None, description="YAML or JSON file: agent -> sha256 of its static bearer token(s)"
+    )
+    mcp_jwt_key: SecretStr | None = Field(None, description="HS256 secret or RS256 public key (PEM) of agents' JWTs")
+    mcp_jwt_algorithm: Literal["HS256", "RS256"] = Field("RS256", description="how agents' JWTs are signed")
+    mcp_issuer_url: HttpUrlText | None = Field(
+        None, description="the authorization server: JWTs' iss must be it; named in the resource metadata"
+    )
+    mcp_wait_seconds: Seconds = Field(
+        60, validation_alias="REACH_MCP_WAIT", description="how long a tools/call waits for its receipt"
+    )
+    mcp_clients_per_agent: int = Field(
+        4, ge=1, le=64, description="broker connections per agent, so tools/call it may run at once"
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -185,7 +185,8 @@ pools that set one variable differently fail the release unless beat.env settles
 {{- range $e := .Values.beat.env | default list }}{{ $_ := set $byName $e.name $e }}{{ end }}
 {{- $beatOwn := keys $byName }}
 {{- $envFrom := list }}
-{{- range $c := .Values.connectors }}
+{{- /* pool groups' env too: their connectors are health-checked like any other */}}
+{{- range $c := concat .Values.connectors (.Values.poolGroups | default list) }}
 {{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
 {{- range $e := $cfg.env | default list }}
 {{- if has $e.name $beatOwn }}
@@ -220,6 +221,10 @@ pools that set one variable differently fail the release unless beat.env settles
     secretKeyRef:
       name: {{ include "agent-reach.redisSecretName" . }}
       key: {{ .Values.redis.existingSecretKey }}
+- name: REACH_REDIS_WAIT_REPLICAS
+  value: {{ .Values.redis.waitReplicas | default 0 | quote }}
+- name: REACH_REDIS_WAIT_TIMEOUT_MS
+  value: {{ .Values.redis.waitTimeoutMs | default 100 | quote }}
 {{- /* The kubelet writes a ConfigMap volume as <mountPath>/..<timestamp>/FILE plus symlinks
        <mountPath>/..data -> ..<timestamp> and <mountPath>/FILE -> ..data/FILE. The catalog loader
        reads every *.yaml below REACH_CATALOG, so pointing it at the mount would read each file

@@ -35,6 +35,7 @@ from tests.integration.auth_servers import (
     TlsFiles,
     shared_refresh_worker,
 )
+from workers.state import keys
 from workers.transport.topology import connector_queue
 
 RUN = uuid.uuid4().hex[:6]
@@ -136,7 +137,7 @@ agent_app:
 def fleet(systems: Systems) -> Iterator[Fleet]:
     client = redis.Redis.from_url(REDIS_URL)
     for name in CONNECTORS:  # an earlier run's marks and tokens in this Redis database
-        client.delete(f"reach:breaker:{name}", f"reach:health:{name}", state_key(name))
+        client.delete(keys.breaker(name), keys.health(name), state_key(name))
     env = {
         "AUTH_FORM_USER": systems.form.username,
         "AUTH_FORM_PASSWORD": systems.form.password,

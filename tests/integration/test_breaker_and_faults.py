@@ -22,6 +22,7 @@ from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import FaultProxy
 from tests.waiting import wait_for
+from workers.state import keys
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"faults_{RUN}"
@@ -146,7 +147,7 @@ def reset_marks() -> None:
     """Forget breaker and health state (this Redis database may hold an earlier run's)."""
     client = redis.Redis.from_url(REDIS_URL)
     for name in CONNECTORS:
-        client.delete(f"reach:breaker:{name}", f"reach:health:{name}")
+        client.delete(keys.breaker(name), keys.health(name))
 
 
 @pytest.fixture
@@ -361,7 +362,7 @@ def test_breaker_opens_after_fail_max_answers_at_once_and_recovers_after_reset_t
     assert trial.status == "succeeded", trial
     after = [timed(client, "flaky.read_item", {"id": f"IT-{14 + i}"})[0] for i in range(3)]
     assert all(r.status == "succeeded" and r.execution.attempts == 1 for r in after)
-    assert redis.Redis.from_url(REDIS_URL).hget("reach:breaker:flaky", "state") == b"closed"
+    assert redis.Redis.from_url(REDIS_URL).hget(keys.breaker("flaky"), "state") == b"closed"
 
 
 def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fails(
@@ -369,7 +370,7 @@ def test_half_open_breaker_lets_exactly_one_trial_through_and_reopens_when_it_fa
 ) -> None:
     opened_at = open_the_breaker(client, proxy)
     time.sleep(max(0.0, opened_at + RESET_TIMEOUT + 0.2 - time.monotonic()))
-    assert redis.Redis.from_url(REDIS_URL).hget("reach:breaker:flaky", "state") == b"open"
+    assert redis.Redis.from_url(REDIS_URL).hget(keys.breaker("flaky"), "state") == b"open"
     before = proxy.counts()
     # four reads at once on four pool threads, still blackholed: one trial, three refusals
     ids = {client.publish("flaky.read_item", {"id": f"IT-trial-{i}"}) for i in range(4)}

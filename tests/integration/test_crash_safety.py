@@ -28,6 +28,7 @@ from tests.fleet import BROKER_URL, REDIS_URL, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.integration.faultproxy import redis_proxy as proxy_in_front_of_redis
 from tests.waiting import wait_for
+from workers.state import keys
 from workers.transport.topology import (
     INTENTS_QUEUE,
     RECEIPTS_EXCHANGE,
@@ -87,7 +88,7 @@ def systems() -> Iterator[dict[str, CountingSystem]]:
 def fleet(systems: dict[str, CountingSystem]) -> Iterator[Fleet]:
     client = redis.Redis.from_url(REDIS_URL)
     for name in CONNECTORS:  # the Redis database may hold an earlier run's breaker or health marks
-        client.delete(f"reach:breaker:{name}", f"reach:health:{name}", f"reach:paused:{name}")
+        client.delete(keys.breaker(name), keys.health(name), keys.paused(name))
     catalog = "".join(
         connector_yaml(name, systems[name].url, header, threads) for name, (header, threads, _) in CONNECTORS.items()
     )

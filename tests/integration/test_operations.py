@@ -696,9 +696,9 @@ def test_an_answered_intent_leaves_its_receipt_and_sent_mark_but_no_delivery_cou
     store = redis.Redis.from_url(REDIS_URL)
     agent = receipt.agent_id
     # the sent mark is written once the broker confirmed the receipt, just after the agent has it
-    wait_for(lambda: store.exists(f"reach:receipt-sent:{agent}:{receipt.intent_id}"), 10, "no sent mark")
+    wait_for(lambda: store.exists(keys.sent(agent, receipt.intent_id)), 10, "no sent mark")
     assert store.exists(keys.receipt(agent, receipt.intent_id)) == 1
-    assert store.exists(f"reach:deliveries:{agent}:{receipt.intent_id}") == 0, "the delivery count outlived the receipt"
+    assert store.exists(keys.deliveries(agent, receipt.intent_id)) == 0, "the delivery count outlived the receipt"
 
 
 def test_rejected_intent_audit_lines_received_rejected_receipt(

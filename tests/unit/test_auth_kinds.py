@@ -350,8 +350,9 @@ def test_refresh_tokens_are_never_in_repr(oauth: OAuthServer) -> None:
 def test_the_shared_store_key_is_the_documented_one() -> None:
     from workers.state import keys
 
-    assert state_key("crm") == keys.PREFIX + "auth:crm"
-    assert "reach:auth:<connector>" in (keys.__doc__ or "")
+    assert state_key("crm") == keys.PREFIX + "auth:{crm}"
+    assert keys.tag_of(state_key("crm")) == keys.tag_of(keys.breaker("crm"))  # one slot per connector
+    assert "reach:auth:{<connector>}" in (keys.__doc__ or "")
 
 
 # -- jwt --------------------------------------------------------------------------------------------

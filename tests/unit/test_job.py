@@ -34,8 +34,10 @@ TODAYS_JOB: dict[str, Any] = {
 
 def test_todays_job_round_trips_through_the_model() -> None:
     job = parse_job(TODAYS_JOB)
-    assert job.hops == 0 and job.model_dump(exclude={"hops"}) == TODAYS_JOB
-    assert list(json.loads(job.model_dump_json(exclude={"hops"}))) == list(TODAYS_JOB)  # same keys, same order
+    assert job.hops == 0 and job.routing is None
+    assert job.model_dump(exclude={"hops", "routing"}) == TODAYS_JOB
+    # same keys, same order
+    assert list(json.loads(job.model_dump_json(exclude={"hops", "routing"}))) == list(TODAYS_JOB)
     assert parse_job_json(job.model_dump_json()) == job
 
 
@@ -58,6 +60,14 @@ def test_hops_travel_only_when_an_agent_called_an_agent() -> None:
     body, _, _ = jobs.build(parse_job({**TODAYS_JOB, "hops": 2}), "i-1:1")
     assert json.loads(body)[0] == [{**TODAYS_JOB, "hops": 2}]
     assert parse_job(json.loads(body)[0][0]).hops == 2
+
+
+def test_a_routing_note_travels_only_when_semantic_routing_chose_the_connector() -> None:
+    jobs = JobMessages(Celery("reach", set_as_current=False))
+    note = {"method": "semantic", "candidates": [{"action": "tickets.create_ticket", "score": 0.5}]}
+    body, _, _ = jobs.build(parse_job({**TODAYS_JOB, "routing": note}), "i-1:1")
+    assert json.loads(body)[0] == [{**TODAYS_JOB, "routing": note}]
+    assert parse_job(json.loads(body)[0][0]).routing == note
     with pytest.raises(JobDecodeError):
         parse_job({**TODAYS_JOB, "hops": -1})
 

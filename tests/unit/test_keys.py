@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from redis.crc import key_slot
 
+from connectors.auth import state_key
 from producers.wire import AGENT_ID_PATTERN, Intent
 from workers.state import keys
 
@@ -18,27 +20,27 @@ ID = "ORDER-1"
 @pytest.mark.parametrize("build", [keys.receipt, keys.sent, keys.deliveries, keys.trace])
 def test_two_agents_with_the_same_intent_id_get_different_keys(build) -> None:  # type: ignore[no-untyped-def]
     assert build("desk", ID) != build("desk_eu", ID)
-    assert build("desk", ID).startswith(keys.PREFIX) and build("desk", ID).endswith(":desk:" + ID)
+    assert build("desk", ID).startswith(keys.PREFIX) and build("desk", ID).endswith(":{desk}:" + ID)
 
 
 def test_per_intent_keys_start_with_the_agent() -> None:
-    assert keys.receipt("desk", "eu:ORDER-1") == "reach:receipt:desk:eu:ORDER-1"
-    assert keys.sent("desk", ID) == "reach:receipt-sent:desk:ORDER-1"
-    assert keys.deliveries("desk", ID) == "reach:deliveries:desk:ORDER-1"
-    assert keys.trace("desk", ID) == "reach:trace:desk:ORDER-1"
-    assert keys.idempotency("desk", "tickets", "create_ticket", "k:1") == "reach:idem:desk:tickets:create_ticket:k:1"
-    assert keys.rate_limit("desk", "tickets") == "reach:rl:desk:tickets"
+    assert keys.receipt("desk", "eu:ORDER-1") == "reach:receipt:{desk}:eu:ORDER-1"
+    assert keys.sent("desk", ID) == "reach:receipt-sent:{desk}:ORDER-1"
+    assert keys.deliveries("desk", ID) == "reach:deliveries:{desk}:ORDER-1"
+    assert keys.trace("desk", ID) == "reach:trace:{desk}:ORDER-1"
+    assert keys.idempotency("desk", "tickets", "create_ticket", "k:1") == "reach:idem:{desk}:tickets:create_ticket:k:1"
+    assert keys.rate_limit("desk", "tickets") == "reach:rl:{desk}:tickets"
 
 
 def test_an_unknown_agent_files_under_a_name_no_agent_can_have() -> None:
-    assert keys.receipt(None, ID) == keys.receipt("", ID) == "reach:receipt:-:ORDER-1"
+    assert keys.receipt(None, ID) == keys.receipt("", ID) == "reach:receipt:{-}:ORDER-1"
     assert not AGENT_ID_PATTERN.match(keys.NO_AGENT)
 
 
 def test_the_same_intent_id_under_two_agents_never_collides_once_colons_are_refused() -> None:
     """With ':' allowed in agent names, agent "desk" with intent "eu:X" and agent "desk:eu" with
     intent "X" shared every key; the name pattern now refuses the second agent."""
-    assert keys.receipt("desk", "eu:X") == "reach:receipt:desk:eu:X"
+    assert keys.receipt("desk", "eu:X") == "reach:receipt:{desk}:eu:X"
     assert not AGENT_ID_PATTERN.match("desk:eu")
     assert keys.receipt("desk", "eu:X") != keys.receipt("desk_eu", "X")
 
@@ -69,20 +71,24 @@ def test_a_trailing_newline_is_not_part_of_any_id(field: str) -> None:
 
 def test_connector_keys() -> None:
     assert [keys.breaker("c"), keys.health("c"), keys.paused("c"), keys.workers("c"), keys.last_error("c")] == [
-        "reach:breaker:c",
-        "reach:health:c",
-        "reach:paused:c",
-        "reach:workers:c",
-        "reach:last-error:c",
+        "reach:breaker:{c}",
+        "reach:health:{c}",
+        "reach:paused:{c}",
+        "reach:workers:{c}",
+        "reach:last-error:{c}",
     ]
-    assert keys.alive("h:1:ab") == "reach:alive:h:1:ab" and keys.abandoned("a1") == "reach:abandoned:a1"
+    assert keys.alive("h:1:ab") == "reach:alive:h:1:ab"
+    assert keys.abandoned(keys.idempotency("desk", "c", "a", "k"), "a1") == "reach:abandoned:{desk}:a1"
+    assert all(keys.connector_of(build("c")) == "c" for build in (keys.breaker, keys.health, keys.workers))
 
 
 def test_the_trace_scan_finds_only_the_intent_asked_for() -> None:
-    """``reach:trace:*:X`` also matches agent desk's intent "eu:X"; that key is not X's."""
+    """``reach:trace:{*}:X`` is agent and id: the closing brace ends the agent (no agent or id
+    has one), so agent desk's intent "eu:X" is not X's."""
     pattern = keys.trace_pattern("X")
     mine, other_agent, longer_id = keys.trace("desk_eu", "X"), keys.trace("desk", "X"), keys.trace("desk", "eu:X")
-    assert all(fnmatch.fnmatchcase(k, pattern) for k in (mine, other_agent, longer_id))
+    assert all(fnmatch.fnmatchcase(k, pattern) for k in (mine, other_agent))
+    assert not fnmatch.fnmatchcase(longer_id, pattern)
     assert keys.agent_of_trace(mine, "X") == "desk_eu" and keys.agent_of_trace(other_agent.encode(), "X") == "desk"
     assert keys.agent_of_trace(longer_id, "X") is None
     assert keys.agent_of_trace(longer_id, "eu:X") == "desk"
@@ -90,7 +96,7 @@ def test_the_trace_scan_finds_only_the_intent_asked_for() -> None:
 
 def test_glob_characters_in_an_intent_id_match_only_themselves() -> None:
     # intent ids cannot carry them today; the pattern must not widen if that ever changes
-    assert keys.trace_pattern("a*b") == "reach:trace:*:a\\*b"
+    assert keys.trace_pattern("a*b") == "reach:trace:{*}:a\\*b"
 
 
 def test_no_module_but_keys_spells_a_redis_key() -> None:
@@ -105,3 +111,26 @@ def test_no_module_but_keys_spells_a_redis_key() -> None:
         if literal.search(line)
     ]
     assert offenders == []
+
+
+def slot(key: str) -> int:
+    return key_slot(key.encode())
+
+
+def test_an_agents_keys_share_one_cluster_slot() -> None:
+    """Everything one pool script touches for an intent hashes to the agent's slot (Redis Cluster)."""
+    record = keys.idempotency("desk", "tickets", "create_ticket", "{k}:1")  # braces in the agent's text do not count
+    together = [keys.sent("desk", ID), keys.deliveries("desk", ID), record, keys.abandoned(record, "a1")]
+    together += [keys.receipt("desk", ID), keys.trace("desk", ID), keys.rate_limit("desk", "tickets")]
+    assert {slot(k) for k in together} == {slot("{desk}")}
+    assert keys.tag_of(record) == "{desk}" and keys.tag_of(keys.alive("w")) == ""
+
+
+def test_a_connectors_keys_share_one_cluster_slot() -> None:
+    together = [keys.breaker("tickets"), keys.health("tickets"), keys.paused("tickets"), keys.workers("tickets")]
+    together += [keys.last_error("tickets"), state_key("tickets"), state_key("tickets") + ":lock"]
+    assert {slot(k) for k in together} == {slot("{tickets}")}
+
+
+def test_two_agents_spread_over_slots() -> None:
+    assert len({slot(keys.sent(f"agent_{i}", ID)) for i in range(20)}) > 15

@@ -107,7 +107,9 @@ class FakeBatcher:
         self._client = client
         self.written: list[str] = []  # audit lines
 
-    def call(self, commands: Callable[[Any], None], lines: list[str] | None = None) -> list[Any]:
+    def call(
+        self, commands: Callable[[Any], None], lines: list[str] | None = None, durable: tuple[str, ...] = ()
+    ) -> list[Any]:
         pipe = self._client.pipeline()
         commands(pipe)
         self.written.extend(lines or [])
@@ -459,7 +461,7 @@ def test_when_redis_fails_before_the_outcome_is_kept_the_claim_is_given_up_and_t
     pool = Pool(catalog, FakeAdapter())
     real_call = pool.batcher.call
 
-    def failing(commands: Callable[[Any], None], lines: list[str] | None = None) -> list[Any]:
+    def failing(commands: Callable[[Any], None], lines: list[str] | None = None, **_: Any) -> list[Any]:
         raise redis.ConnectionError("Redis went away")
 
     pool.batcher.call = failing  # type: ignore[method-assign]

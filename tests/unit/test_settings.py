@@ -122,6 +122,16 @@ BAD = {
     "REACH_DLQ_TTL": ["1 week"],
     "REACH_DLQ_KEEP_UNPARSABLE": ["sometimes"],
     "REACH_AGENT_INVALID_RATE": ["20/day", "0/sec", "fast"],
+    "REACH_SEMANTIC_RATE": ["1/fortnight", "often"],
+    "REACH_MCP_URL": ["reach.example/mcp", "ftp://reach.example/mcp", "https://reach.example/mcp?x=1"],
+    "REACH_MCP_PORT": ["0", "http"],
+    "REACH_MCP_JWT_ALGORITHM": ["none", "ES256"],
+    "REACH_MCP_ISSUER_URL": ["idp"],
+    "REACH_MCP_WAIT": ["soon", "0"],
+    "REACH_MCP_CLIENTS_PER_AGENT": ["0", "65"],
+    "REACH_REDIS_URL": ["localhost:6379", "http://h:6379", "redis+cluster:h1:7000"],
+    "REACH_REDIS_WAIT_REPLICAS": ["-1", "one", "17"],
+    "REACH_REDIS_WAIT_TIMEOUT_MS": ["0", "1s"],
 }
 
 
@@ -132,7 +142,8 @@ def test_a_bad_value_is_refused_naming_the_variable_and_the_value(variable: str,
 
 
 def test_every_variable_with_a_value_to_refuse_is_covered() -> None:
-    free_text = {"REACH_BROKER_URL", "REACH_REDIS_URL", "REACH_CATALOG"}
+    free_text = {"REACH_BROKER_URL", "REACH_CATALOG"}
+    free_text |= {"REACH_MCP_HOST", "REACH_MCP_TOKENS_FILE", "REACH_MCP_JWT_KEY"}  # an address, a path, a key
     assert set(BAD) == set(VARIABLES) - free_text
 
 
@@ -197,6 +208,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         "connectors/loader.py",  # ${VAR} in endpoints
         "connectors/auth.py",  # the secrets a connector's auth names
         "workers/ops/agents.py",  # --password-env VAR: the operator names the variable
+        "workers/mcp/broker_user.py",  # the same for the MCP facade's user
         "workers/ops/processes.py",  # the environment of the processes demo, tests and bench start
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables
     }

@@ -17,6 +17,7 @@ import redis
 
 from workers.state import keys
 from workers.state.batcher import Batcher, write_stdout
+from workers.state.client import scan_keys
 from workers.state.ledger import params_hash
 
 TRACE_TTL_SECONDS = 24 * 3600
@@ -102,14 +103,13 @@ def read_trace(client: redis.Redis, agent: str | None, intent_id: str) -> list[d
 
 
 def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10, max_scanned: int = 1_000_000) -> list[str]:
-    """The agents that have a trace for this intent id: a SCAN over ``reach:trace:*:<id>`` that
-    stops after ``limit`` matches or ``max_scanned`` keys looked at, whichever comes first."""
-    found: list[str] = []
-    cursor, scanned = 0, 0
-    pattern = keys.trace_pattern(intent_id)
-    while True:
-        cursor, batch = client.scan(cursor=cursor, match=pattern, count=1000)
-        scanned += 1000
-        found.extend(agent for agent in (keys.agent_of_trace(key, intent_id) for key in batch) if agent)
-        if cursor == 0 or len(found) >= limit or scanned >= max_scanned:
-            return sorted(set(found))[:limit]
+    """The agents that have a trace for this intent id: a SCAN over ``reach:trace:{*}:<id>`` (every
+    node of a cluster) that stops after ``limit`` matches or ``max_scanned`` keys looked at, whichever comes first."""
+    found: set[str] = set()
+    for key in scan_keys(client, keys.trace_pattern(intent_id), count=1000, max_scanned=max_scanned):
+        agent = keys.agent_of_trace(key, intent_id)
+        if agent:
+            found.add(agent)
+            if len(found) >= limit:
+                break
+    return sorted(found)[:limit]

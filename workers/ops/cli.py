@@ -118,7 +118,7 @@ def _system_problems(catalog: Catalog, loaded: LoadResult) -> list[Problem]:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "json", "openai", "anthropic", "mcp"]),
+    type=click.Choice(["table", "json", "openai", "openai-responses", "anthropic", "mcp"]),
     default="table",
     show_default=True,
 )
@@ -147,6 +147,66 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
         for r in refs
     ]
     print_table(("action", "permission", "call", "params (* required)", "description"), rows)
+
+
+@main.command("route")
+@click.argument("text")
+@click.option("--action", "action", required=True, help="The bare action the agent would send, e.g. create_ticket.")
+@click.option("--agent", "agent", required=True, help="The agent app whose connectors are ranked.")
+@click.option("--domain", help="The intent's context.domain, if it would carry one.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the routing note.")
+@click.option("--dir", "directory", help="Catalog directory (default: $REACH_CATALOG).")
+def route_cmd(text: str, action: str, agent: str, domain: str | None, as_json: bool, directory: str | None) -> None:
+    """Rank the connectors offering ACTION for a request TEXT, as the router would for the intent
+    {"action": ACTION, "context": {"description": TEXT}} of AGENT, and say what it would do.
+
+    Embeddings come from the router's cache in Redis ($REACH_REDIS_URL) when it answers; the
+    candidates' texts are embedded here otherwise. The rule checks that need an intent's params
+    or the time of day are not applied. Exit codes: 0 the ranking was printed, 2 unknown agent or
+    action.
+    """
+    from connectors.catalog import Candidates, Refusal
+    from workers.router.semantic import SemanticRouting
+    from workers.state.embeddings import RedisVectorCache
+
+    settings = _settings()
+    logging.basicConfig(level="ERROR")  # the cache's warning when Redis is away is enough
+    catalog = _load_catalog(directory or settings.catalog_dir)
+    if agent not in catalog.agents:
+        click.echo(f"no agent_app named {agent!r} (known: {', '.join(sorted(catalog.agents)) or 'none'})", err=True)
+        sys.exit(EXIT_CONFIG)
+    found = catalog.resolve_candidates(action, agent)
+    if isinstance(found, Refusal):
+        click.echo(f"{found.code.value}: {found.message}", err=True)
+        sys.exit(EXIT_CONFIG)
+    if not isinstance(found, Candidates):
+        click.echo(f"{found.qualified}: the only connector of {agent} offering {action!r}; no ranking needed")
+        return
+    routing = SemanticRouting(catalog, RedisVectorCache(connect_redis(settings)), embed_all=False)
+    choice = routing.choose(found, agent, text, domain, runnable=lambda ref: None)
+    if as_json:
+        click.echo(json.dumps({"dispatch": choice.ref.qualified if choice.ref else None, **choice.note}, indent=2))
+        return
+    descriptions = {r.qualified: r.connector.description or r.action.description or "" for r in found.refs}
+    rows = [
+        (
+            str(i + 1),
+            c["action"],
+            *(f"{c[k]:.4f}" if k in c else "-" for k in ("score", "semantic", "lexical", "rules")),
+            descriptions.get(c["action"], "")[:60],
+        )
+        for i, c in enumerate(choice.note["candidates"])
+    ]
+    print_table(("#", "action", "score", "semantic", "lexical", "rules", "connector"), rows)
+    how = f"{choice.note['method']}, model {choice.note.get('model', '-')}"
+    if choice.ref is not None:
+        lead = choice.note.get("lead")
+        click.echo(f"dispatch to {choice.ref.qualified} ({how}; lead {lead} >= margin {catalog.routing.margin})")
+    else:
+        click.echo(
+            f"AMBIGUOUS_ACTION ({how}; lead {choice.note.get('lead')} < margin {catalog.routing.margin}): "
+            "the agent would be asked to let its user choose"
+        )
 
 
 @main.command()
@@ -185,6 +245,12 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
     help="Only print the broker policy commands (rabbitmqctl and management API); declare nothing.",
 )
 @click.option("--skip-broker-policy", is_flag=True, help="Declare the topology only (the policy is applied elsewhere).")
+@click.option(
+    "--migrate-queues",
+    is_flag=True,
+    help="Re-create the fleet's queues that exist with another type (REACH_QUEUE_TYPE) or other arguments, "
+    "messages kept. Stop the routers and pools first.",
+)
 def setup(
     agent_queue_expires_ms: int,
     agent_queue_max_length: int,
@@ -192,6 +258,7 @@ def setup(
     rabbitmqctl: str | None,
     print_only: bool,
     skip_broker_policy: bool,
+    migrate_queues: bool,
 ) -> None:
     """Declare the topology, and bound what agents may leave on the broker (idempotent).
 
@@ -202,6 +269,10 @@ def setup(
     The bounds: the operator policy reach-agent-queues on ^amq\\.gen- queues (expiry, length)
     and the vhost's queue limit, set with rabbitmqctl. Where it cannot be run (a remote broker),
     setup prints the commands to run instead and exits 1.
+
+    A queue that exists with another type or other arguments than the fleet declares (classic
+    queues from before REACH_QUEUE_TYPE=quorum) is refused by the broker: setup says which and
+    exits 2; --migrate-queues re-creates them with their messages (docs/operations.md, "Queue types").
     """
     import shlex
     import shutil
@@ -210,6 +281,7 @@ def setup(
     from kombu import Connection
     from kombu.exceptions import OperationalError
 
+    from producers.settings import broker_urls
     from workers.ops.agents import AgentUserError, apply_broker_policy, vhost_of
     from workers.ops.broker_policy import (
         AGENT_QUEUE_POLICY,
@@ -220,7 +292,9 @@ def setup(
     )
     from workers.ops.fleet import redact_url
     from workers.ops.runner import dead_letter_bounds
-    from workers.transport.topology import declare_all
+    from workers.transport.migration import MigrationError
+    from workers.transport.migration import migrate_queues as migrate
+    from workers.transport.topology import TopologyMismatch, declare_all, fleet_queues
 
     settings = _settings()
     if max_queues == 0:
@@ -228,8 +302,9 @@ def setup(
             "0 would refuse every queue, the fleet's too; -1 means no limit", param_hint="--max-queues"
         )
     policy = AgentQueuePolicy(agent_queue_expires_ms, agent_queue_max_length)
-    vhost = vhost_of(settings.broker_url)
-    host = urlsplit(settings.broker_url).hostname or "localhost"
+    first_url = broker_urls(settings.broker_url)[0]  # a cluster's nodes share vhost and users
+    vhost = vhost_of(first_url)
+    host = urlsplit(first_url).hostname or "localhost"
 
     def instructions() -> None:
         click.echo(
@@ -250,11 +325,22 @@ def setup(
             click.echo("# or: " + request)
         return
     catalog = _catalog_if_any(settings, "declaring the base topology")
+    connectors = catalog.connectors if catalog else {}
     conn = Connection(settings.broker_url, connect_timeout=10)
     try:
         with conn:
-            conn.ensure_connection(max_retries=1)
-            names = declare_all(conn, catalog.connectors if catalog else [], dead_letter_bounds(settings))
+            conn.ensure_connection(max_retries=len(broker_urls(settings.broker_url)))
+            if migrate_queues:
+                queues = fleet_queues(connectors, dead_letter_bounds(settings), settings.queue_type)
+                done = migrate(conn, queues, report=lambda line: click.echo(line, err=True))
+                for migrated in done:
+                    click.echo(f"migrated {migrated.queue} ({settings.queue_type}): {migrated.moved} message(s) kept")
+                if not done:
+                    click.echo(f"no queue to migrate: the fleet's queues are {settings.queue_type} queues as declared")
+            names = declare_all(conn, connectors, dead_letter_bounds(settings), settings.queue_type)
+    except (TopologyMismatch, MigrationError) as exc:
+        click.echo(f"reach setup: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
     except (OperationalError, *conn.connection_errors, *conn.channel_errors) as exc:
         # refused, access refused, no such vhost: the broker's own words say which
         click.echo(
@@ -312,25 +398,44 @@ def router() -> None:
 
 
 @main.command()
-@click.argument("connector")
+@click.argument("connectors", nargs=-1, required=True, metavar="CONNECTOR[:THREADS]...")
 @click.option(
-    "-c", "--concurrency", type=click.IntRange(1, 1000), help="Threads (default: the connector's pool.concurrency)."
+    "-c",
+    "--concurrency",
+    type=click.IntRange(1, 1000),
+    help="Threads of each connector named without :THREADS (default: its pool.concurrency).",
 )
-def worker(connector: str, concurrency: int | None) -> None:
-    """Run CONNECTOR's isolated pool: consumes only reach.connector.CONNECTOR."""
-    from workers.ops.runner import run_pool
+@click.option("--group", "group", help="The pool group's name in logs and `reach status` (default: NAME+NAME...).")
+def worker(connectors: tuple[str, ...], concurrency: int | None, group: str | None) -> None:
+    """Run a connector's isolated pool: consumes only reach.connector.CONNECTOR.
 
+    Several connectors make a pool group: one process, and each connector still a bulkhead of its
+    own (its consumer and prefetch, threads, breaker, pause flag), so a slow one cannot take the
+    others' threads. CONNECTOR:THREADS sets one connector's threads. Give large or critical
+    connectors a process of their own.
+    """
+    from workers.ops.runner import GROUP_NAME, parse_members, run_pool
+
+    try:
+        members = parse_members(connectors, concurrency)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="CONNECTOR[:THREADS]") from None
+    if group is not None and not GROUP_NAME.match(group):
+        raise click.BadParameter(
+            f"{group!r}: lowercase letters, digits, _ and -, starting with a letter, at most 63", param_hint="--group"
+        )
     settings = _settings()
     _setup_logging(settings.log_level)
     catalog = _load_catalog(settings.catalog_dir)
-    if connector not in catalog.connectors:
+    unknown = [m.connector for m in members if m.connector not in catalog.connectors]
+    if unknown:
         click.echo(
-            f"no connector named {connector!r} in {settings.catalog_dir} "
+            f"no connector named {', '.join(repr(n) for n in unknown)} in {settings.catalog_dir} "
             f"(known: {', '.join(sorted(catalog.connectors)) or 'none'})",
             err=True,
         )
         sys.exit(EXIT_CONFIG)
-    run_pool(settings, catalog, connector, concurrency)
+    run_pool(settings, catalog, members, group)
 
 
 @main.command()
@@ -520,6 +625,88 @@ def dlq_replay(ids: tuple[str, ...]) -> None:
     sys.exit(EXIT_PROBLEMS if missing or done.kept else 0)
 
 
+@main.group("import")
+def import_group() -> None:
+    """Write catalog connectors from a system's own description."""
+
+
+@import_group.command("openapi")
+@click.argument("spec", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--connector", "connector", required=True, help="The connector's name (lowercase letters, digits, _).")
+@click.option(
+    "--endpoint", help="The system's base URL; overrides the document's servers (needed when they are relative)."
+)
+@click.option("--include", multiple=True, metavar="TAG|/GLOB", help="Import only these tags or paths. Repeatable.")
+@click.option("--exclude", multiple=True, metavar="TAG|/GLOB", help="Leave out these tags or paths. Repeatable.")
+@click.option(
+    "--max",
+    "max_operations",
+    type=click.IntRange(min=1),
+    default=200,  # connectors.openapi.DEFAULT_MAX_OPERATIONS, without importing the importer for every command
+    show_default=True,
+    help="Refuse to import more operations than this (choose some with --include).",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the catalog here instead of to stdout.")
+def import_openapi_cmd(
+    spec: str,
+    connector: str,
+    endpoint: str | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    max_operations: int,
+    output: str | None,
+) -> None:
+    """Write a connector for the OpenAPI document SPEC (Swagger 2.0, OpenAPI 3.0 or 3.1; JSON or
+    YAML; - for stdin): one action per operation, to edit and then check with `reach validate`.
+
+    Exit codes: 1 the document is not valid OpenAPI or nothing in it can be imported; 2 it cannot
+    be read, or the options do not fit it (too many operations, a relative server URL).
+    """
+    from connectors.openapi import MAX_DOCUMENT_BYTES, ImportOptions, OpenAPIError, OptionsError, import_openapi
+
+    try:
+        with click.open_file(spec, "rb") as handle:
+            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        click.echo(f"cannot read {spec}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    options = ImportOptions(
+        connector=connector,
+        endpoint=endpoint,
+        include=include,
+        exclude=exclude,
+        max_operations=max_operations,
+        source=Path(spec).name if spec != "-" else "",
+    )
+    try:
+        result = import_openapi(data, options)
+    except OptionsError as exc:  # too many operations, a relative server URL, a bad connector name
+        click.echo(f"not imported: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except OpenAPIError as exc:
+        click.echo(f"cannot import {spec}: {exc}", err=True)
+        sys.exit(EXIT_PROBLEMS)
+    if output:
+        target = Path(output)
+        partial = target.with_name(f".{target.name}.partial")  # hidden: a catalog directory skips it
+        try:
+            partial.write_text(result.text, encoding="utf-8")
+            partial.replace(target)  # never a half-written catalog
+        except OSError as exc:
+            click.echo(f"cannot write {output}: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_CONFIG)
+    else:
+        click.echo(result.text, nl=False)
+    skipped = f"; {len(result.skipped)} not imported (listed at the top of the file)" if result.skipped else ""
+    click.echo(f"{result.actions} action(s) from {result.chosen} operation(s){skipped}", err=True)
+    if result.env:
+        click.echo(f"credentials are read from: {', '.join(result.env)}", err=True)
+    click.echo(
+        "next: add what the actions mean to their descriptions, bind them to an agent_app, and run `reach validate`",
+        err=True,
+    )
+
+
 def _parse_param(text: str) -> tuple[str, Any]:
     """``key=value`` gives a string; ``key:=json`` gives a typed value (httpie's convention)."""
     key, sep, value = text.partition("=")
@@ -590,6 +777,47 @@ def demo(keep_running: bool) -> None:
 
     sys.exit(run_demo(_settings(), keep_running=keep_running))
 
+
+@main.command("mcp")
+@click.option("--stdio", "transport", flag_value="stdio", help="Serve one agent on stdin/stdout (needs --agent).")
+@click.option("--http", "transport", flag_value="http", help="Serve every agent over stateless Streamable HTTP.")
+@click.option("--agent", "agent", help="With --stdio: the agent app; REACH_BROKER_URL should be its own login.")
+@click.option("--host", help="With --http: listen address (default: $REACH_MCP_HOST).")
+@click.option("--port", type=click.IntRange(1, 65535), help="With --http: port (default: $REACH_MCP_PORT).")
+def mcp_cmd(transport: str | None, agent: str | None, host: str | None, port: int | None) -> None:
+    """Serve each agent's own tools over MCP; a tools/call is an intent, its receipt the result.
+
+    Over HTTP the agent is the bearer token's (REACH_MCP_TOKENS_FILE, REACH_MCP_JWT_KEY) and the
+    broker login needs the impersonator tag (`reach mcp-user create`).
+    """
+    if transport is None or (transport == "stdio") != (agent is not None):
+        raise click.UsageError("use --stdio --agent NAME, or --http (the agent then comes from the bearer token)")
+    settings = _settings()
+    catalog = _load_catalog(settings.catalog_dir)
+    # stdout is the MCP wire under --stdio: logs go to stderr
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    from workers.mcp.http import run_http
+    from workers.mcp.server import run_stdio
+    from workers.mcp.tokens import TokenConfigError
+
+    if agent is not None:
+        if agent not in catalog.agents:
+            click.echo(f"no agent_app named {agent!r} (known: {', '.join(sorted(catalog.agents)) or 'none'})", err=True)
+            sys.exit(EXIT_CONFIG)
+        run_stdio(settings, catalog, agent)
+        return
+    try:
+        run_http(settings, catalog, host or settings.mcp_host, port or settings.mcp_port)
+    except TokenConfigError as exc:
+        click.echo(f"configuration error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+from workers.mcp.broker_user import mcp_user  # noqa: E402
+
+main.add_command(mcp_user, "mcp-user")
 
 from workers.ops.agents import agent_user  # noqa: E402
 

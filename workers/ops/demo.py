@@ -26,6 +26,7 @@ from workers.ops.fleet import Unreachable, redact_url
 from workers.ops.processes import FleetProcesses, Proc, ProcessGroup
 from workers.ops.table import print_table
 from workers.settings import Settings
+from workers.transport.topology import TopologyMismatch
 
 CONNECTOR = "local_ticket_system"
 WAREHOUSE = "warehouse"  # the demo's second system: type amqp (workers/ops/demo_assets/warehouse.py)
@@ -71,7 +72,7 @@ def declare_topology(settings: Settings) -> None:
     try:
         with conn:
             conn.ensure_connection(max_retries=1)
-            declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+            declare_all(conn, catalog.connectors, dead_letter_bounds(settings), settings.queue_type)
     except (OperationalError, *conn.connection_errors, *conn.channel_errors) as exc:
         # access refused, no such vhost: the broker's own words say which
         raise Unreachable("RabbitMQ", exc) from exc
@@ -91,6 +92,9 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         declare_topology(settings)  # the clients check the exchanges exist before the router is up
     except Unreachable as exc:
         print(f"cannot declare the fleet's topology: {exc} (at {redact_url(settings.broker_url)})", file=sys.stderr)
+        return 2
+    except TopologyMismatch as exc:  # queues of an earlier demo, of another type
+        print(f"cannot declare the fleet's topology: {exc}", file=sys.stderr)
         return 2
     tickets = TicketSystem(0).start()
     warehouse = Warehouse(settings.broker_url).start()

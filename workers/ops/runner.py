@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
@@ -19,23 +22,17 @@ from workers.observability.audit import Audit
 from workers.observability.tracing import configure_tracing
 from workers.pool.consumer import job_handler
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
-from workers.router.routing import Router
-from workers.router.runtime import RouterRuntime
 from workers.settings import Settings
 from workers.state.batcher import Batcher
 from workers.state.breaker import SharedBreaker
-from workers.router.semantic import SemanticRouting
 from workers.state.client import connect_redis
 from workers.state.control import PoolStatus
-from workers.state.embeddings import RedisVectorCache
-from workers.state.guards import RedisGuards
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
-from workers.state.ratelimit import RedisRateLimiter, parse_rate
 from workers.transport.app import JobMessages, create_app
-from workers.transport.consuming import sender_key, threaded_consumer
+from workers.transport.consuming import Bulkhead, bulkhead_consumer, sender_key, threaded_consumer
 from workers.transport.delivery import handler_for
-from workers.transport.pause import install_pause_watcher
+from workers.transport.pause import Watched, install_pause_watcher
 from workers.transport.publisher import BatchPublisher, Publisher
 from workers.transport.receipts import ReceiptLimits, ReceiptSink
 from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
@@ -68,8 +65,18 @@ def _common_worker_args(loglevel: str) -> list[str]:
     return ["--without-mingle", "--without-gossip", "--without-heartbeat", "-l", loglevel]
 
 
-def _probe_detail(paused: bool) -> None:
-    probes.PROBE.detail = "paused (idle on purpose)" if paused else "consuming"
+def _pool_probe_detail(connectors: list[str]) -> Callable[[list[str]], None]:
+    """What /readyz says besides ready: which connectors consume and which are paused on purpose."""
+
+    def detail(paused: list[str]) -> None:
+        if len(connectors) == 1:
+            probes.PROBE.detail = "paused (idle on purpose)" if paused else "consuming"
+            return
+        consuming = [c for c in connectors if c not in paused]
+        text = f"consuming {', '.join(consuming)}" if consuming else "consuming nothing"
+        probes.PROBE.detail = text + (f"; paused (idle on purpose): {', '.join(paused)}" if paused else "")
+
+    return detail
 
 
 def dead_letter_bounds(settings: Settings) -> DeadLetterBounds:
@@ -81,10 +88,19 @@ def receipt_limits(settings: Settings) -> ReceiptLimits:
 
 
 def run_router(settings: Settings, catalog: Catalog) -> None:
+    # the router's own modules are imported here, not at the top: a pool process never loads them
+    # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
+    from workers.router.routing import Router
+    from workers.router.runtime import RouterRuntime
+    from workers.router.semantic import SemanticRouting
+    from workers.state.embeddings import RedisVectorCache
+    from workers.state.guards import RedisGuards
+    from workers.state.ratelimit import RedisRateLimiter, parse_rate
+
     quiet_per_intent_logs(settings.log_level)
     app = create_app(settings, [INTENTS_QUEUE], worker_prefetch_multiplier=settings.router_prefetch)
     with app.connection_for_write() as conn:
-        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+        declare_all(conn, catalog.connectors, dead_letter_bounds(settings), settings.queue_type)
     publisher = Publisher(app.producer_pool)
     publisher.prewarm(settings.router_threads)  # one connection per routing thread
     redis_client = connect_redis(settings)
@@ -156,73 +172,137 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     )
 
 
-def run_pool(settings: Settings, catalog: Catalog, name: str, concurrency: int | None) -> None:
+@dataclass(frozen=True)
+class Member:
+    """One connector of a pool process, and its threads (None: the catalog's pool.concurrency)."""
+
+    connector: str
+    threads: int | None = None
+
+
+GROUP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+def parse_members(args: Sequence[str], threads: int | None = None) -> list[Member]:
+    """``reach worker``'s arguments: ``NAME`` or ``NAME:THREADS`` each (``threads`` for those
+    without a count; None: the catalog's). A connector name holds no ":".
+
+    Raises:
+        ValueError: a count that is not a whole number from 1 to 1000, or a connector named twice.
+    """
+    members: list[Member] = []
+    for arg in args:
+        connector, sep, count = arg.partition(":")
+        own = threads
+        if sep:
+            if not count.isdigit() or not 1 <= int(count) <= 1000:
+                raise ValueError(f"{arg!r}: the threads after ':' must be a whole number from 1 to 1000")
+            own = int(count)
+        if any(m.connector == connector for m in members):
+            raise ValueError(f"{connector!r} is named twice")
+        members.append(Member(connector, own))
+    return members
+
+
+def group_name(members: Sequence[Member], name: str | None = None) -> str:
+    """The name a pool process goes by (Celery's node name, `reach status`): the connector's own
+    for one connector, else ``name`` or the connectors joined by "+" (kept short: a node name
+    ends up in AMQP short strings)."""
+    if name:
+        return name
+    if len(members) == 1:
+        return members[0].connector
+    joined = "+".join(m.connector for m in members)
+    return joined if len(joined) <= 100 else f"{members[0].connector}+{len(members) - 1}"
+
+
+def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], name: str | None = None) -> None:
+    """Run one pool process for ``members``: one connector (`reach worker A`) or a pool group
+    (`reach worker A B C`). Each connector is a bulkhead of its own — its consumer and prefetch,
+    threads, adapter, breaker, status and pause flag — and they share what is per process: the
+    broker connection and channel, the receipt publisher, Redis and its batcher, the heartbeat
+    that proves the process alive, the metrics server."""
     quiet_per_intent_logs(settings.log_level)
-    connector = catalog.connectors[name]
-    threads = concurrency or connector.pool.concurrency
-    queue = connector_queue(name)
-    # solo + prefetch = threads: the consumer's loop hands each job to one of the pool's threads
-    app = create_app(settings, [queue], worker_prefetch_multiplier=threads)
+    group = group_name(members, name)
+    threads = {m.connector: m.threads or catalog.connectors[m.connector].pool.concurrency for m in members}
+    queues = [connector_queue(m.connector) for m in members]
+    # solo: the consumer's loop hands each job to its connector's threads. The channel-wide
+    # prefetch is every connector's together; each queue's consumer gets its own (bulkhead_consumer)
+    app = create_app(settings, queues, worker_prefetch_multiplier=sum(threads.values()))
     redis_client = connect_redis(settings)
-    try:
-        adapter = build_adapter(
-            connector,
-            AdapterOptions(
-                max_connections=threads,
-                max_depth=settings.max_depth,
-                redis=redis_client,
-                broker_url=settings.broker_url,
-            ),
+    adapters = {}
+    for member in members:
+        connector = catalog.connectors[member.connector]
+        options = AdapterOptions(
+            max_connections=threads[member.connector],
+            max_depth=settings.max_depth,
+            redis=redis_client,
+            broker_url=settings.broker_url,
         )
-    except (MissingSecret, ValueError) as exc:  # an unset secret, or one that is not usable (a bad DSN)
-        print(f"reach worker {name}: {exc}", file=sys.stderr)
-        sys.exit(2)
+        try:
+            adapters[member.connector] = build_adapter(connector, options)
+        except (MissingSecret, ValueError) as exc:  # an unset secret, or one that is not usable (a bad DSN)
+            print(f"reach worker {member.connector}: {exc}", file=sys.stderr)
+            sys.exit(2)
     with app.connection_for_write() as conn:
-        declare_all(conn, catalog.connectors, dead_letter_bounds(settings))
+        declare_all(conn, catalog.connectors, dead_letter_bounds(settings), settings.queue_type)
     batcher = Batcher(redis_client)
     publisher = BatchPublisher(app.producer_pool, batcher)  # it writes receipts' sent marks
     publisher.prewarm()  # its connection open before the first intent
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     heartbeat = Heartbeat(redis_client).start()
-    status = PoolStatus(redis_client, name, heartbeat.worker_id)
-    runtime = PoolRuntime(
-        connector,
-        catalog,
-        adapter,
-        state=PoolState(
-            redis_client,
-            batcher,
-            Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds),
-            SharedBreaker(redis_client, name, connector.breaker),
-            status,
-        ),
-        output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{name}", batcher=batcher)),
-        options=PoolOptions(max_deliveries=settings.max_deliveries),
-    )
-    # each job runs on one of the pool's threads; what is held is finished on a warm shutdown
-    app.conf.worker_consumer = threaded_consumer(handler_for(job_handler(runtime)), threads, "reach-pool")
-    install_pause_watcher(app, redis_client, name, queue.name, status, on_change=_probe_detail)
-    configure_tracing(f"reach-pool-{name}")
+    ledger = Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds)
+    bulkheads, watched = [], []
+    for member, queue in zip(members, queues):
+        connector = catalog.connectors[member.connector]
+        status = PoolStatus(redis_client, connector.name, heartbeat.worker_id, group if len(members) > 1 else None)
+        runtime = PoolRuntime(
+            connector,
+            catalog,
+            adapters[connector.name],
+            state=PoolState(
+                redis_client, batcher, ledger, SharedBreaker(redis_client, connector.name, connector.breaker), status
+            ),
+            output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{connector.name}", batcher=batcher)),
+            options=PoolOptions(max_deliveries=settings.max_deliveries),
+        )
+        # each job runs on one of its connector's threads; what is held is finished on a warm shutdown
+        bulkheads.append(
+            Bulkhead(queue.name, handler_for(job_handler(runtime)), threads[connector.name], f"reach-{connector.name}")
+        )
+        watched.append(Watched(connector.name, queue.name, status))
+    app.conf.worker_consumer = bulkhead_consumer(bulkheads)
+    install_pause_watcher(app, redis_client, watched, on_change=_pool_probe_detail([m.connector for m in members]))
+    configure_tracing(f"reach-pool-{group}")
 
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:
         publisher.close()  # before the batcher: a batch's sent marks go through it
         batcher.close()
         heartbeat.stop()
-        adapter.close()
+        for adapter in adapters.values():
+            adapter.close()
 
     probes.install(app)
     probes.serve(settings.metrics_port)
-    log.info("pool %s: %d thread(s) on %s -> %s system", name, threads, queue.name, connector.type)
+    for member, queue in zip(members, queues):
+        connector = catalog.connectors[member.connector]
+        log.info(
+            "pool %s: %d thread(s) on %s -> %s system",
+            connector.name,
+            threads[connector.name],
+            queue.name,
+            connector.type,
+        )
     app.worker_main(
         [
             "worker",
             "-P",
             "solo",
             "-Q",
-            queue.name,
+            ",".join(q.name for q in queues),
             "-n",
-            f"{name}.{os.getpid()}@%h",
+            f"{group}.{os.getpid()}@%h",
             *_common_worker_args(settings.log_level),
         ]
     )

@@ -42,7 +42,7 @@ from workers.observability.tracing import child_traceparent, span
 from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
 from workers.state.batcher import Batcher
-from workers.state.breaker import Permit, SharedBreaker, permit_from
+from workers.state.breaker import Permit, SharedBreaker
 from workers.state.control import PoolStatus
 from workers.state.ledger import Begin, Claim, Ledger, params_hash
 from workers.transport.delivery import Delivery, Refused
@@ -120,6 +120,7 @@ def job_receipt(job: Job, queue_ms: float, **outcome: Any) -> Receipt:
         trace_id=job.trace_id,
         received_at=job.received_at,
         queue_ms=queue_ms,
+        routing=job.routing,
         **outcome,
     )
 
@@ -248,7 +249,14 @@ class PoolRuntime:
             return
         claim = self._settle_claim(ctx, begin)
         if claim.state == "completed":
-            self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
+            stored = Receipt.model_validate_json(claim.receipt_json)
+            if stored.intent_id == ctx.intent_id and stored.agent_id == ctx.agent_id:
+                # completed by this very intent: its job came twice (the router got the intent again
+                # after a broker connection loss). Its own receipt, unchanged: if the first copy is
+                # still on its way, the client drops the repeat
+                self._send(stored, ctx.job.reply_to, "redelivered")
+            else:
+                self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
         elif claim.state == "reused":
             self._answer(
                 ctx,
@@ -368,7 +376,8 @@ class PoolRuntime:
                 self.audit.push_into(pipe, ctx.agent_id, ctx.intent_id, lines)
             self.sink.store_into(pipe, receipt, body)
 
-        self.batcher.call(decided, lines=lines or None)  # the attempt lines go to stdout in the same batch
+        # the attempt lines go to stdout in the same batch; the outcome waits for a replica (durable)
+        self.batcher.call(decided, lines=lines or None, durable=(ctx.key,))
         sent_lines, mark = self._sent_record(receipt)
         self.sink.publish(receipt, body, ctx.job.reply_to, then=mark)
         if sent_lines:
@@ -471,6 +480,7 @@ class PoolRuntime:
             received_at=iso(ctx.job.received_at),
             finished_at=iso(now),
             deduplicated=True,
+            routing=ctx.job.routing,
         )
         return original.model_copy(update={"intent_id": ctx.intent_id, "execution": execution})
 
@@ -585,9 +595,9 @@ class PoolRuntime:
 
 class _AttemptGate:
     """The breaker for one intent's attempts, in as few round trips as possible: the first permit
-    usually comes with the ledger's begin script (breaker closed), each later permit also marks the
-    idempotency record "sending" (same script), and each result is recorded with the next permit
-    or, for the last attempt, in the pool's final pipeline."""
+    usually comes with the ledger's begin (breaker closed), each later permit marks the idempotency
+    record "sending" once granted, and each result is recorded with the next permit or, for the
+    last attempt, in the pool's final pipeline."""
 
     def __init__(self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str, granted: bool = False) -> None:
         self._breaker = breaker
@@ -600,12 +610,9 @@ class _AttemptGate:
         if self._granted:
             self._granted = False
             return Permit(True, "closed")
-        if self._pending is None:
-            return self._breaker.acquire(mark_sending=self._ledger_key)
         pipe = self._client.pipeline(transaction=False)
-        self.flush_into(pipe)
-        self._breaker.acquire(mark_sending=self._ledger_key, pipe=pipe)
-        return permit_from(pipe.execute()[-1])
+        self.flush_into(pipe)  # the last attempt's outcome, in the permit's round trip
+        return self._breaker.acquire(mark_sending=self._ledger_key, pipe=pipe)
 
     def success(self) -> str:
         self._pending = "success"

@@ -15,9 +15,12 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from connectors.catalog import ActionRef, Catalog, Refusal
+from connectors.catalog import ActionRef, Candidates, Catalog, Refusal, tool_spec
 from connectors.hours import parse_window
-from connectors.schema import suggestion_for
+from connectors.schema import ParamValidator, suggestion_for
+from connectors.spec import ActionSpec, FieldSpec
+from producers.tools import EXPORT_FORMATS, export
+from producers.wire import FIND_TOOLS_ACTION as FIND_TOOLS
 from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS
 from producers.wire import ErrorCode, Receipt
 from workers.observability import metrics
@@ -25,6 +28,7 @@ from workers.observability.audit import params_digest
 from workers.observability.redaction import redact_params
 from workers.observability.tracing import traceparent_for
 from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
+from workers.router.semantic import Choice, SemanticRouting, candidate_details
 from workers.state.breaker import AlwaysAvailable
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
@@ -38,6 +42,18 @@ COUNTED_AS_INVALID = frozenset(
     {ErrorCode.INVALID_INTENT, ErrorCode.UNKNOWN_ACTION, ErrorCode.PERMISSION_DENIED, ErrorCode.VALIDATION_FAILED}
 )
 INVALID_ALLOWANCE = "(invalid)"  # the rate limiter's "connector" for it: no connector can be named so
+SEMANTIC_ALLOWANCE = "(semantic)"  # the same for the model work an agent may cause (REACH_SEMANTIC_RATE)
+# reach.find_tools' params, checked like an action's
+FIND_TOOLS_PARAMS = ParamValidator(
+    ActionSpec(
+        action="find_tools",
+        input={
+            "description": FieldSpec(type="string", required=True, min_length=1, description="what the user asked"),
+            "k": FieldSpec(type="integer", default=5, min=1, max=50, description="how many tools"),
+            "format": FieldSpec(type="enum", values=list(EXPORT_FORMATS), default="json"),
+        },
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -78,10 +94,16 @@ class Router:
         max_depth: int = 32,
         max_details: int = 50,
         invalid_rate: Rate | None = None,
+        semantic: SemanticRouting | None = None,
+        semantic_rate: Rate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``)."""
+        """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``) and
+        of intents that make the router run its model (``semantic_rate``)."""
         self.catalog = catalog
+        # without one given (tests, tools) the index is built on first use, without a shared cache
+        self.semantic = semantic or SemanticRouting(catalog)
+        self.semantic_rate = semantic_rate
         # the running router passes RedisGuards (one round trip); tests may pass the parts
         self.guards = guards or SeparateGuards(limiter or NoRateLimit(), availability or AlwaysAvailable())
         self.limiter = limiter or NoRateLimit()
@@ -143,7 +165,16 @@ class Router:
         refuse = partial(self._refuse, parsed, received_at)
         if intent.action == LIST_TOOLS:
             return self._list_tools(parsed, received_at)
-        resolved = self.catalog.resolve(intent.action, agent_id, intent.context.domain if intent.context else None)
+        if intent.action == FIND_TOOLS:
+            return self._find_tools(parsed, received_at)
+        resolved = self.catalog.resolve_candidates(intent.action, agent_id)
+        routing: dict[str, Any] | None = None
+        if isinstance(resolved, Candidates):
+            chosen = self._choose(parsed, received_at, resolved)
+            if isinstance(chosen, Answer):
+                return chosen
+            resolved, routing = chosen
+            refuse = partial(self._refuse, parsed, received_at, routing=routing)  # later refusals explain it too
         if isinstance(resolved, Refusal):
             return refuse(resolved.code, resolved.message, resolved.suggestion)
         ref = resolved
@@ -219,6 +250,8 @@ class Router:
             format=parsed.format,
             received_at=received_at,
             dispatched_at=now,
+            hops=intent.context.hops if intent.context else 0,
+            routing=routing,
         )
         return Dispatch(connector_queue_name(ref.connector.name), job)
 
@@ -233,6 +266,7 @@ class Router:
         ref: ActionRef | None = None,
         details: list[dict[str, Any]] | None = None,
         retry_after_ms: int | None = None,
+        routing: dict[str, Any] | None = None,
     ) -> Answer:
         """The router's own answer to a parsed intent it will not dispatch."""
         intent = parsed.intent
@@ -250,12 +284,152 @@ class Router:
             suggestion=suggestion,
             details=details,
             retry_after_ms=retry_after_ms,
+            routing=routing,
         )
-        audit = None
+        audit: dict[str, Any] | None = None
         if ref is not None:
             redacted = redact_params(intent.params, ref.action.input)
             audit = {"param_keys": sorted(redacted), "params_digest": params_digest(redacted)}
+        if routing is not None:
+            audit = {**(audit or {}), "routing": routing}
         return Answer(receipt, intent.reply_to or agent_id, audit=audit)
+
+    def _choose(
+        self, parsed: ParsedIntent, received_at: float, candidates: Candidates
+    ) -> tuple[ActionRef, dict[str, Any]] | Answer:
+        """One of several connectors offering a bare action (workers/router/semantic.py), or the
+        answer that none can be chosen."""
+        intent = parsed.intent
+        agent_id = intent.agent_id or ""
+        context = intent.context
+        now = self.clock()
+        choice = self.semantic.choose(
+            candidates,
+            agent_id,
+            context.description if context else None,
+            context.domain if context else None,
+            runnable=partial(self._cannot_run, intent.params, agent_id, now),
+            allowance=partial(self._model_allowance, agent_id),
+        )
+        if choice.ref is not None:
+            return choice.ref, choice.note
+        if choice.retry_after_ms is not None:
+            return self._refuse(
+                parsed,
+                received_at,
+                ErrorCode.RATE_LIMITED,
+                f"{agent_id} sent more intents that need semantic routing than {self.semantic_rate}",
+                f"Wait {_human_ms(choice.retry_after_ms)}, or send a qualified action name (connector.action), "
+                "which needs no ranking.",
+                retry_after_ms=choice.retry_after_ms,
+                routing=choice.note,
+            )
+        return self._ambiguous(parsed, received_at, candidates, choice)
+
+    def _ambiguous(self, parsed: ParsedIntent, received_at: float, candidates: Candidates, choice: Choice) -> Answer:
+        """AMBIGUOUS_ACTION with the best candidates in ``details``: the agent should ask its user."""
+        refs = [s.ref for s in choice.ranking.ranked] if choice.ranking else candidates.refs
+        names = ", ".join(r.qualified for r in refs[:10]) + (f" and {len(refs) - 10} more" if len(refs) > 10 else "")
+        context = parsed.intent.context
+        if context is not None and context.description and choice.ranking and len(choice.ranking.ranked) > 1:
+            first, second = choice.ranking.ranked[:2]
+            message = (
+                f"{len(refs)} connectors offer {candidates.action!r} and the description does not single one out: "
+                f"{first.ref.qualified} scores {first.score:.3f}, {second.ref.qualified} {second.score:.3f} "
+                f"(a lead of {self.semantic.spec.margin:g} is needed)"
+            )
+        else:
+            message = f"{len(refs)} connectors offer {candidates.action!r}: {names}"
+        suggestion = (
+            f"Ask the user which system they mean (the candidates are in details, with what each is for), then send "
+            f'the qualified action, e.g. "{refs[0].qualified}"; or describe the request in context.description, '
+            f"or set context.domain to the connector's domain. Candidates: {names}."
+        )
+        return self._refuse(
+            parsed,
+            received_at,
+            ErrorCode.AMBIGUOUS_ACTION,
+            message,
+            suggestion,
+            details=candidate_details(choice, candidates),
+            routing=choice.note,
+        )
+
+    def _cannot_run(self, params: dict[str, Any], agent_id: str, now: float, ref: ActionRef) -> str | None:
+        """Why ``ref`` could not run this intent now (the rule checks that remove a candidate)."""
+        binding = self.catalog.binding(agent_id, ref.connector.name)
+        closed = _closed_window(now, ref.action.allowed_hours, binding.allowed_hours if binding else None)
+        if closed is not None:
+            return f"may only run {closed[0]}"
+        _, problems = ref.validator.validate(params, max_problems=3)
+        if problems:
+            return "params: " + "; ".join(f"{p.field} {p.message}" for p in problems[:3])
+        return None
+
+    def _model_allowance(self, agent_id: str) -> int | None:
+        """None when the agent may make the router run its model now, else ms until it may."""
+        if self.semantic_rate is None:
+            return None
+        verdict = self.limiter.hit(agent_id, SEMANTIC_ALLOWANCE, self.semantic_rate)
+        return None if verdict.allowed else verdict.retry_after_ms
+
+    def _find_tools(self, parsed: ParsedIntent, received_at: float) -> Answer:
+        """reach.find_tools: the agent's best-matching tools for a description, in the format asked."""
+        intent = parsed.intent
+        agent_id = intent.agent_id or ""
+        answer = partial(
+            build_receipt,
+            intent_id=intent.intent_id or "",
+            agent_id=agent_id,
+            action=FIND_TOOLS,
+            connector=None,
+            trace_id=parsed.trace_id,
+            received_at=received_at,
+        )
+        reply_to = intent.reply_to or agent_id
+        if agent_id not in self.catalog.agents:
+            return Answer(
+                answer(
+                    code=ErrorCode.PERMISSION_DENIED,
+                    message=f"agent {agent_id!r} is not registered in the catalog",
+                    suggestion="Use the agent id your operator registered as an agent_app.",
+                ),
+                reply_to,
+            )
+        params, problems = FIND_TOOLS_PARAMS.validate(intent.params, max_problems=self.max_details - 1)
+        if problems:
+            metrics.INTENTS_REJECTED.labels(code=ErrorCode.VALIDATION_FAILED.value).inc()
+            return Answer(
+                answer(
+                    code=ErrorCode.VALIDATION_FAILED,
+                    message="invalid params for reach.find_tools: "
+                    + "; ".join(f"{p.field} {p.message}" for p in problems[:3]),
+                    suggestion='Send {"description": "<what the user asked>", "k": 1-50, "format": '
+                    + "|".join(EXPORT_FORMATS)
+                    + "}.",
+                    details=[p.to_detail() for p in problems],
+                ),
+                reply_to,
+            )
+        wait_ms = self._model_allowance(agent_id)
+        if wait_ms is not None:
+            metrics.INTENTS_REJECTED.labels(code=ErrorCode.RATE_LIMITED.value).inc()
+            return Answer(
+                answer(
+                    code=ErrorCode.RATE_LIMITED,
+                    message=f"{agent_id} sent more intents that need semantic routing than {self.semantic_rate}",
+                    suggestion=f"Wait {_human_ms(wait_ms)} before asking for tools again.",
+                    retry_after_ms=wait_ms,
+                ),
+                reply_to,
+            )
+        found = self.semantic.find_tools(agent_id, params["description"], params["k"])
+        data = {
+            "tools": export([tool_spec(s.ref) for s in found], params["format"]),
+            "scores": [{"name": s.ref.tool_name, "score": round(s.score, 4)} for s in found],
+            "model": self.semantic.model_name(),
+        }
+        return Answer(answer(data=data), reply_to)
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()

@@ -63,6 +63,13 @@ class RouterRuntime:
         could not be carried out for a passing reason)."""
         try:
             decision = self.router.decide(raw)
+        except TRANSIENT_ERRORS as exc:  # Redis away or failing over: the guards could not be asked
+            if self.retries.again(raw):
+                log.warning("could not route an intent (%s); it will be redelivered", exc)
+                time.sleep(TRANSIENT_PAUSE_SECONDS)  # an outage must not become a redelivery storm
+                return "requeue"
+            log.exception("router could not route a message; answering INTERNAL")
+            decision = self._internal(raw)
         except Exception:  # a bug, not a bad message: answer INTERNAL rather than stall the queue
             log.exception("router failed on a message; answering INTERNAL")
             decision = self._internal(raw)
@@ -173,6 +180,7 @@ class RouterRuntime:
                         "param_keys": sorted(redacted),
                         "params_digest": params_digest(redacted),
                         "route_ms": round((time.time() - received_at) * 1000, 3),
+                        "routing": job.routing,
                     },
                 ),
             ],
@@ -233,6 +241,9 @@ class RouterRuntime:
             suggestion="Retry later; operators were told.",
         )
         return Answer(receipt, agent_id, dead_letter_reason="router error")
+
+
+TRANSIENT_PAUSE_SECONDS = 0.5
 
 
 class RetryCounts:

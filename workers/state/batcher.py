@@ -9,7 +9,13 @@ hand-over to another thread.
 
 ``call`` waits until its commands' batch came back and returns their results: a caller that
 stores something before acting (the idempotency claim, the receipt before it is published, the
-"sent" mark before the ack) keeps exactly the order it had with its own round trips. ``submit``
+"sent" mark before the ack) keeps exactly the order it had with its own round trips. A call
+``durable`` for some keys also waits until a replica has its writes: one WAIT per node at the end
+of the batch covers every such call in it (``workers.state.replicas``).
+
+On a Redis Cluster the batch is a ``ClusterPipeline``: each node gets its share of the commands
+on one connection, all nodes at once, so a batch is still one round trip (per node, in parallel).
+No batch is a transaction (MULTI/EXEC would have to stay within one slot). ``submit``
 and ``lines`` never wait for another thread's batch (the router's trace entries: best effort, the
 log lines are the record); when no batch is running they run one on the calling thread.
 """
@@ -19,12 +25,14 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
+from workers.state.client import replica_wait
 from workers.state.combining import Combiner
+from workers.state.replicas import NO_WAIT
 
 log = logging.getLogger("reach.batcher")
 
@@ -48,12 +56,19 @@ def write_stdout(lines: list[str]) -> None:
 
 
 class _Item:
-    __slots__ = ("commands", "lines", "done", "results", "error")
+    __slots__ = ("commands", "lines", "done", "durable", "results", "error")
 
-    def __init__(self, commands: Commands | None, lines: list[str] | None, done: threading.Event | None) -> None:
+    def __init__(
+        self,
+        commands: Commands | None,
+        lines: list[str] | None,
+        done: threading.Event | None,
+        durable: Sequence[str] = (),
+    ) -> None:
         self.commands = commands
         self.lines = lines
         self.done = done
+        self.durable = durable
         self.results: list[Any] = []
         self.error: Exception | None = None
 
@@ -66,6 +81,7 @@ class Batcher:
         name: str = "reach-batcher",
     ) -> None:
         self._client = client
+        self._wait = NO_WAIT if client is None else replica_wait(client)
         self._write_lines = write_lines
         self._combiner: Combiner[_Item] = Combiner(self._write, max_batch=MAX_BATCH, name=name)
 
@@ -78,10 +94,11 @@ class Batcher:
         is running, this thread runs one): best effort, errors are logged."""
         self._combiner.post(_Item(commands, lines, None))
 
-    def call(self, commands: Commands, lines: list[str] | None = None) -> list[Any]:
+    def call(self, commands: Commands, lines: list[str] | None = None, durable: Sequence[str] = ()) -> list[Any]:
         """Run the commands (and write the lines) in the next batch and return their results, as
-        ``pipeline.execute()`` would; raises ``redis.RedisError`` as it would too."""
-        item = _Item(commands, lines, threading.Event())
+        ``pipeline.execute()`` would; raises ``redis.RedisError`` as it would too. ``durable``: keys
+        whose node must have passed the batch's writes on to its replicas before this returns."""
+        item = _Item(commands, lines, threading.Event(), durable)
         if not self._combiner.run(item, item.done, WAIT_SECONDS):  # type: ignore[arg-type]
             raise redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
         if item.error is not None:
@@ -105,11 +122,12 @@ class Batcher:
                 pipe = self._client.pipeline(transaction=False)
                 spans = []
                 for item in with_commands:
-                    start = len(pipe.command_stack)
+                    start = len(pipe)
                     item.commands(pipe)  # type: ignore[misc]
-                    spans.append((item, start, len(pipe.command_stack)))
+                    spans.append((item, start, len(pipe)))
                 try:
-                    results = pipe.execute(raise_on_error=False)
+                    waits = self._wait.append(pipe, [key for item in with_commands for key in item.durable])
+                    results = self._wait.check(waits, pipe.execute(raise_on_error=False))
                 except redis.RedisError as exc:
                     for item in with_commands:
                         item.error = exc

@@ -18,7 +18,8 @@ import redis
 
 from connectors.spec import BreakerSpec
 from workers.state import keys
-from workers.state.client import text
+from workers.state.client import eval_into, replica_wait, text
+from workers.state.replicas import execute_durably
 
 OPEN, CLOSED, HALF_OPEN = pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN
 
@@ -27,20 +28,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1] breaker hash, KEYS[2] (optional) an idempotency record to mark "sending" when allowed;
-# ARGV: reset_timeout ms, max trials, trial lease ms. Returns {allowed, state, retry_after_ms, is_trial}
+# KEYS[1] breaker hash; ARGV: reset_timeout ms, max trials, trial lease ms.
+# Returns {allowed, state, retry_after_ms, is_trial}
 _ACQUIRE = (
     _NOW
     + """
-local function mark() if KEYS[2] then redis.call('HSET', KEYS[2], 'sending', '1') end end
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'closed' then mark() return {1, state, 0, 0} end
+if state == 'closed' then return {1, state, 0, 0} end
 local reset = tonumber(ARGV[1])
 if state == 'open' then
   local opened = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
   if now < opened + reset then return {0, state, opened + reset - now, 0} end
   redis.call('HSET', KEYS[1], 'state', 'half-open', 'trials', 1, 'trial_until', now + tonumber(ARGV[3]))
-  mark()
   return {1, 'half-open', 0, 1}
 end
 -- half-open: a bounded number of trial calls; a trial whose lease ran out (its worker died) frees its slot
@@ -49,7 +48,6 @@ local until_ = tonumber(redis.call('HGET', KEYS[1], 'trial_until') or '0')
 if now > until_ then trials = 0 end
 if trials < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'trials', trials + 1, 'trial_until', now + tonumber(ARGV[3]))
-  mark()
   return {1, state, 0, 1}
 end
 return {0, state, 1000, 0}
@@ -120,33 +118,37 @@ class SharedBreaker:
     ) -> None:
         self.connector = connector
         self.key = keys.breaker(connector)
+        self._client = client
         self._spec = spec
         self._trials = trials
         self._lease_ms = int(trial_lease_seconds * 1000)
-        self._acquire = client.register_script(_ACQUIRE)
 
     @property
     def reset_ms(self) -> int:
         return int(self._spec.reset_timeout * 1000)
 
     def acquire(self, mark_sending: str | None = None, pipe: Any = None) -> Permit:
-        """A permit for one call; when allowed, ``mark_sending`` (a ledger record) is marked too."""
-        keys = [self.key] + ([mark_sending] if mark_sending else [])
-        args = [self.reset_ms, self._trials, self._lease_ms]
-        if pipe is not None:
-            # EVAL, not a Script object: redis-py adds a SCRIPT EXISTS round trip per pipeline
-            # for Script objects; Redis caches the script by its hash either way
-            pipe.eval(_ACQUIRE, len(keys), *keys, *args)
-            return Permit(True, "pending")  # read the real answer from the pipeline's results
-        return permit_from(self._acquire(keys=keys, args=args))
+        """A permit for one call, asked after whatever ``pipe`` holds (this breaker's last
+        outcome) in the same round trip. When allowed, ``mark_sending`` (a ledger record, which
+        lives on its agent's node, not the connector's) is then marked "sending", durably, before
+        the call: a refused permit never marks it."""
+        if pipe is None:
+            pipe = self._client.pipeline(transaction=False)
+        eval_into(pipe, _ACQUIRE, [self.key], self.reset_ms, self._trials, self._lease_ms)
+        permit = permit_from(pipe.execute()[-1])
+        if permit.allowed and mark_sending:
+            execute_durably(
+                self._client, replica_wait(self._client), [mark_sending], lambda p: p.hset(mark_sending, "sending", "1")
+            )
+        return permit
 
     def record_into(self, pipe: Any, kind: str) -> None:
         """Queue an outcome, ``success`` or ``failure``, on a pipeline (its result: the new state)."""
-        pipe.eval(_RECORD, 1, self.key, kind, self._spec.fail_max)
+        eval_into(pipe, _RECORD, [self.key], kind, self._spec.fail_max)
 
     def peek_into(self, pipe: redis.client.Pipeline) -> None:
         """Queue the peek on a pipeline (its result: [state, retry_after_ms, health])."""
-        pipe.eval(_PEEK, 2, self.key, keys.health(self.connector), self.reset_ms)
+        eval_into(pipe, _PEEK, [self.key, keys.health(self.connector)], self.reset_ms)
 
 
 def breaker_state(client: redis.Redis, connector: str) -> str:

@@ -32,14 +32,23 @@ def is_paused(client: redis.Redis, connector: str) -> bool:
     return bool(client.exists(keys.paused(connector)))
 
 
+def paused_flags(client: redis.Redis, connectors: list[str]) -> list[bool]:
+    """``is_paused`` of each connector, in one round trip (a pool group checks them every second)."""
+    pipe = client.pipeline(transaction=False)
+    for connector in connectors:
+        pipe.exists(keys.paused(connector))
+    return [bool(found) for found in pipe.execute()]
+
+
 class PoolStatus:
     """What a pool process tells `reach status`: in-flight count, paused or not, refreshed every
     second into a hash field that disappears a few seconds after the process does."""
 
-    def __init__(self, client: redis.Redis, connector: str, worker_id: str) -> None:
+    def __init__(self, client: redis.Redis, connector: str, worker_id: str, group: str | None = None) -> None:
         self._client = client
         self._connector = connector
         self._worker_id = worker_id
+        self._group = group  # the pool group (`reach worker A B C`) this connector runs in, if any
         self._lock = threading.Lock()
         self.in_flight = 0
         self.consuming = True
@@ -53,11 +62,17 @@ class PoolStatus:
             self.in_flight -= 1
 
     def publish(self) -> None:
-        doc = json.dumps({"in_flight": self.in_flight, "consuming": self.consuming, "seen": time.time()})
         pipe = self._client.pipeline(transaction=False)
-        pipe.hset(keys.workers(self._connector), self._worker_id, doc)
-        pipe.expire(keys.workers(self._connector), 30)
+        self.publish_into(pipe)
         pipe.execute()
+
+    def publish_into(self, pipe: Any) -> None:
+        """The status, as commands on a pipeline (a group's connectors publish in one round trip)."""
+        status: dict[str, Any] = {"in_flight": self.in_flight, "consuming": self.consuming, "seen": time.time()}
+        if self._group is not None:
+            status["group"] = self._group
+        pipe.hset(keys.workers(self._connector), self._worker_id, json.dumps(status))
+        pipe.expire(keys.workers(self._connector), 30)
 
     def record_error(self, code: str, message: str) -> None:
         try:

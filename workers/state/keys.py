@@ -3,39 +3,49 @@
 A key that holds anything taken from an agent's input (an intent id, an idempotency key)
 starts with that agent, so one agent's input can never reach, overwrite or read another
 agent's state. Agent and connector names match ``producers.wire.AGENT_ID_PATTERN``
-(``^[a-z][a-z0-9_]{0,62}$``: no ``:``), so the segments before the agent's own text cannot
-run into each other. An intent whose agent is not known (an unparsable message without an
-identity) files under ``-``, which no agent can be named.
+(``^[a-z][a-z0-9_]{0,62}$``: no ``:`` and no braces), so the segments before the agent's own
+text cannot run into each other. An intent whose agent is not known (an unparsable message
+without an identity) files under ``-``, which no agent can be named.
 
-Keyed by agent (everything an agent's input reaches)::
+Redis Cluster: the part in braces is the key's *hash tag*, the only part Redis hashes to pick
+the slot, so all keys with one tag live on one node and a Lua script or a transaction may touch
+them together. Keys are tagged by the agent or by the connector they belong to:
 
-    reach:receipt:<agent>:<intent_id>                 string  the receipt (JSON): redeliveries, lookups
-    reach:receipt-sent:<agent>:<intent_id>            string  the broker confirmed the receipt
-    reach:deliveries:<agent>:<intent_id>              counter deliveries of a job to its pool (poison)
-    reach:trace:<agent>:<intent_id>                   list    the intent's audit lines (``reach trace``)
-    reach:idem:<agent>:<connector>:<action>:<key>     hash    the idempotency ledger record
-    reach:rl:<agent>:<connector>                      string  a binding's rate-limit bucket (GCRA)
+Keyed by agent, tag ``{<agent>}`` (everything an agent's input reaches)::
 
-Keyed by connector or process (names from the catalog and the fleet, never from intents)::
+    reach:receipt:{<agent>}:<intent_id>               string  the receipt (JSON): redeliveries, lookups
+    reach:receipt-sent:{<agent>}:<intent_id>          string  the broker confirmed the receipt
+    reach:deliveries:{<agent>}:<intent_id>            counter deliveries of a job to its pool (poison)
+    reach:trace:{<agent>}:<intent_id>                 list    the intent's audit lines (``reach trace``)
+    reach:idem:{<agent>}:<connector>:<action>:<key>   hash    the idempotency ledger record
+    reach:abandoned:{<agent>}:<attempt>               string  an attempt (at one of the agent's records) given up
+    reach:rl:{<agent>}:<connector>                    string  a binding's rate-limit bucket (GCRA)
 
-    reach:breaker:<connector>                         hash    the shared circuit breaker
-    reach:health:<connector>                          string  up | down, from the health probe
-    reach:paused:<connector>                          string  set by ``reach pause``
-    reach:workers:<connector>                         hash    per-worker status for ``reach status``
-    reach:last-error:<connector>                      string  the connector's last error
+So one agent's intents all land on one node: an agent that sends most of the traffic makes that
+node the busy one (Redis Cluster spreads agents, not one agent's intents).
+
+Keyed by connector, tag ``{<connector>}`` (names from the catalog, never from intents)::
+
+    reach:breaker:{<connector>}                       hash    the shared circuit breaker
+    reach:health:{<connector>}                        string  up | down, from the health probe
+    reach:paused:{<connector>}                        string  set by ``reach pause``
+    reach:workers:{<connector>}                       hash    per-worker status for ``reach status``
+    reach:last-error:{<connector>}                    string  the connector's last error
+    reach:auth:{<connector>}                          hash    an oauth2_refresh_token connector's newest tokens
+    reach:auth:{<connector>}:lock                     string  held by the process spending its refresh token
+
+Keyed by process or by what the catalog says (no agent's input reaches them; untagged)::
+
     reach:alive:<worker_id>                           string  a worker process's heartbeat
-    reach:abandoned:<attempt>                         string  an attempt that was given up
-    reach:auth:<connector>                            hash    an oauth2_refresh_token connector's newest tokens
-    reach:auth:<connector>:lock                       string  held by the process spending its refresh token
-
-Keyed by what the catalog says (no agent's input reaches them)::
-
     reach:embedding:<model>:<sha256 of the text>      string  an action text's embedding (float32, little-endian)
 
-The last two are built by ``connectors.auth.state_key`` (connectors cannot import workers).
+The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
-Every Lua script receives the keys it touches through KEYS, none builds a key itself. (Which
-keys share a Redis Cluster slot is not arranged yet: a script's keys may hash to different slots.)
+Every Lua script receives the keys it touches through KEYS, none builds a key itself, and all the
+keys one script is given share a tag (tests/unit/test_lua_keys.py, tests/unit/test_keys.py). What
+a script would need across two tags is split: the pool reads the breaker beside its ledger script
+in the same round trip, and a record's holder is judged with its heartbeat read beside the record
+(``workers.state.ledger``).
 """
 
 from __future__ import annotations
@@ -60,7 +70,22 @@ EMBEDDING_PREFIX = PREFIX + "embedding:"
 
 
 def _agent(agent: str | None) -> str:
-    return agent or NO_AGENT
+    """The agent's hash tag."""
+    return "{" + (agent or NO_AGENT) + "}"
+
+
+def _connector(connector: str) -> str:
+    """The connector's hash tag."""
+    return "{" + connector + "}"
+
+
+def tag_of(key: str | bytes) -> str:
+    """The hash tag of a key built here (``{desk}`` of ``reach:idem:{desk}:...``), braces included;
+    "" for an untagged key. Redis's rule: the first ``{`` and the first ``}`` after it."""
+    text = key.decode() if isinstance(key, bytes) else key
+    start = text.find("{")
+    end = text.find("}", start + 1)
+    return text[start : end + 1] if start >= 0 and end > start + 1 else ""
 
 
 # keyed by agent
@@ -86,17 +111,16 @@ def trace_pattern(intent_id: str) -> str:
     """A SCAN pattern for one intent id's traces, whatever the agent (``reach trace`` without
     ``--agent``). Glob characters in the id are escaped so they match only themselves."""
     escaped = "".join("\\" + c if c in "*?[]\\" else c for c in intent_id)
-    return f"{TRACE_PREFIX}*:{escaped}"
+    return f"{TRACE_PREFIX}{{*}}:{escaped}"
 
 
 def agent_of_trace(key: str | bytes, intent_id: str) -> str | None:
     """The agent of a key built by ``trace`` for this intent id, or None when the key is another
-    intent's (``*`` in ``trace_pattern`` also matches ``desk:eu`` for the id ``ORDER-1`` of
-    ``reach:trace:desk:eu:ORDER-1``, which is agent ``desk``'s intent ``eu:ORDER-1``)."""
+    intent's or not a trace key."""
     text = key.decode() if isinstance(key, bytes) else key
-    if not text.startswith(TRACE_PREFIX):
+    if not text.startswith(TRACE_PREFIX + "{"):
         return None
-    agent, sep, rest = text[len(TRACE_PREFIX) :].partition(":")
+    agent, sep, rest = text[len(TRACE_PREFIX) + 1 :].partition("}:")
     return agent if sep and rest == intent_id else None
 
 
@@ -105,38 +129,40 @@ def idempotency(agent: str | None, connector: str, action: str, idempotency_key:
 
 
 def rate_limit(agent: str, connector: str) -> str:
-    return f"{RATE_LIMIT_PREFIX}{agent}:{connector}"
+    return f"{RATE_LIMIT_PREFIX}{_agent(agent)}:{connector}"
+
+
+def abandoned(record: str, attempt: str) -> str:
+    """The given-up mark of ``attempt`` at the ledger ``record`` it claims, in that record's slot
+    (attempt ids are unique in the fleet; the tag only places the mark beside the record)."""
+    return f"{ABANDONED_PREFIX}{tag_of(record)}:{attempt}"
 
 
 # keyed by connector or process
 
 
 def breaker(connector: str) -> str:
-    return BREAKER_PREFIX + connector
+    return BREAKER_PREFIX + _connector(connector)
 
 
 def health(connector: str) -> str:
-    return HEALTH_PREFIX + connector
+    return HEALTH_PREFIX + _connector(connector)
 
 
 def paused(connector: str) -> str:
-    return PAUSED_PREFIX + connector
+    return PAUSED_PREFIX + _connector(connector)
 
 
 def workers(connector: str) -> str:
-    return WORKERS_PREFIX + connector
+    return WORKERS_PREFIX + _connector(connector)
 
 
 def last_error(connector: str) -> str:
-    return LAST_ERROR_PREFIX + connector
+    return LAST_ERROR_PREFIX + _connector(connector)
 
 
 def alive(worker_id: str) -> str:
     return ALIVE_PREFIX + worker_id
-
-
-def abandoned(attempt: str) -> str:
-    return ABANDONED_PREFIX + attempt
 
 
 # the keys a connector's pools, probes and operators leave, by which ``reach status`` finds the
@@ -148,8 +174,9 @@ def connector_of(key: str | bytes) -> str | None:
     """The connector a key with one of ``CONNECTOR_PREFIXES`` belongs to (None for other keys)."""
     text = key.decode() if isinstance(key, bytes) else key
     for prefix in CONNECTOR_PREFIXES:
-        if text.startswith(prefix) and len(text) > len(prefix):
-            return text[len(prefix) :]
+        tag = text[len(prefix) :]
+        if text.startswith(prefix) and len(tag) > 2 and tag[0] == "{" and tag[-1] == "}":
+            return tag[1:-1]
     return None
 
 

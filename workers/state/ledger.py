@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import redis
 
 from workers.state import keys
-from workers.state.client import text
+from workers.state.breaker import CLOSED
+from workers.state.client import eval_into, replica_wait, text
+from workers.state.replicas import execute_durably
 
 if TYPE_CHECKING:
     from workers.state.batcher import Batcher
@@ -39,74 +41,60 @@ log = logging.getLogger("reach.idempotency")
 
 ClaimState = Literal["claimed", "completed", "reused", "in_progress", "orphaned", "abandoned"]
 
-# Every key a script touches comes in KEYS. A record held by another worker is judged by that
-# worker's heartbeat key, which only the record names: the first script answers 'holder' with the
-# owner, and the caller asks again with the owner's heartbeat key (``_JUDGE``). That second trip
+# Every key a script touches comes in KEYS, and every key one script is given carries the record's
+# hash tag (the agent's: workers/state/keys.py), so each script runs on one Redis Cluster node.
+# A record held by another worker is judged by that worker's heartbeat key, which lives elsewhere:
+# the script answers 'holder' with the owner, and the caller reads the owner's heartbeat beside the
+# record's script again, in one round trip of two commands (``Ledger._judge``). That second trip
 # happens only for a record someone else holds (a redelivery or a concurrent duplicate).
 #
-# The claim, shared by the scripts below: `rec_key` the record, `gone_key` this attempt's
-# given-up mark, `alive_key` the heartbeat of `known_owner` (or nil), `n` the delivery count;
-# ARGV: payload hash, owner, intent id, in-progress ttl ms.
-# Returns {state, stored receipt or "", holder intent id or "", n, 1 if the holder was sending,
-#          the holder's worker id for 'holder'}
+# The claim, shared by the scripts below: `rec_key` the record, `gone_key` this attempt's given-up
+# mark, `n` the delivery count, `mark` '1' to mark a fresh claim "sending" (its first call is
+# permitted: see Ledger.begin); ARGV: payload hash, owner, intent id, in-progress ttl ms.
+# Returns {state, stored receipt or "", holder intent id or "", n, 1 if the record is marked
+# sending, the holder's worker id for 'holder'}. `nonce` is new for each claim the caller makes: the
+# same claim run twice (redis-py sent the command again after its answer was lost, as in a
+# failover) finds its own nonce and is still claimed, where any other claim sees a holder.
 _CLAIM_BODY = """
-local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending')
+local rec = redis.call('HMGET', rec_key, 'state', 'hash', 'owner', 'receipt', 'intent', 'sending', 'nonce')
 if not rec[1] then
   if redis.call('EXISTS', gone_key) == 1 then return {'abandoned', '', '', n, 0, ''} end
   redis.call('HSET', rec_key, 'state', 'in_progress', 'hash', ARGV[1], 'owner', ARGV[2], 'intent', ARGV[3],
-             'attempt', attempt)
+             'attempt', attempt, 'nonce', nonce)
+  if mark == '1' then redis.call('HSET', rec_key, 'sending', '1') end
   redis.call('PEXPIRE', rec_key, ARGV[4])
   return {'claimed', '', '', n, 0, ''}
 end
 if rec[2] ~= ARGV[1] then return {'reused', '', rec[5] or '', n, 0, ''} end
 if rec[1] == 'completed' then return {'completed', rec[4] or '', rec[5] or '', n, 0, ''} end
-if alive_key == nil or rec[3] ~= known_owner then return {'holder', '', rec[5] or '', n, 0, rec[3] or ''} end
-if redis.call('EXISTS', alive_key) == 1 then return {'in_progress', '', rec[5] or '', n, 0, ''} end
-return {'orphaned', '', rec[5] or '', n, rec[6] and 1 or 0, ''}
+local sending = rec[6] and 1 or 0
+if rec[7] == nonce then return {'claimed', '', '', n, sending, ''} end
+return {'holder', '', rec[5] or '', n, sending, rec[3] or ''}
 """
 
-# KEYS[1] record, KEYS[2] the attempt's given-up mark; ARGV[5] the attempt
+# KEYS[1] record, KEYS[2] the attempt's given-up mark; ARGV[5] the attempt, ARGV[6] the nonce
 _CLAIM = (
-    "local rec_key = KEYS[1]\nlocal gone_key = KEYS[2]\nlocal alive_key = nil\nlocal known_owner = nil\n"
-    "local n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
-)
-
-# the claim again, now knowing who holds the record: KEYS[3] is the heartbeat of ARGV[6]
-_JUDGE = (
-    "local rec_key = KEYS[1]\nlocal gone_key = KEYS[2]\nlocal alive_key = KEYS[3]\nlocal known_owner = ARGV[6]\n"
-    "local n = 0\nlocal attempt = ARGV[5]\n" + _CLAIM_BODY
+    "local rec_key = KEYS[1]\nlocal gone_key = KEYS[2]\nlocal n = 0\nlocal mark = '0'\n"
+    "local attempt = ARGV[5]\nlocal nonce = ARGV[6]\n" + _CLAIM_BODY
 )
 
 # the pool's first round trip for a job: receipt already sent? count the delivery (poison
-# messages), then claim. KEYS: sent marker, delivery counter, record, the attempt's given-up mark,
-# optional breaker hash; ARGV[5]: max deliveries, ARGV[6] the attempt. With a breaker key, a claim
-# made while that breaker is closed also takes the first attempt's permit (the record is marked
-# "sending", as the breaker's acquire does): the 7th value is 1 then. Open and half-open breakers
-# are left to the acquire script.
+# messages), then claim. KEYS: sent marker, delivery counter, record, the attempt's given-up mark;
+# ARGV[5]: max deliveries, ARGV[6] the attempt, ARGV[7] '1' to mark a fresh claim "sending",
+# ARGV[8] the nonce.
 _BEGIN = (
     """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, '', 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'sent', '', '', 0, 0, ''} end
 local n = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], 86400)
-if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, '', 0} end
+if n > tonumber(ARGV[5]) then return {'poison', '', '', n, 0, ''} end
 local rec_key = KEYS[3]
 local gone_key = KEYS[4]
-local alive_key = nil
-local known_owner = nil
 local attempt = ARGV[6]
-local function claim()
+local mark = ARGV[7]
+local nonce = ARGV[8]
 """
     + _CLAIM_BODY
-    + """
-end
-local out = claim()
-out[7] = 0
-if out[1] == 'claimed' and KEYS[5] and (redis.call('HGET', KEYS[5], 'state') or 'closed') == 'closed' then
-  redis.call('HSET', rec_key, 'sending', '1')
-  out[7] = 1
-end
-return out
-"""
 )
 
 # take over an orphaned record (only when repeating the call is safe); KEYS[1] record, KEYS[2] the
@@ -206,35 +194,58 @@ class Heartbeat:
 
 
 class Ledger:
+    """The ledger of one pool process. Every write it makes waits for the replicas
+    ``workers.state.replicas`` asks for, in the same round trip: a claim, a "sending" mark or an
+    outcome that a failover lost could make a redelivery call the system a second time."""
+
     def __init__(self, client: redis.Redis, heartbeat: Heartbeat, ttl_seconds: int) -> None:
         self._client = client
+        self._wait = replica_wait(client)
         self._heartbeat = heartbeat
         self._ttl_ms = ttl_seconds * 1000
-        self._claim = client.register_script(_CLAIM)
-        self._judge_script = client.register_script(_JUDGE)
-        self._begin = client.register_script(_BEGIN)
-        self._take_over = client.register_script(_TAKE_OVER)
-        self._abandon = client.register_script(_ABANDON)
+        # the state each breaker had when this process last read it: a claim made while it looked
+        # closed is marked "sending" in the claim's own script (Ledger.begin)
+        self._breaker_closed: dict[str, bool] = {}
         self._to_abandon: list[tuple[str, str, float]] = []  # (record, attempt, give up at) while Redis is away
         self._retry_lock = threading.Lock()
         self._retrier: threading.Thread | None = None
 
+    def _durably(self, key: str, commands: Any) -> list[Any]:
+        """``commands`` in one round trip, then the replicas' WAIT for ``key``'s node."""
+        return execute_durably(self._client, self._wait, [key], commands)
+
+    def _claim_args(self, params_hash: str, intent_id: str, attempt: str) -> list[Any]:
+        """ARGV of ``_CLAIM``, with a new nonce."""
+        return [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt, uuid.uuid4().hex[:16]]
+
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
-        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
-        state, receipt, holder, _, _, owner = self._claim(keys=[key, keys.abandoned(attempt)], args=args)
+        args = self._claim_args(params_hash, intent_id, attempt)
+        gone = keys.abandoned(key, attempt)
+        (result,) = self._durably(key, lambda pipe: eval_into(pipe, _CLAIM, [key, gone], *args))
+        state, receipt, holder, _, sending, owner = result
         if text(state) == "holder":
-            state, receipt, holder, _ = self._judge(key, args, text(owner))
+            state, receipt, holder, sending = self._judge(key, args, text(owner))
         return Claim(text(state), text(receipt), text(holder))  # type: ignore[arg-type]
 
     def _judge(self, key: str, args: list[Any], owner: str) -> tuple[Any, Any, Any, Any]:
         """A record someone holds: in progress while its owner's heartbeat lives, else orphaned.
-        Asked again if the record changed hands in between (bounded: each round saw a new owner)."""
+        The heartbeat is read beside the claim asked again (two nodes on a cluster, one round
+        trip); asked again if the record changed hands in between (bounded: each round saw a new
+        owner). A heartbeat read a moment before the record answers as an atomic read would have
+        a moment earlier: the owner is the same, and a dead owner's heartbeat does not come back."""
+        gone = keys.abandoned(key, str(args[4]))
         for _ in range(5):
-            state, receipt, holder, _, sending, owner_now = self._judge_script(
-                keys=[key, keys.abandoned(str(args[4])), keys.alive(owner)], args=[*args, owner]
-            )
+
+            def judged(pipe: Any, owner: str = owner) -> None:
+                pipe.exists(keys.alive(owner))
+                eval_into(pipe, _CLAIM, [key, gone], *args)
+
+            alive, result = self._durably(key, judged)
+            state, receipt, holder, _, sending, owner_now = result
             if text(state) != "holder":
                 return state, receipt, holder, sending
+            if text(owner_now) == owner:
+                return ("in_progress" if alive else "orphaned"), receipt, holder, sending
             owner = text(owner_now)
         return "in_progress", "", "", 0  # a record changing hands this fast is held by someone
 
@@ -252,17 +263,37 @@ class Ledger:
     ) -> Begin:
         """One round trip (of its own, or in the ``batcher``'s next one): the sent check, the
         delivery count, the claim and, with ``breaker_key``, the first attempt's permit while that
-        breaker is closed."""
-        names = [sent_key, deliveries_key, key, keys.abandoned(attempt)] + ([breaker_key] if breaker_key else [])
-        args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, max_deliveries, attempt]
+        breaker is closed.
+
+        The breaker lives on its connector's node, not the agent's, so it is read beside the
+        script, not in it; a claim made while this process last saw the breaker closed is marked
+        "sending" by the script itself (a permit needs no second round trip), and unmarked again
+        in the rare case the read finds the breaker no longer closed (the acquire script then
+        decides, and marks only what it lets through)."""
+        names = [sent_key, deliveries_key, key, keys.abandoned(key, attempt)]
+        mark = breaker_key is not None and self._breaker_closed.get(breaker_key, True)
+        claim_args = self._claim_args(params_hash, intent_id, attempt)
+        args = [*claim_args[:4], max_deliveries, attempt, "1" if mark else "0", claim_args[5]]
+
+        def commands(pipe: Any) -> None:
+            eval_into(pipe, _BEGIN, names, *args)
+            if breaker_key is not None:
+                pipe.hget(breaker_key, "state")
+
         if batcher is not None:
-            # EVAL in a pipeline: a Script object would add a SCRIPT EXISTS round trip per batch
-            result = batcher.call(lambda pipe: pipe.eval(_BEGIN, len(names), *names, *args))[0]
+            results = batcher.call(commands, durable=[key])
         else:
-            result = self._begin(keys=names, args=args)
-        state, receipt, holder, deliveries, sending, owner, permit = result
+            results = self._durably(key, commands)
+        state, receipt, holder, deliveries, sending, owner = results[0]
+        permit = False
+        if breaker_key is not None:
+            closed = text(results[1]) in ("", CLOSED)
+            self._breaker_closed[breaker_key] = closed
+            if mark and text(state) == "claimed":
+                permit = closed
+                if not closed:
+                    self._client.hdel(key, "sending")  # ours: the record was claimed by this script
         if text(state) == "holder":
-            claim_args = [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt]
             state, receipt, holder, sending = self._judge(key, claim_args, text(owner))
         return Begin(
             cast(BeginState, text(state)),
@@ -270,10 +301,11 @@ class Ledger:
             text(holder),
             int(deliveries),
             bool(int(sending)),
-            bool(int(permit)),
+            permit,
         )
 
     def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
+        """Queue the outcome on a batch; the batch's call names ``key`` as durable."""
         pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
         pipe.pexpire(key, self._ttl_ms)
 
@@ -282,11 +314,9 @@ class Ledger:
         owner = self._client.hget(key, "owner")
         if owner is None:
             return False
-        return bool(
-            self._take_over(
-                keys=[key, keys.abandoned(attempt)], args=[owner, self._heartbeat.worker_id, intent_id, attempt]
-            )
-        )
+        args = [owner, self._heartbeat.worker_id, intent_id, attempt]
+        gone = keys.abandoned(key, attempt)
+        return bool(self._durably(key, lambda pipe: eval_into(pipe, _TAKE_OVER, [key, gone], *args))[0])
 
     def abandon(self, key: str, attempt: str) -> None:
         """Give up the record ``attempt`` holds (if it still does): its outcome was not kept, and
@@ -295,7 +325,7 @@ class Ledger:
         attempt that no longer runs and acking the job unanswered. Redis is what just failed, so
         this keeps trying on a thread of its own until it succeeds (for ``ABANDON_RETRY_SECONDS``)."""
         try:
-            self._abandon(keys=[key, keys.abandoned(attempt)], args=[self._heartbeat.worker_id, attempt])
+            self._give_up(key, attempt)
         except redis.RedisError:
             with self._retry_lock:
                 self._to_abandon.append((key, attempt, time.monotonic() + ABANDON_RETRY_SECONDS))
@@ -314,7 +344,7 @@ class Ledger:
                     return
             for key, attempt, give_up in pending:
                 try:
-                    self._abandon(keys=[key, keys.abandoned(attempt)], args=[self._heartbeat.worker_id, attempt])
+                    self._give_up(key, attempt)
                 except redis.RedisError:
                     if time.monotonic() < give_up:
                         with self._retry_lock:
@@ -327,23 +357,26 @@ class Ledger:
                             ABANDON_RETRY_SECONDS,
                         )
 
+    def _give_up(self, key: str, attempt: str) -> None:
+        args = [self._heartbeat.worker_id, attempt]
+        gone = keys.abandoned(key, attempt)
+        self._durably(key, lambda pipe: eval_into(pipe, _ABANDON, [key, gone], *args))
+
     def mark_sending(self, key: str) -> None:
         """Noted right before each attempt: an orphaned record without it never reached the system."""
-        self._client.hset(key, "sending", "1")
+        self._durably(key, lambda pipe: pipe.hset(key, "sending", "1"))
 
     def was_sending(self, key: str) -> bool:
         return self._client.hget(key, "sending") is not None
 
     def complete(self, key: str, receipt_json: str) -> None:
-        """Keep the outcome: every later intent with this key gets it instead of a new call."""
-        pipe = self._client.pipeline(transaction=True)
-        pipe.hset(key, mapping={"state": "completed", "receipt": receipt_json})
-        pipe.pexpire(key, self._ttl_ms)
-        pipe.execute()
+        """Keep the outcome: every later intent with this key gets it instead of a new call. (No
+        MULTI: the record already expires, and a WAIT inside a transaction would not wait.)"""
+        self._durably(key, lambda pipe: self.complete_into(pipe, key, receipt_json))
 
     def release(self, key: str) -> None:
         """Forget the attempt (nothing took effect, or repeating is safe): a re-send executes again."""
-        self._client.delete(key)
+        self._durably(key, lambda pipe: pipe.delete(key))
 
     def wait_completed(self, key: str, timeout: float, interval: float = 0.1) -> Claim | None:
         """Poll until the record is completed or gone; None on timeout."""

@@ -15,6 +15,7 @@ import redis
 
 from connectors.rates import Rate, parse_rate
 from workers.state import keys
+from workers.state.client import eval_into
 
 __all__ = ["NoRateLimit", "Rate", "RateLimiter", "RedisRateLimiter", "Verdict", "parse_rate"]
 
@@ -67,7 +68,7 @@ class RedisRateLimiter:
         """Queue the check on a pipeline; read its result with ``verdict``. (EVAL, not the Script
         object: redis-py adds a SCRIPT EXISTS round trip per pipeline for Script objects.)"""
         key, interval, count = self._key_and_args(agent, connector, rate)
-        pipe.eval(_GCRA, 1, key, interval, count)
+        eval_into(pipe, _GCRA, [key], interval, count)
 
     @staticmethod
     def verdict(result: Any) -> Verdict:

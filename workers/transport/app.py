@@ -17,11 +17,18 @@ from kombu import Queue
 from workers.settings import Settings
 from workers.transport.inbound import make_frame_handler
 from workers.transport.job import Job
+from workers.transport.topology import typed
 
 EXECUTE_TASK = "reach.execute"
 
 
 def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
+    """The Celery app of a router or pool consuming ``queues`` (fleet work queues: they are given
+    the arguments of ``REACH_QUEUE_TYPE`` here, so Celery declares them as ``declare_all`` does).
+
+    ``REACH_BROKER_URL`` may name several nodes of a cluster, split by ``;``: kombu connects to the
+    first that answers and, when a connection is lost, to the next (round-robin)."""
+    queues = [typed(queue, settings.queue_type) for queue in queues]
     app = Celery("reach", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -43,6 +50,7 @@ def create_app(settings: Settings, queues: list[Queue], **extra: Any) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         broker_heartbeat=30,
+        broker_failover_strategy="round-robin",
         broker_pool_limit=16,
         broker_transport_options={
             # py-amqp waits for the broker's ack on every publish: a dispatch or receipt that
@@ -76,5 +84,7 @@ class JobMessages:
     def build(self, job: Job, task_id: str) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         """(body, headers, properties) for one job."""
         headers = {**self._headers, "id": task_id, "root_id": task_id}
-        body = b"[[" + job.model_dump_json(exclude={"hops"} if job.hops == 0 else None).encode() + self._tail
+        # fields at their defaults are left out, so a pool that predates them reads the job
+        unset = {name for name, default in (("hops", job.hops == 0), ("routing", job.routing is None)) if default}
+        body = b"[[" + job.model_dump_json(exclude=unset or None).encode() + self._tail
         return body, headers, {"correlation_id": task_id, "reply_to": ""}

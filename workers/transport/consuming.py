@@ -1,10 +1,13 @@
 """A Celery consumer that hands each raw message to a handler on a thread pool, no task machinery.
 
-The router and the pools both use it. Celery still runs the worker — connection and reconnects,
-QoS (prefetch), bootsteps (pause watcher, readiness probe), signals, warm shutdown — but a message
-is never looked up as a task by name: the handler reads the body as data, so nothing a message
-says can make the worker run something else, and Celery's per-task bookkeeping (request objects,
-tracer, its own thread pool) is not paid for each intent.
+The router runs one set of threads over ``reach.intents`` (``threaded_consumer``); a pool process
+runs a *bulkhead* per connector queue (``bulkhead_consumer``): each queue with its own FIFO,
+threads and prefetch, so that what waits in one queue never holds another's threads or prefetch,
+however many connectors share the process (``reach worker A B C``). Celery still runs the worker
+— connection and reconnects, QoS (prefetch), bootsteps (pause watcher, readiness probe), signals,
+warm shutdown — but a message is never looked up as a task by name: the handler reads the body as
+data, so nothing a message says can make the worker run something else, and Celery's per-task
+bookkeeping (request objects, tracer, its own thread pool) is not paid for each intent.
 
 The handler returns what must then happen to the message (ack, or requeue); that goes back to the
 consumer's loop through ``call_soon``, because a channel belongs to one thread.
@@ -16,7 +19,8 @@ prefetch is large (REACH_ROUTER_PREFETCH); what it holds is bounded in bytes (RE
 
 - at 3/4 of the budget the consumer lowers its prefetch to 1 (``Consumer.qos``, applied by the
   consumer's loop; RabbitMQ's channel-wide qos takes effect at once) and raises it back when the
-  threads have drained the lanes to half the budget;
+  threads have drained the lanes to half the budget (on quorum queues, whose prefetch is per
+  consumer, it stops consuming instead: ``workers.transport.base_consumer``);
 - a message that still arrives over the budget (sent before the broker saw the new prefetch) goes
   straight back to the queue (``requeue`` on the consumer's thread), so the budget is a hard bound;
 - the consumer's thread never waits for the threads. Blocking ``on_message`` instead would also stop
@@ -35,11 +39,14 @@ import logging
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from celery.worker.consumer import Consumer
 from kombu.message import Message
+
+from workers.transport.base_consumer import ReachConsumer
 
 log = logging.getLogger("reach.consuming")
 
@@ -194,7 +201,88 @@ class FairLanes:
             return len(self._lanes)
 
 
-# -- the consumer ---------------------------------------------------------------------------------
+# -- the threads ----------------------------------------------------------------------------------
+
+
+class _Threads:
+    """``threads`` threads taking messages from ``lanes`` and handing each to ``handle``; what to
+    do with the message then goes back to the consumer's loop (``call_soon``). Started once per
+    process: a consumer restarted after a broker reconnect keeps them."""
+
+    def __init__(self, handle: Handler, threads: int, name: str, lanes: FairLanes) -> None:
+        self.handle = handle
+        self.count = threads
+        self.name = name
+        self.lanes = lanes
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, settled: Callable[[Callable[[], None], Message], None], resumed: Callable[[], None]) -> None:
+        """``settled(settle, message)`` after each message; ``resumed()`` when the lanes' pause ends."""
+        with self._lock:
+            if self._workers:
+                return
+            for n in range(self.count):
+                thread = threading.Thread(
+                    target=self._work, args=(settled, resumed), name=f"{self.name}_{n}", daemon=True
+                )
+                thread.start()
+                self._workers.append(thread)
+
+    def _work(self, settled: Callable[[Callable[[], None], Message], None], resumed: Callable[[], None]) -> None:
+        while True:
+            got = self.lanes.take()
+            if got is None:
+                return
+            message, size = got
+            settle: Callable[[], None] | None = None
+            try:
+                channel = getattr(message, "channel", None)
+                if channel is not None and getattr(channel, "is_open", True) is False:
+                    # held across a lost connection: the broker redelivers it on the new one
+                    log.debug("dropping message %s held from a closed channel", message.properties.get("message_id"))
+                else:
+                    try:
+                        settle = self.handle(message)
+                    except BaseException:  # handlers never raise for a message; this is a last resort
+                        log.exception("handling a message crashed; it will be redelivered")
+                        settle = message.requeue
+            finally:
+                resume = self.lanes.release(size)
+            if settle is not None:
+                settled(settle, message)
+            if resume:
+                resumed()
+
+    def close(self, drain: bool) -> list[Any]:
+        return self.lanes.close(drain)
+
+    def join(self) -> None:
+        for thread in self._workers:
+            thread.join()  # warm shutdown: what is in hand finishes first
+
+
+class _Settles:
+    """Acks and requeues decided on the threads, sent by the consumer's loop (a channel belongs to
+    one thread)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Callable[[], None], Message]] = deque()
+
+    def add(self, settle: Callable[[], None], message: Message, call_soon: Callable[..., Any]) -> None:
+        self._queue.append((settle, message))
+        call_soon(self.flush)
+
+    def flush(self) -> None:
+        while True:
+            try:
+                settle, message = self._queue.popleft()
+            except IndexError:
+                return
+            settle_safely(settle, message)
+
+
+# -- the router's consumer ------------------------------------------------------------------------
 
 
 def threaded_consumer(
@@ -214,55 +302,15 @@ def threaded_consumer(
     prefetch is never touched (a pool's prefetch is its bound). ``drain_on_shutdown``: finish every
     held message on warm shutdown, or only those started."""
     lanes = FairLanes(hold_bytes)
-    settles: deque[tuple[Callable[[], None], Message]] = deque()
-    workers: list[threading.Thread] = []
-    start_lock = threading.Lock()
+    pool = _Threads(handle, threads, thread_name_prefix, lanes)
+    settles = _Settles()
 
-    def flush_settles() -> None:
-        while True:
-            try:
-                settle, message = settles.popleft()
-            except IndexError:
-                return
-            settle_safely(settle, message)
-
-    class ThreadedConsumer(Consumer):
+    class ThreadedConsumer(ReachConsumer):
         def _start_threads(self) -> None:
-            with start_lock:
-                if workers:
-                    return
-                for n in range(threads):
-                    thread = threading.Thread(target=self._work, name=f"{thread_name_prefix}_{n}", daemon=True)
-                    thread.start()
-                    workers.append(thread)
-
-        def _work(self) -> None:
-            while True:
-                got = lanes.take()
-                if got is None:
-                    return
-                message, size = got
-                settle: Callable[[], None] | None = None
-                try:
-                    channel = getattr(message, "channel", None)
-                    if channel is not None and getattr(channel, "is_open", True) is False:
-                        # held across a lost connection: the broker redelivers it on the new one
-                        log.debug(
-                            "dropping message %s held from a closed channel", message.properties.get("message_id")
-                        )
-                    else:
-                        try:
-                            settle = handle(message)
-                        except BaseException:  # handlers never raise for a message; this is a last resort
-                            log.exception("handling a message crashed; it will be redelivered")
-                            settle = message.requeue
-                finally:
-                    resume = lanes.release(size)
-                if settle is not None:
-                    settles.append((settle, message))
-                    self.call_soon(flush_settles)
-                if resume:
-                    self.call_soon(self._sync_prefetch, True)
+            pool.start(
+                lambda settle, message: settles.add(settle, message, self.call_soon),
+                lambda: self.call_soon(self._sync_prefetch, True),
+            )
 
         def _sync_prefetch(self, apply_now: bool = False) -> None:
             """On the consumer's thread: prefetch 1 while the lanes are paused, the configured
@@ -270,6 +318,8 @@ def threaded_consumer(
             sends it at once (a resume must not wait for the loop's next wake-up)."""
             qos = getattr(self, "qos", None)
             if qos is None or hold_bytes is None or not self.initial_prefetch_count:
+                return
+            if self.hold_off(lanes.paused):  # per-consumer prefetch (quorum queues): stop instead
                 return
             target = 1 if lanes.paused else self.initial_prefetch_count
             if qos.value > target:
@@ -284,7 +334,10 @@ def threaded_consumer(
 
         def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:
             self._start_threads()
-            self._sync_prefetch()  # after a reconnect, while still paused: hold off again
+            if self.per_consumer_prefetch:
+                self.call_soon(self._sync_prefetch)  # the loop consumes after this returns: then
+            else:
+                self._sync_prefetch()  # after a reconnect, while still paused: hold off again
             key_of = lane_of or (lambda message: ANONYMOUS)
 
             def on_message(message: Message) -> None:
@@ -299,12 +352,106 @@ def threaded_consumer(
             return on_message
 
         def shutdown(self) -> None:
-            dropped = lanes.close(drain=drain_on_shutdown)
+            dropped = pool.close(drain=drain_on_shutdown)
             if dropped:
                 log.info("warm shutdown: %d message(s) not started are left to the broker", len(dropped))
-            for thread in workers:
-                thread.join()  # warm shutdown: what is in hand finishes first
-            flush_settles()  # their acks, before the connection closes
+            pool.join()
+            settles.flush()  # their acks, before the connection closes
             super().shutdown()
 
     return ThreadedConsumer
+
+
+# -- the pools' consumer: a bulkhead per queue ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bulkhead:
+    """One queue's share of a pool process: its handler, and ``threads`` threads of its own. The
+    broker hands its consumer at most ``threads`` unacked messages (its own prefetch), so what waits
+    in this queue can never hold another queue's threads or prefetch."""
+
+    queue: str
+    handle: Handler
+    threads: int
+    thread_name: str = "reach-pool"
+
+
+def queue_of(message: Message) -> str:
+    """The queue a delivery came from. A connector queue is bound by its own name only (on
+    reach.dispatch; the default exchange routes by queue name too), so it is the routing key."""
+    info = getattr(message, "delivery_info", None) or {}
+    key = info.get("routing_key")
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
+
+
+def bulkhead_consumer(bulkheads: Sequence[Bulkhead]) -> type[Consumer]:
+    """A consumer class (``app.conf.worker_consumer``) for a pool process serving one queue per
+    bulkhead. Run the worker with ``-P solo``, ``-Q`` every bulkhead's queue and a prefetch
+    (``worker_prefetch_multiplier``) of at least the sum of their threads: that channel-wide limit
+    then never binds, each queue's own does.
+
+    Every queue's messages go to its own FIFO and its own threads. The queues share one channel,
+    and each gets its own prefetch: RabbitMQ applies a ``basic.qos`` with ``global=false`` to each
+    consumer created after it, so the consumer sets it right before consuming each queue (at
+    start, after a reconnect, and when a paused queue is consumed again). Warm shutdown finishes
+    every message held, in every bulkhead."""
+    if not bulkheads:
+        raise ValueError("a pool consumes at least one queue")
+    pools = {b.queue: _Threads(b.handle, b.threads, b.thread_name, FairLanes()) for b in bulkheads}
+    if len(pools) != len(bulkheads):
+        raise ValueError("one bulkhead per queue")
+    settles = _Settles()
+
+    class BulkheadConsumer(ReachConsumer):
+        def _prefetch_for(self, queue: str) -> None:
+            """The next consumer on the channel (this queue's) holds at most its threads' worth."""
+            self.task_consumer.channel.basic_qos(0, pools[queue].count, False)
+
+        def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:
+            for pool in pools.values():
+                pool.start(lambda settle, message: settles.add(settle, message, self.call_soon), lambda: None)
+
+            def on_message(message: Message) -> None:
+                pool = pools.get(queue_of(message))
+                if pool is None:
+                    # only a binding the fleet never makes routes here under another key: it would
+                    # come back on every delivery, so it is refused for good (logged, not run)
+                    log.error(
+                        "refusing message %s: it came with routing key %r, which names none of %s",
+                        message.properties.get("message_id"),
+                        queue_of(message)[:255],
+                        sorted(pools),
+                    )
+                    settle_safely(lambda: message.reject(requeue=False), message)
+                elif not pool.lanes.offer(ANONYMOUS, message, held_size(message)):
+                    settle_safely(message.requeue, message)  # shutting down: back to the queue
+
+            # Celery consumes every selected queue in one go (one prefetch for all); instead each
+            # queue is consumed on its own, after its own prefetch. The loop's consume() that
+            # follows finds them all consumed already.
+            consumer = self.task_consumer
+            consumer.on_message = on_message
+            selected = consumer.queues
+            consumer.queues = []
+            for queue in selected:
+                self._prefetch_for(queue.name)
+                consumer.add_queue(queue)
+                consumer.consume()
+            return on_message
+
+        def add_task_queue(self, queue: str, *args: Any, **kwargs: Any) -> None:
+            """Consume ``queue`` again (the pause watcher's resume), with its own prefetch."""
+            if queue in pools and not self.task_consumer.consuming_from(queue):
+                self._prefetch_for(queue)
+            super().add_task_queue(queue, *args, **kwargs)
+
+        def shutdown(self) -> None:
+            for pool in pools.values():
+                pool.close(drain=True)
+            for pool in pools.values():
+                pool.join()
+            settles.flush()  # their acks, before the connection closes
+            super().shutdown()
+
+    return BulkheadConsumer

@@ -3,7 +3,7 @@ they read, already bounded by ``inbound``) in, a ``Settle`` out. Nothing above t
 a kombu message.
 
 ``TRANSIENT_ERRORS`` are the failures after which the same message may well be handled on its
-next delivery (the broker or Redis went away); ``Refused`` is the broker refusing one message
+next delivery (the broker or Redis went away, or is failing over); ``Refused`` is the broker refusing one message
 (a nack: a full queue), which no retry changes.
 """
 
@@ -25,6 +25,11 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     redis.ConnectionError,
     redis.TimeoutError,
+    # a Redis failover under way: a cluster without a master for some slots, a slot being moved,
+    # a client still talking to the master that was just made a replica
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
     amqp.exceptions.RecoverableConnectionError,
     kombu.exceptions.OperationalError,
 )

@@ -40,6 +40,9 @@ class Job(BaseModel):
     # agents calling agents (connector type agent): how many agent-to-agent calls led here. Left
     # out of the JSON when 0, so a pool that predates it reads every job without one.
     hops: int = Field(default=0, ge=0, le=64)
+    # how semantic routing chose the connector (workers/router/semantic.py), for the receipt's
+    # execution.routing; None (and left out of the JSON) when the action named one connector
+    routing: dict[str, Any] | None = None
 
 
 class JobDecodeError(ValueError):

@@ -18,6 +18,14 @@ published by its own thread, with no hand-over.
 When the fast path fails (broker restarted, exchange deleted, a nack) the message goes the careful
 way — pooled producer, exchange declared, bounded retries — and a fresh connection is opened for
 the next one.
+
+On a cluster (``REACH_BROKER_URL`` naming several nodes) a connection lost with its node fails the
+messages whose confirms had not come: they go the careful way, whose retries connect to the next
+node that answers, and are published again there. A message the lost node had already queued is
+then queued twice; the pools' ledger runs an intent once and sends its receipt once (a receipt
+published twice is the same receipt, which ``ReachClient`` drops). A queue whose leader moves to
+another node holds confirms back until the new leader is elected (seconds), within
+``CONFIRM_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -164,7 +172,7 @@ class Publisher:
     def _connect(self) -> tuple[Connection, Producer] | None:
         connection = self._pool.connections.connection.clone()
         try:
-            connection.connect()
+            connect_any(connection)
             return connection, Producer(connection.channel())
         except Exception as exc:
             log.info("could not open a publisher connection (%s); publishing with retries", exc)
@@ -179,6 +187,12 @@ class Publisher:
                 connection.collect()  # drop sockets and channels without talking to a dead broker
             except Exception:
                 pass
+
+
+def connect_any(connection: Connection) -> None:
+    """Connect to the first of ``connection``'s nodes (its URL and alternates) that answers, trying
+    each once; raises the last error if none does."""
+    connection.ensure_connection(max_retries=max(len(connection.alt), 1) - 1, interval_start=0, interval_step=0)
 
 
 class _Item:
@@ -297,7 +311,7 @@ class BatchPublisher(Publisher):
         # the confirms of a whole batch instead
         connection = self._pool.connections.connection.clone(transport_options={})
         try:
-            connection.connect()
+            connect_any(connection)
             channel = connection.connection.channel()
             channel.confirm_select()
             # every confirm frame reaches these (one-shot waits can miss frames read together)

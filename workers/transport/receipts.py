@@ -40,6 +40,7 @@ def build_receipt(
     queue_ms: float | None = None,
     downstream_ms: float | None = None,
     deduplicated: bool = False,
+    routing: dict[str, Any] | None = None,
 ) -> Receipt:
     """One receipt; ``code`` None means success. Status and retryable follow the code table."""
     finished = time.time()
@@ -71,6 +72,7 @@ def build_receipt(
             received_at=iso(received_at),
             finished_at=iso(finished),
             deduplicated=deduplicated,
+            routing=routing,
         ),
     )
 

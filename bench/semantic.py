@@ -1,0 +1,429 @@
+"""Semantic routing, measured (issue 15): accuracy on the routing set, added router latency, the
+router's memory and start-up with a 10,000-action catalog. Figures in BENCHMARKS.md.
+
+    .venv/bin/python bench/semantic.py                      # everything, about 10 minutes
+    .venv/bin/python bench/semantic.py --only accuracy      # no services needed
+    .venv/bin/python bench/semantic.py --only process,latency --redis-url redis://127.0.0.1:6379/12
+
+Sections:
+
+accuracy  bench/routing_set: 20 connectors in six groups sharing a bare action, 412 requests in
+          English and Chinese, 60 of them genuinely ambiguous. Every list is split by position
+          (even: dev, odd: test). For each model the lexical weight and the margin are chosen on
+          dev: the smallest deferral with no ambiguous request dispatched and at least 98 % of the
+          dispatched requests right. The test split is then routed once, through Router.decide
+          with those settings in the catalog's routing: document, and reported.
+latency   in process, the routing set plus 10,000 filler actions (routing_set/filler.py), the
+          model warm, embeddings from the Redis cache: Router.decide for each request as a bare
+          action with its description (semantic), and as the qualified action on the same router
+          and on a router whose index was never built (today's exact path), interleaved, so the
+          machine's load hits all three alike. Added latency = semantic - exact, per request.
+          Also reach.find_tools over an agent's 10,000 tools.
+process   `reach router` started for real on that catalog: with model none (baseline), then with
+          the default model (cold if --cold cleared the cache, else whatever the cache holds), then
+          again (warm): time until it consumes reach.intents, and its RSS.
+
+Uses tests/fleet.py's isolated vhost and Redis database (REACH_BROKER_URL / REACH_REDIS_URL).
+Only processes this script started are stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.routing_set.filler import filler_catalog  # noqa: E402
+from connectors.catalog import Catalog, build  # noqa: E402
+from connectors.loader import load_directory  # noqa: E402
+from connectors.routing import ActionIndex, load_embedder, rank  # noqa: E402
+from connectors.spec import RoutingSpec, RoutingWeights  # noqa: E402
+from workers.router.intake import RawMessage  # noqa: E402
+from workers.router.routing import Answer, Dispatch, Router  # noqa: E402
+from workers.router.semantic import SemanticRouting  # noqa: E402
+
+SET = HERE / "routing_set"
+AGENT = "assistant"
+# the required param every candidate of a group accepts, so params never decide (the ranking does)
+PARAMS = {
+    "create_ticket": {"title": "t"},
+    "send_message": {"text": "t"},
+    "check_status": {"reference": "r"},
+    "book": {"when": "w"},
+    "search": {"query": "q"},
+    "cancel": {"reference": "r"},
+}
+MODELS = ["use-m3", "e5-small", "use-m3+e5-small"]
+# the lexical scorer stays in the fusion (exact terms: product names, ids), so its weight is never 0
+LEXICAL_WEIGHTS = [0.1, 0.2, 0.3, 0.5]
+MAX_WRONG_SHARE = 0.02
+RESULTS = HERE / "results" / "semantic.json"
+
+
+def requests() -> list[dict[str, Any]]:
+    """Every request of the set: action, expected connector (None: ambiguous), language, split."""
+    out = []
+    for action, groups in yaml.safe_load((SET / "requests.yaml").read_text()).items():
+        for connector, languages in groups.items():
+            for lang, texts in languages.items():
+                for i, text in enumerate(texts):
+                    out.append(
+                        {
+                            "action": action,
+                            "expect": None if connector == "ambiguous" else connector,
+                            "lang": lang,
+                            "split": "dev" if i % 2 == 0 else "test",
+                            "text": text,
+                        }
+                    )
+    return out
+
+
+def load(directory: Path) -> Catalog:
+    catalog, problems = build(load_directory(directory))
+    assert not problems, problems
+    return catalog
+
+
+def with_routing(directory: Path, spec: RoutingSpec, extra: str | None = None) -> Path:
+    """A copy of the set's catalog with a routing: document (and extra documents)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "catalog.yaml").write_text((SET / "catalog" / "connectors.yaml").read_text())
+    (directory / "routing.yaml").write_text(yaml.safe_dump({"routing": spec.model_dump()}))
+    if extra:
+        (directory / "filler.yaml").write_text(extra)
+    return directory
+
+
+# -- accuracy ---------------------------------------------------------------------------------
+
+
+def outcome(cands: list[tuple[str, float, float]], w_lex: float, margin: float) -> tuple[str | None, float]:
+    """(dispatched connector or None, lead) for candidates (connector, semantic, lexical)."""
+    scores = sorted(((sem + w_lex * lex, name) for name, sem, lex in cands), reverse=True)
+    lead = scores[0][0] - scores[1][0]
+    return (scores[0][1] if lead >= margin else None), lead
+
+
+def tally(rows: list[dict[str, Any]], decided: list[str | None]) -> dict[str, Any]:
+    clear = [(r, d) for r, d in zip(rows, decided) if r["expect"]]
+    ambiguous = [(r, d) for r, d in zip(rows, decided) if not r["expect"]]
+    auto = [(r, d) for r, d in clear if d is not None]
+    right = sum(d == r["expect"] for r, d in auto)
+    by_lang = {}
+    for lang in ("en", "zh"):
+        mine = [(r, d) for r, d in clear if r["lang"] == lang]
+        routed = [(r, d) for r, d in mine if d is not None]
+        by_lang[lang] = {
+            "requests": len(mine),
+            "auto_accuracy": round(sum(d == r["expect"] for r, d in routed) / len(routed), 4) if routed else None,
+            "deferred": round(1 - len(routed) / len(mine), 4) if mine else None,
+        }
+    return {
+        "clear": len(clear),
+        "auto_routed": len(auto),
+        "right": right,
+        "wrong": len(auto) - right,
+        "auto_accuracy": round(right / len(auto), 4) if auto else None,
+        "deferred": round(1 - len(auto) / len(clear), 4),
+        "ambiguous": len(ambiguous),
+        "ambiguous_dispatched": sum(d is not None for _, d in ambiguous),
+        "by_language": by_lang,
+    }
+
+
+def calibrate(rows: list[dict[str, Any]], cands: list[list[tuple[str, float, float]]]) -> dict[str, Any]:
+    """On dev: the (lexical weight, margin) with the least deferral such that no ambiguous request
+    is dispatched and at most 2 % of dispatched requests are wrong; ties: the smaller margin."""
+    best: tuple[float, float, float] | None = None
+    curve = []
+    for w_lex in LEXICAL_WEIGHTS:
+        leads = [outcome(c, w_lex, 0.0)[1] for c in cands]
+        for margin in sorted({0.0, *(round(x + 1e-4, 4) for x in leads)}):
+            decided = [outcome(c, w_lex, margin)[0] for c in cands]
+            t = tally(rows, decided)
+            ok = t["ambiguous_dispatched"] == 0 and (t["auto_accuracy"] or 0) >= 1 - MAX_WRONG_SHARE
+            if w_lex == LEXICAL_WEIGHTS[0] or ok:
+                curve.append((w_lex, margin, t["deferred"], t["auto_accuracy"], t["ambiguous_dispatched"]))
+            if ok and (best is None or (t["deferred"], margin) < (best[2], best[1])):
+                best = (w_lex, margin, t["deferred"])
+    assert best is not None
+    return {"lexical": best[0], "margin": best[1], "dev_deferred": best[2]}
+
+
+def tradeoff(rows: list[dict[str, Any]], cands: list[list[tuple[str, float, float]]], w_lex: float) -> list[Any]:
+    """Deferral, accuracy and ambiguous dispatches at a few margins (to show the trade-off)."""
+    out = []
+    for margin in (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15):
+        t = tally(rows, [outcome(c, w_lex, margin)[0] for c in cands])
+        out.append(
+            {"margin": margin, **{k: t[k] for k in ("auto_accuracy", "deferred", "ambiguous_dispatched", "wrong")}}
+        )
+    return out
+
+
+def accuracy(work: Path) -> dict[str, Any]:
+    rows = requests()
+    catalog = load(SET / "catalog")
+    results: dict[str, Any] = {"requests": len(rows), "splits": {}}
+    for split in ("dev", "test"):
+        mine = [r for r in rows if r["split"] == split]
+        results["splits"][split] = {
+            "clear": sum(1 for r in mine if r["expect"]),
+            "ambiguous": sum(1 for r in mine if not r["expect"]),
+        }
+    results["models"] = {}
+    for model in MODELS:
+        started = time.monotonic()
+        embedder = load_embedder(model)
+        index = ActionIndex(catalog, embedder)
+        index.prepare()
+        loaded = time.monotonic() - started
+        parts = RoutingWeights(semantic=1.0, lexical=1.0, domain=0, agent_domain=0)
+        cands = []
+        for r in rows:
+            ranking = rank(index, catalog.by_action[r["action"]], r["text"], parts)
+            cands.append([(s.ref.connector.name, s.semantic or 0.0, s.lexical or 0.0) for s in ranking.ranked])
+        dev = [i for i, r in enumerate(rows) if r["split"] == "dev"]
+        test = [i for i, r in enumerate(rows) if r["split"] == "test"]
+        chosen = calibrate([rows[i] for i in dev], [cands[i] for i in dev])
+        top1 = {
+            split: round(
+                sum(cands[i][0][0] == rows[i]["expect"] for i in ids if rows[i]["expect"])
+                / sum(1 for i in ids if rows[i]["expect"]),
+                4,
+            )
+            for split, ids in (("dev", dev), ("test", test))
+        }
+        # the test split once, through the router, with the calibrated settings in the catalog
+        spec = RoutingSpec(
+            model=model,  # type: ignore[arg-type]
+            margin=chosen["margin"],
+            weights=RoutingWeights(lexical=chosen["lexical"]),
+        )
+        routed = load(with_routing(work / f"acc-{model}", spec))
+        router = Router(routed, max_intent_bytes=256 * 1024, semantic=_shared(routed, index))
+        decided = []
+        for i in test:
+            r = rows[i]
+            decision = router.decide(_raw(r["action"], r["text"], PARAMS[r["action"]]))
+            if isinstance(decision, Dispatch):
+                decided.append(decision.job.connector)
+            else:
+                assert decision.receipt.error is not None
+                assert decision.receipt.error.code.value == "AMBIGUOUS_ACTION", decision.receipt.error
+                decided.append(None)
+        offline = [outcome(cands[i], chosen["lexical"], chosen["margin"])[0] for i in test]
+        results["models"][model] = {
+            "name": index.embedder.name if index.embedder else "none",
+            "load_and_index_s": round(loaded, 2),
+            "top1": top1,
+            "calibrated": chosen,
+            "test": tally([rows[i] for i in test], decided),
+            "router_agrees_with_offline_scoring": decided == offline,
+            "dev_tradeoff": tradeoff([rows[i] for i in dev], [cands[i] for i in dev], chosen["lexical"]),
+            "test_tradeoff": tradeoff([rows[i] for i in test], [cands[i] for i in test], chosen["lexical"]),
+        }
+        print(f"accuracy {model}: {json.dumps(results['models'][model]['test'])} with {chosen}", flush=True)
+        del index, embedder, router
+        gc.collect()
+    return results
+
+
+def _shared(catalog: Catalog, index: ActionIndex) -> SemanticRouting:
+    """Semantic routing over ``catalog`` that reuses an index already built for the same actions."""
+    routing = SemanticRouting(catalog)
+    routing._index = index  # same connectors and texts; only the routing: document differs
+    return routing
+
+
+def _raw(action: str, description: str | None, params: dict[str, Any], agent: str = AGENT) -> RawMessage:
+    body: dict[str, Any] = {"intent_id": uuid.uuid4().hex, "agent_id": agent, "action": action, "params": params}
+    if description is not None:
+        body["context"] = {"description": description}
+    return RawMessage(body=json.dumps(body).encode(), received_at=time.time())
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 3)
+
+
+def latency(work: Path, redis_url: str, rounds: int) -> dict[str, Any]:
+    import redis
+
+    from workers.state.embeddings import RedisVectorCache
+
+    directory = with_routing(work / "latency", RoutingSpec(), filler_catalog())
+    catalog = load(directory)
+    cache = RedisVectorCache(redis.Redis.from_url(redis_url))
+    started = time.monotonic()
+    semantic = SemanticRouting(catalog, cache)
+    semantic.warm()
+    warm_s = time.monotonic() - started
+    index = semantic.loaded
+    assert index is not None
+    with_model = Router(catalog, max_intent_bytes=256 * 1024, semantic=semantic)
+    today = Router(catalog, max_intent_bytes=256 * 1024)  # its index is never built: exact intents only
+    rows = [r for r in requests() if r["split"] == "test"]
+    exact_today: list[float] = []
+    exact_model: list[float] = []
+    semantic_ms: list[float] = []
+    added: list[float] = []
+    model_calls_during_exact = 0
+
+    def timed(router: Router, raw: RawMessage) -> float:
+        t0 = time.perf_counter()
+        router.decide(raw)
+        return (time.perf_counter() - t0) * 1000
+
+    for _ in range(rounds):
+        for r in rows:
+            target = r["expect"] or catalog.by_action[r["action"]][0].connector.name
+            qualified = f"{target}.{r['action']}"
+            params = PARAMS[r["action"]]
+            before = index.queries_embedded
+            exact_today.append(timed(today, _raw(qualified, r["text"], params)))
+            e = timed(with_model, _raw(qualified, r["text"], params))
+            model_calls_during_exact += index.queries_embedded - before
+            index._queries.clear()  # each semantic intent embeds its request, as a new one would
+            s = timed(with_model, _raw(r["action"], r["text"], params))
+            exact_model.append(e)
+            semantic_ms.append(s)
+            added.append(s - e)
+    find: list[float] = []
+    for r in rows[:100]:
+        index._queries.clear()
+        t0 = time.perf_counter()
+        decision = with_model.decide(
+            _raw("reach.find_tools", None, {"description": r["text"], "k": 5}, agent="everything")
+        )
+        find.append((time.perf_counter() - t0) * 1000)
+        assert isinstance(decision, Answer) and decision.receipt.success, decision
+    return {
+        "actions": len(catalog.refs),
+        "model": index.embedder.name if index.embedder else "none",
+        "warm_index_s": round(warm_s, 2),
+        "from_cache": index.from_cache,
+        "embedded": index.embedded,
+        "intents_per_kind": len(added),
+        "exact_today_ms": {"p50": pct(exact_today, 50), "p99": pct(exact_today, 99)},
+        "exact_with_model_ms": {"p50": pct(exact_model, 50), "p99": pct(exact_model, 99)},
+        "exact_ratio_p50": round(statistics.median(exact_model) / statistics.median(exact_today), 3),
+        "model_calls_during_exact_intents": model_calls_during_exact,
+        "semantic_ms": {"p50": pct(semantic_ms, 50), "p99": pct(semantic_ms, 99)},
+        "added_ms": {"p50": pct(added, 50), "p99": pct(added, 99), "max": round(max(added), 3)},
+        "find_tools_10k_ms": {"p50": pct(find, 50), "p99": pct(find, 99), "tools": 10_000},
+        "rss_mb_this_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+# -- process ----------------------------------------------------------------------------------
+
+
+def process(work: Path, broker_url: str, redis_url: str, cold: bool) -> dict[str, Any]:
+    import redis
+
+    from workers.ops.processes import FleetProcesses, ProcessGroup
+
+    client = redis.Redis.from_url(redis_url)
+    if cold:
+        cleared = 0
+        for key in client.scan_iter(match="reach:embedding:*", count=1000):
+            cleared += client.delete(key)
+        print(f"process: cleared {cleared} cached embedding(s)", flush=True)
+    out: dict[str, Any] = {"cold_requested": cold}
+    for label, spec in (
+        ("today", None),  # the filler alone: no action is shared, so no index is built (as before)
+        ("baseline_model_none", RoutingSpec(model="none")),
+        ("first", RoutingSpec()),
+        ("warm", RoutingSpec()),
+    ):
+        if spec is None:
+            directory = work / f"process-{label}"
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "filler.yaml").write_text(filler_catalog())
+        else:
+            directory = with_routing(work / f"process-{label}", spec, filler_catalog())
+        (work / f"logs-{label}").mkdir(parents=True, exist_ok=True)
+        group = ProcessGroup(work / f"logs-{label}")
+        fleet = FleetProcesses(group, directory, broker_url, redis_url, metrics=False)
+        started = time.monotonic()
+        fleet.start_router()
+        try:
+            startup = fleet.wait_consuming("reach.intents", timeout=900)
+            time.sleep(1.0)  # let start-up garbage settle before reading the RSS
+            status = Path(f"/proc/{fleet.pid('router')}/status").read_text()
+            rss = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+            hwm = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+            log = fleet.proc("router").log_text()
+            line = next((x for x in log.splitlines() if "semantic routing:" in x), "")
+        finally:
+            fleet.stop_all()
+        out[label] = {
+            "startup_s": round(time.monotonic() - started if startup else 0.0, 2),
+            "rss_mb": round(rss, 1),
+            "peak_rss_mb": round(hwm, 1),
+            "index_log": line.split("semantic routing:", 1)[-1].strip(),
+        }
+        print(f"process {label}: {json.dumps(out[label])}", flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="accuracy,latency,process")
+    parser.add_argument("--rounds", type=int, default=3, help="latency: passes over the test split")
+    parser.add_argument("--cold", action="store_true", help="process: clear the embedding cache first")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--redis-url", help="Redis for the embedding cache (default: the test harness's own database, per run)"
+    )
+    args = parser.parse_args()
+    sections = set(args.only.split(","))
+    work = Path(tempfile.mkdtemp(prefix="reach-semantic-"))
+    # sections run on their own (--only) are merged into the results of earlier ones
+    results: dict[str, Any] = json.loads(args.output.read_text()) if args.output.exists() else {}
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_average": os.getloadavg()}
+
+    def save(section: str, value: Any) -> None:
+        results[section] = value
+        results.setdefault("meta", {})[section] = {**meta, "load_average_end": os.getloadavg()}
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+
+    if sections & {"latency", "process"}:
+        from tests.fleet import isolated_urls
+
+        broker_url, redis_url = isolated_urls()
+        redis_url = args.redis_url or redis_url  # a fixed database keeps the cache warm between runs
+    if "accuracy" in sections:
+        save("accuracy", accuracy(work))
+    if "process" in sections:
+        save("process", process(work, broker_url, redis_url, args.cold))
+    if "latency" in sections:
+        save("latency", latency(work, redis_url, args.rounds))
+        print(f"latency: {json.dumps(results['latency'])}", flush=True)
+    print(f"results in {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Semantic routing, the pure part: which of several connectors offering one bare action a
+request in natural language means (design.md section 9, docs/contract.md "Semantic routing").
+
+Two recall paths are fused with the domain rules: a multilingual sentence embedding of the
+request against each action's text (``embedders``, ``index``), and BM25 over the same texts
+(``lexical``); ``ranking`` adds them up. The router (``workers/router/semantic.py``) removes
+candidates its rule checks refuse, and dispatches only on a clear lead.
+"""
+
+from connectors.routing.embedders import Embedder, ModelUnavailable, load_embedder
+from connectors.routing.index import ActionIndex, VectorCache, action_text
+from connectors.routing.ranking import Ranking, Scored, rank, top_k
+
+__all__ = [
+    "ActionIndex",
+    "Embedder",
+    "ModelUnavailable",
+    "Ranking",
+    "Scored",
+    "VectorCache",
+    "action_text",
+    "load_embedder",
+    "rank",
+    "top_k",
+]

@@ -1,0 +1,155 @@
+"""The action index: every action's text, its embedding and its lexical terms, by row.
+
+An action's text is what a model can know of it: its connector's name, domain and description,
+the action's name and description, and its inputs with their descriptions. Embeddings are
+computed once per (model, text): they are looked up in a shared cache first (Redis in the fleet,
+``workers/state/embeddings.py``) and only texts missing there are embedded, so a restart with a
+warm cache embeds nothing and a catalog change re-embeds only the actions whose text changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from connectors.catalog import ActionRef, Catalog
+from connectors.routing.embedders import Embedder, Vectors
+from connectors.routing.lexical import BM25, tokens
+
+# characters of a request (context.description, reach.find_tools' description) that are read:
+# the rest is ignored, so a 256 KiB description costs what a short one does
+MAX_REQUEST_CHARS = 1000
+MAX_ACTION_CHARS = 2000
+EMBED_BATCH = 64
+QUERY_CACHE_SIZE = 1024  # recent requests' embeddings (a find_tools, then the intent it chose)
+
+
+class VectorCache(Protocol):
+    """Where embeddings of action texts are shared between processes, by key."""
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    def put_many(self, items: Mapping[str, bytes]) -> None: ...
+
+
+def _words(name: str) -> str:
+    return name.replace("_", " ").replace("-", " ")
+
+
+def action_text(ref: ActionRef) -> str:
+    """What the embedding and the lexical scorer see of one action (at most MAX_ACTION_CHARS)."""
+    connector, action = ref.connector, ref.action
+    parts = [_words(connector.name)]
+    if connector.domain:
+        parts.append(_words(connector.domain))
+    if connector.description:
+        parts.append(connector.description)
+    parts.append(_words(action.action))
+    if action.description:
+        parts.append(action.description)
+    for name, spec in action.input.items():
+        parts.append(f"{_words(name)}: {spec.description}" if spec.description else _words(name))
+    return ". ".join(p.strip().rstrip(".") for p in parts if p.strip())[:MAX_ACTION_CHARS]
+
+
+def request_text(text: str) -> str:
+    return text[:MAX_REQUEST_CHARS].strip()
+
+
+class ActionIndex:
+    """The catalog's actions as rows: texts, lexical postings, and (with a model) embeddings."""
+
+    def __init__(self, catalog: Catalog, embedder: Embedder | None, cache: VectorCache | None = None) -> None:
+        self.embedder = embedder
+        self.cache = cache
+        self.refs = list(catalog.refs.values())
+        self.rows = {(r.connector.name, r.action.action): i for i, r in enumerate(self.refs)}
+        self.texts = [action_text(r) for r in self.refs]
+        self.lexical = BM25([tokens(t) for t in self.texts])
+        dim = embedder.dim if embedder else 0
+        self.vectors: Vectors = np.zeros((len(self.refs), dim), dtype=np.float32)
+        self._ready = np.zeros(len(self.refs), dtype=bool)
+        self._lock = threading.Lock()
+        self._queries: OrderedDict[str, Vectors] = OrderedDict()
+        self._queries_lock = threading.Lock()
+        # what this process did, for the cache tests and the benchmark
+        self.embedded = 0  # action texts embedded here
+        self.from_cache = 0  # action embeddings found in the cache
+        self.queries_embedded = 0  # requests embedded here
+
+    def row(self, ref: ActionRef) -> int:
+        return self.rows[(ref.connector.name, ref.action.action)]
+
+    def cache_key(self, text: str) -> str:
+        assert self.embedder is not None
+        return f"{self.embedder.name}:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+    def prepare(self, rows: Iterable[int] | None = None) -> None:
+        """Make sure the rows (default: all) have their embeddings: from the cache, else embedded
+        here and put in the cache."""
+        if self.embedder is None:
+            return
+        wanted = range(len(self.refs)) if rows is None else rows
+        with self._lock:
+            missing = [r for r in wanted if not self._ready[r]]
+            if not missing:
+                return
+            # texts repeat (the same action on several connectors of one kind): one key, one embedding
+            by_key: dict[str, list[int]] = {}
+            for r in missing:
+                by_key.setdefault(self.cache_key(self.texts[r]), []).append(r)
+            keys = list(by_key)
+            found = self.cache.get_many(keys) if self.cache is not None else [None] * len(keys)
+            dim = self.embedder.dim
+            todo: list[str] = []
+            for key, raw in zip(keys, found):
+                if raw is not None and len(raw) == dim * 4:
+                    self.vectors[by_key[key]] = np.frombuffer(raw, dtype="<f4")
+                    self._ready[by_key[key]] = True
+                    self.from_cache += 1
+                else:
+                    todo.append(key)
+            for start in range(0, len(todo), EMBED_BATCH):
+                batch = todo[start : start + EMBED_BATCH]
+                vectors = self.embedder.embed([self.texts[by_key[k][0]] for k in batch])
+                for key, vector in zip(batch, vectors):
+                    self.vectors[by_key[key]] = vector
+                    self._ready[by_key[key]] = True
+                self.embedded += len(batch)
+                if self.cache is not None:
+                    self.cache.put_many({k: v.astype("<f4").tobytes() for k, v in zip(batch, vectors)})
+
+    @property
+    def ready(self) -> bool:
+        return self.embedder is None or bool(self._ready.all())
+
+    def query_vector(self, text: str) -> Vectors:
+        """The embedding of a request (recent ones are kept)."""
+        assert self.embedder is not None
+        with self._queries_lock:
+            hit = self._queries.get(text)
+            if hit is not None:
+                self._queries.move_to_end(text)
+                return hit
+        vector: Vectors = self.embedder.embed([text], query=True)[0]
+        with self._queries_lock:
+            self.queries_embedded += 1
+            self._queries[text] = vector
+            while len(self._queries) > QUERY_CACHE_SIZE:
+                self._queries.popitem(last=False)
+        return vector
+
+    def semantic(self, text: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
+        """Cosine of the request and each row's action text (None without a model)."""
+        if self.embedder is None:
+            return None
+        if not self._ready[rows].all():
+            self.prepare(rows.tolist())
+        scores: npt.NDArray[np.float32] = self.vectors[rows] @ self.query_vector(text)
+        return scores

@@ -1,0 +1,198 @@
+"""Semantic routing through the real fleet: three systems offer create_ticket; English and Chinese
+requests reach the right real downstream (each counts what it executed), an ambiguous one gets
+AMBIGUOUS_ACTION with the candidates and reaches none; the choice is in the receipt and in
+`reach trace`; reach.find_tools and `reach route` answer; the embedding cache in Redis makes a
+restarted router embed nothing and a changed description embed one action."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from connectors.catalog import build
+from connectors.loader import load_directory
+from producers.client import ReachClient
+from tests.fleet import BROKER_URL, REDIS_URL, Fleet
+from tests.integration.counting_system import CountingSystem
+from tests.waiting import wait_for
+from workers.ops.cli import main as reach_cli
+from workers.router.semantic import SemanticRouting
+from workers.state import keys
+from workers.state.embeddings import RedisVectorCache
+
+RUN = uuid.uuid4().hex[:6]
+AGENT = f"sem_{RUN}"
+DESKS = {
+    "it_desk": "IT service desk. Problems with employees' laptops, accounts, passwords, VPN and software.",
+    "care_desk": "Customer care. Complaints of our customers about orders, deliveries, refunds and faulty products.",
+    "fm_desk": "Facilities management. Repairs in our offices - lighting, heating, air conditioning, plumbing, cleaning.",
+}
+
+
+def catalog_yaml(urls: dict[str, str], descriptions: dict[str, str] = DESKS) -> str:
+    docs = [
+        f"""\
+connector:
+  name: {name}
+  description: "{descriptions[name]}"
+  endpoint: {urls[name]}
+  actions:
+    - action: create_ticket
+      description: Open a ticket
+      path: POST /items
+      input:
+        title: {{ type: string, required: true, description: Short summary }}
+      permission: write
+"""
+        for name in DESKS
+    ]
+    bindings = "".join(f"    - {{ connector: {name}, allowed_actions: ['*'] }}\n" for name in DESKS)
+    docs.append(f"agent_app:\n  name: {AGENT}\n  connector_bindings:\n{bindings}")
+    return "---\n".join(docs)
+
+
+@pytest.fixture(scope="module")
+def systems() -> Iterator[dict[str, CountingSystem]]:
+    running = {name: CountingSystem().start() for name in DESKS}
+    yield running
+    for system in running.values():
+        system.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(systems: dict[str, CountingSystem]) -> Iterator[Fleet]:
+    with Fleet(catalog_yaml({n: s.url for n, s in systems.items()}), list(DESKS)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(fleet: Fleet) -> Iterator[ReachClient]:
+    with ReachClient(AGENT, BROKER_URL, drop_duplicates=False) as reach:
+        yield reach
+
+
+def executions(systems: dict[str, CountingSystem], title: str) -> dict[str, int]:
+    return {name: system.executions()[title] for name, system in systems.items()}
+
+
+def cli(fleet: Fleet, *args: str) -> Any:
+    env = {"REACH_CATALOG": str(fleet.dir), "REACH_REDIS_URL": REDIS_URL, "REACH_BROKER_URL": BROKER_URL}
+    return CliRunner().invoke(reach_cli, list(args), env=env)
+
+
+@pytest.mark.parametrize(
+    "description, expected",
+    [
+        ("My laptop won't boot since the update and I can't reach the VPN", "it_desk"),
+        ("我的电脑开不了机，公司VPN也连不上", "it_desk"),
+        ("A customer says her parcel arrived broken and wants a refund", "care_desk"),
+        ("客户投诉订单一直没有送到，要求退款", "care_desk"),
+        ("The heating in our office is off and a pipe in the toilet is leaking", "fm_desk"),
+        ("三楼的空调坏了，办公室太热", "fm_desk"),
+    ],
+)
+def test_a_request_in_english_or_chinese_reaches_the_system_it_means(
+    client: ReachClient, systems: dict[str, CountingSystem], description: str, expected: str
+) -> None:
+    title = f"t-{uuid.uuid4().hex[:8]}"
+    receipt = client.call("create_ticket", {"title": title}, context={"description": description}, timeout=60)
+    assert receipt.success and receipt.connector == expected, receipt.error
+    assert executions(systems, title) == {name: int(name == expected) for name in DESKS}
+    routing = receipt.execution.routing
+    assert routing is not None and routing["method"] == "semantic" and routing["model"].startswith("use-m3@")
+    assert routing["candidates"][0]["action"] == f"{expected}.create_ticket"
+    assert routing["lead"] >= routing["margin"] and len(routing["candidates"]) == 3
+
+
+def test_an_ambiguous_request_is_answered_with_the_candidates_and_reaches_no_system(
+    client: ReachClient, systems: dict[str, CountingSystem]
+) -> None:
+    title = f"t-{uuid.uuid4().hex[:8]}"
+    receipt = client.call(
+        "create_ticket", {"title": title}, context={"description": "please open a ticket"}, timeout=60
+    )
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.code == "AMBIGUOUS_ACTION" and receipt.error.retryable is False
+    assert {d["action"] for d in receipt.error.details} == {f"{n}.create_ticket" for n in DESKS}
+    for detail in receipt.error.details:
+        assert detail["description"] == DESKS[detail["connector"]] and isinstance(detail["score"], float)
+    assert "Ask the user" in receipt.error.suggestion
+    time.sleep(0.5)  # nothing may arrive late either
+    assert executions(systems, title) == {name: 0 for name in DESKS}
+    assert all(system.requests(title=title) == [] for system in systems.values())
+
+
+def test_reach_trace_shows_the_candidates_and_scores(client: ReachClient, fleet: Fleet) -> None:
+    receipt = client.call(
+        "create_ticket", {"title": "trace me"}, context={"description": "my password expired"}, timeout=60
+    )
+    assert receipt.success and receipt.connector == "it_desk"
+    result = wait_for(
+        lambda: cli(fleet, "trace", receipt.intent_id, "--agent", AGENT),
+        timeout=20,
+        message="the router's stages never reached the trace",
+        every=0.2,
+        until=lambda r: r.exit_code == 0 and " dispatched " in r.output,
+    )
+    dispatched = next(line for line in result.output.splitlines() if " dispatched " in line)
+    assert "routing=" in dispatched and "'method': 'semantic'" in dispatched
+    for name in DESKS:
+        assert f"'action': '{name}.create_ticket', 'score':" in dispatched
+
+
+def test_find_tools_answers_the_top_tools_in_the_format_asked(client: ReachClient) -> None:
+    receipt = client.call(
+        "reach.find_tools", {"description": "the heating is broken", "k": 2, "format": "anthropic"}, timeout=60
+    )
+    assert receipt.success and receipt.action == "reach.find_tools" and receipt.connector is None
+    tools = receipt.data["tools"]
+    assert [t["name"] for t in tools][0] == "fm_desk__create_ticket" and len(tools) == 2
+    assert set(tools[0]) == {"name", "description", "input_schema"}
+    assert tools[0]["input_schema"]["required"] == ["title"]
+
+
+def test_reach_route_prints_the_ranking(fleet: Fleet) -> None:
+    result = cli(fleet, "route", "客户的包裹丢了，要求退款", "--action", "create_ticket", "--agent", AGENT)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:3] == ["#", "action", "score"]
+    assert lines[2].split()[1] == "care_desk.create_ticket"  # the first row under the header
+    assert "dispatch to care_desk.create_ticket" in result.output
+    unclear = cli(fleet, "route", "do it", "--action", "create_ticket", "--agent", AGENT)
+    assert unclear.exit_code == 0 and "AMBIGUOUS_ACTION" in unclear.output
+
+
+def test_a_restarted_router_takes_every_embedding_from_the_cache(client: ReachClient, fleet: Fleet) -> None:
+    fleet.stop_process("router")
+    fleet.start_process("router", ["router"])
+    fleet.wait_consuming("reach.intents")
+    line = [x for x in fleet.log("router").splitlines() if "semantic routing: model" in x][-1]
+    assert "(3 from the cache, 0 embedded)" in line, line
+    receipt = client.call(
+        "create_ticket", {"title": "after restart"}, context={"description": "VPN is down"}, timeout=60
+    )
+    assert receipt.success and receipt.connector == "it_desk"
+
+
+def test_a_changed_description_embeds_that_action_only(systems: dict[str, CountingSystem], tmp_path: Path) -> None:
+    changed = dict(DESKS, fm_desk=DESKS["fm_desk"] + f" Also parking spaces ({RUN}).")
+    (tmp_path / "catalog.yaml").write_text(catalog_yaml({n: s.url for n, s in systems.items()}, changed))
+    catalog, problems = build(load_directory(tmp_path))
+    assert not problems
+    client = redis.Redis.from_url(REDIS_URL)
+    routing = SemanticRouting(catalog, RedisVectorCache(client))
+    index = routing.index()
+    try:
+        assert (index.from_cache, index.embedded) == (2, 1)
+        again = SemanticRouting(catalog, RedisVectorCache(client)).index()
+        assert (again.from_cache, again.embedded) == (3, 0)
+    finally:  # this run's own text: do not leave it for a month
+        text = index.texts[index.rows[("fm_desk", "create_ticket")]]
+        client.delete(keys.embedding(index.cache_key(text)))

@@ -1,0 +1,18 @@
+"""The MCP facade: ``reach mcp`` serves each agent its own catalog actions as Model Context Protocol tools.
+
+A ``tools/call`` becomes an intent on ``reach.intents``, published as that agent, and its receipt
+becomes the tool result, so the router's guardrails and the pools' guarantees hold for MCP clients
+exactly as for any other agent. The facade decides nothing itself (docs/operations.md "The MCP
+facade", docs/contract.md §7)::
+
+    tools.py        the catalog as MCP tools: the agent's own actions, hints, output schemas
+    results.py      a receipt (or a call that got none) as an MCP tool result
+    tokens.py       who is calling over HTTP: JWTs and static per-agent bearer tokens
+    clients.py      long-lived ReachClients, a few per agent, each used by one call at a time
+    metrics.py      the facade's Prometheus metrics
+    server.py       the MCP server (the SDK's lowlevel Server): its handlers, and the stdio transport
+    http.py         the same over stateless Streamable HTTP, behind bearer tokens
+    broker_user.py  the facade's own RabbitMQ user, which may publish as any agent (impersonator)
+
+Only ``reach mcp`` imports the MCP SDK; ``reach mcp-user`` needs nothing of it.
+"""

@@ -1,0 +1,59 @@
+"""Celery's consumer as the fleet's consumers (``workers.transport.consuming``) start from, fit for
+quorum queues.
+
+Two things change when a consumed queue is a quorum queue (``REACH_QUEUE_TYPE=quorum``):
+
+- Celery then adds its native delayed delivery step, which declares ``celery_delayed_*`` exchanges
+  and 28 queues and binds ours to them. Nothing here sends ETA tasks: the step is left out.
+- RabbitMQ refuses a channel-wide prefetch on quorum queues, so Celery sets a per-consumer one,
+  which a later ``basic.qos`` does not change for a consumer already running. Lowering the prefetch
+  to hold off (the router's fair lanes) therefore cannot work there; :meth:`ReachConsumer.hold_off`
+  cancels the consumer instead and consumes again on resume. Messages it holds stay unacked on the
+  channel meanwhile and are settled as usual.
+
+A broker that cancels a consumer (its queue deleted, e.g. by ``reach setup --migrate-queues``)
+makes py-amqp raise ``ConsumerCancelled``, a recoverable connection error: Celery reconnects, to
+the next node when the broker URL lists several, and consumes again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker.consumer import Consumer
+
+log = logging.getLogger("reach.consuming")
+
+
+class ReachConsumer(Consumer):
+    """Celery's consumer without native delayed delivery, able to hold off with per-consumer prefetch."""
+
+    class Blueprint(Consumer.Blueprint):
+        default_steps = [s for s in Consumer.Blueprint.default_steps if not s.endswith(":DelayedDelivery")]
+
+    held_off: Any = None  # the task consumer cancelled by hold_off, if any
+
+    @property
+    def per_consumer_prefetch(self) -> bool:
+        """Celery uses a per-consumer prefetch on this connection (known once it consumes)."""
+        return getattr(self, "qos_global", None) is False
+
+    def hold_off(self, paused: bool) -> bool:
+        """On the consumer's thread: stop consuming while ``paused``, consume again once not. Only
+        with a per-consumer prefetch; False otherwise (lower the prefetch instead)."""
+        if not self.per_consumer_prefetch:
+            return False
+        consumer = getattr(self, "task_consumer", None)
+        if consumer is None:
+            return True
+        try:
+            if paused and self.held_off is not consumer:
+                self.held_off = consumer  # first: cancel waits for its answer, and deliveries run meanwhile
+                consumer.cancel()
+            elif not paused and self.held_off is consumer:
+                self.held_off = None
+                consumer.consume()
+        except Exception as exc:  # the connection went away: its restart consumes again
+            log.warning("could not %s consuming (%s)", "stop" if paused else "resume", exc)
+        return True
