@@ -69,8 +69,8 @@ connector:
     return text + f"\nagent_app:\n  name: {AGENT}\n  connector_bindings:\n{bindings}"
 
 
-def start_fleet(sentinel: LocalSentinel, system: CountingSystem) -> Fleet:
-    fleet = Fleet(catalog(system.url), [], redis_url=sentinel.url)
+def start_fleet(sentinel: LocalSentinel, system: CountingSystem, redis_url: str = "") -> Fleet:
+    fleet = Fleet(catalog(system.url), [], redis_url=redis_url or sentinel.url)
     fleet.start()  # the router
     for name, replicas in MODES.items():
         fleet.start_process(name, ["worker", name], extra_env={"REACH_REDIS_WAIT_REPLICAS": replicas})
@@ -78,10 +78,12 @@ def start_fleet(sentinel: LocalSentinel, system: CountingSystem) -> Fleet:
     return fleet
 
 
-def latency(n: int) -> dict[str, Any]:
+def latency(n: int, link_ms: float = 0.0) -> dict[str, Any]:
+    """Without ``link_ms`` on the Sentinel set-up; with it, on the master alone (a sentinel would
+    point the replica past the link: redis_topologies.LocalSentinel), its replica that far away."""
     system = CountingSystem().start()
-    with LocalSentinel() as sentinel:
-        fleet = start_fleet(sentinel, system)
+    with LocalSentinel(replica_delay=link_ms / 1000, sentinel=not link_ms) as sentinel:
+        fleet = start_fleet(sentinel, system, sentinel.master_url if link_ms else sentinel.url)
         try:
             times: dict[str, list[float]] = {name: [] for name in MODES}
             with ReachClient(AGENT, fleet.broker_url, drop_duplicates=False) as client:
@@ -149,7 +151,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writes", type=int, default=300)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--delays", default="0,50", help="replica delays to try, in ms")
+    parser.add_argument("--delays", default="0", help="replica delays to try in the failover, in ms")
+    parser.add_argument(
+        "--replica-links", default="2", help="latency again with the replica this far (ms), no sentinel"
+    )
     parser.add_argument("--latency-intents", type=int, default=200)
     parser.add_argument(
         "--down-after-ms",
@@ -161,6 +166,9 @@ def main() -> int:
     if args.latency_intents:
         results["latency"] = latency(args.latency_intents)
         print(json.dumps({"latency": results["latency"]}), flush=True)
+        for link in [float(x) for x in args.replica_links.split(",") if x]:
+            results[f"latency_replica_{link:g}ms"] = one = latency(args.latency_intents, link)
+            print(json.dumps({f"latency_replica_{link:g}ms": one}), flush=True)
     results["failover"] = []
     for down_after in [int(d) for d in args.down_after_ms.split(",") if d]:
         for delay in [int(d) for d in args.delays.split(",") if d]:

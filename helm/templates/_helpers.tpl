@@ -103,6 +103,7 @@ release fails before anything is rendered.
 {{- if and (not .Values.broker.existingSecret) (not .Values.broker.url) }}
 {{- fail "broker: set broker.existingSecret (recommended) or broker.url" }}
 {{- end }}
+{{- include "agent-reach.validateBrokerCluster" . }}
 {{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
 {{- fail "redis: set redis.existingSecret (recommended) or redis.url" }}
 {{- end }}
@@ -128,6 +129,18 @@ release fails before anything is rendered.
 {{- $floor := mul (int $cfg.maxActionTimeoutSeconds) (int $cfg.maxAttempts) }}
 {{- if lt (int $c.terminationGracePeriodSeconds) (int $floor) }}
 {{- fail (printf "connectors[%d] (%s): terminationGracePeriodSeconds %d is shorter than maxActionTimeoutSeconds x maxAttempts = %d; a pod could be killed in the middle of an action" $i $c.name (int $c.terminationGracePeriodSeconds) (int $floor)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* broker.url may name several nodes (split by ";") for the fleet; KEDA's rabbitmq trigger takes one URL. */}}
+{{- define "agent-reach.validateBrokerCluster" -}}
+{{- if and (contains ";" .Values.broker.url) (not .Values.broker.existingSecret) (not .Values.keda.hostSecret.name) }}
+{{- range $c := concat .Values.connectors (.Values.poolGroups | default list) }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- if $cfg.autoscaling.enabled }}
+{{- fail (printf "keda: broker.url names several RabbitMQ nodes (split by \";\") but KEDA's rabbitmq trigger, which autoscales %s, takes one URL: set keda.hostSecret to a Secret holding one node's (or a load balancer's) URL" $c.name) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -216,6 +229,8 @@ pools that set one variable differently fail the release unless beat.env settles
     secretKeyRef:
       name: {{ include "agent-reach.brokerSecretName" . }}
       key: {{ .Values.broker.existingSecretKey }}
+- name: REACH_QUEUE_TYPE
+  value: {{ .Values.broker.queueType | quote }}
 - name: REACH_REDIS_URL
   valueFrom:
     secretKeyRef:

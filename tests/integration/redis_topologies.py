@@ -15,7 +15,10 @@ A missing ``redis-server`` is an error here, never a skip.
 
 ``replica_delay`` (seconds) puts a link in front of the master that holds everything the master
 sends to the replica that long: a replica in another zone, so a failover can lose the writes
-of that last stretch (what ``REACH_REDIS_WAIT_REPLICAS`` is about).
+of that last stretch (what ``REACH_REDIS_WAIT_REPLICAS`` is about). Use it with
+``sentinel=False`` (``master_url`` then names the master): a sentinel finds the replica
+replicating from an address that is not the master's and points it at the master itself within
+seconds ("+fix-slave-config"), which takes the link, and its delay, away.
 """
 
 from __future__ import annotations
@@ -157,16 +160,21 @@ class LocalCluster:
 class LocalSentinel:
     """A master, one replica and one sentinel watching them as service ``reach``."""
 
-    def __init__(self, replica_delay: float = 0.0, down_after_ms: int = 1000) -> None:
+    def __init__(self, replica_delay: float = 0.0, down_after_ms: int = 1000, sentinel: bool = True) -> None:
         self.master_port, self.replica_port, self.sentinel_port = free_port(), free_port(), free_port()
         self.replica_delay = replica_delay
         self.down_after_ms = down_after_ms
+        self.with_sentinel = sentinel
         self._servers = _Servers("reach-redis-sentinel-")
         self._link: DelayLink | None = None
 
     @property
     def url(self) -> str:
         return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SENTINEL_SERVICE}/0"
+
+    @property
+    def master_url(self) -> str:
+        return f"redis://127.0.0.1:{self.master_port}/0"
 
     def start(self) -> LocalSentinel:
         try:
@@ -177,6 +185,8 @@ class LocalSentinel:
                 upstream = self._link.port
             self._servers.start("replica", self.replica_port, "--replicaof", "127.0.0.1", str(upstream))
             _wait(self._replica_linked, 20, "the replica did not sync")
+            if not self.with_sentinel:
+                return self
             conf = self._servers.dir / "sentinel.conf"
             conf.write_text(
                 f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self._servers.dir}\n"

@@ -58,10 +58,9 @@ def fleet(sentinel: LocalSentinel, systems: dict[str, CountingSystem]) -> Iterat
 
 @pytest.mark.parametrize("replicas", [1, 0])
 def test_a_ledger_write_is_on_the_replica_when_the_pool_goes_on_unless_waiting_is_off(replicas: int) -> None:
-    with LocalSentinel(replica_delay=REPLICA_DELAY) as lagging:
-        client = connect_redis(
-            Settings(redis_url=lagging.url, redis_wait_replicas=replicas, redis_wait_timeout_ms=5000)
-        )
+    with LocalSentinel(replica_delay=REPLICA_DELAY, sentinel=False) as lagging:  # (see LocalSentinel)
+        settings = Settings(redis_url=lagging.master_url, redis_wait_replicas=replicas, redis_wait_timeout_ms=5000)
+        client = connect_redis(settings)
         beat = Heartbeat(client).start()
         record = keys.idempotency(AGENT, WRITE_CONNECTOR, "create_item", uuid.uuid4().hex)
         started = time.monotonic()
@@ -115,10 +114,10 @@ def test_kill_9_of_the_master_during_a_burst_loses_nothing_duplicates_nothing_an
 
 @pytest.mark.soak
 def test_soak_300_writes_through_a_failover_that_outlasts_redis_pys_retries(systems: dict[str, CountingSystem]) -> None:
-    """Sentinel waits 5 s before it fails over (its default is 30): the pools give their attempts
-    up and the jobs come back after the failover, to a replica that lags 50 ms behind."""
+    """Sentinel waits 5 s before it fails over (its default is 30): redis-py's retries run out,
+    the pools give their attempts up and the jobs come back after the failover."""
     catalog = fleet_catalog(systems[WRITE_CONNECTOR].url, systems[FLAKY_CONNECTOR].url, [AGENT], LIMITED)
-    with LocalSentinel(replica_delay=0.05, down_after_ms=5000) as slow:
+    with LocalSentinel(down_after_ms=5000) as slow:
         with Fleet(catalog, [WRITE_CONNECTOR], redis_url=slow.url) as running:
             burst_through_a_failover(slow, running, systems[WRITE_CONNECTOR], writes=300)
 

@@ -104,6 +104,7 @@ def test_settings_are_frozen_and_refuse_unknown_fields() -> None:
 
 BAD = {
     "REACH_METRICS_PORT": ["http", "0", "70000"],
+    "REACH_QUEUE_TYPE": ["stream", "mirrored"],
     "REACH_MAX_INTENT_BYTES": ["lots", "63"],
     "REACH_RECEIPT_TTL": ["3d", "500ms", "0"],
     "REACH_ROUTER_PREFETCH": ["0", "1.5"],
@@ -113,7 +114,7 @@ BAD = {
     "REACH_LOG_LEVEL": ["LOUD"],
     "REACH_REQUIRE_USER_ID": ["yes please"],
     "REACH_IDEMPOTENCY_TTL": ["forever"],
-    "REACH_MAX_DELIVERIES": ["0"],
+    "REACH_MAX_DELIVERIES": ["0", "101"],
     "REACH_MAX_DEPTH": ["1"],
     "REACH_MAX_DETAILS": ["0"],
     "REACH_MAX_RECEIPT_BYTES": ["4095"],

@@ -59,6 +59,10 @@ Stage = tuple[str, dict[str, Any]]
 class PoolOptions:
     max_deliveries: int = 5
     wait_for_holder_seconds: float = 30.0
+    wait_for_sent_seconds: float = 5.0  # see PoolRuntime._sent_by_first_delivery
+
+
+SENT_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -249,14 +253,12 @@ class PoolRuntime:
             return
         claim = self._settle_claim(ctx, begin)
         if claim.state == "completed":
-            stored = Receipt.model_validate_json(claim.receipt_json)
-            if stored.intent_id == ctx.intent_id and stored.agent_id == ctx.agent_id:
-                # completed by this very intent: its job came twice (the router got the intent again
-                # after a broker connection loss). Its own receipt, unchanged: if the first copy is
-                # still on its way, the client drops the repeat
-                self._send(stored, ctx.job.reply_to, "redelivered")
-            else:
-                self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
+            if self._sent_by_first_delivery(ctx, claim.receipt_json):
+                log.info(
+                    "intent=%s was answered by its first delivery; this one is acked without a receipt", ctx.intent_id
+                )
+                return
+            self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
         elif claim.state == "reused":
             self._answer(
                 ctx,
@@ -320,6 +322,21 @@ class PoolRuntime:
             if settled is not None:  # released by its holder: ours to try
                 return self._claim(ctx)
         return claim
+
+    def _sent_by_first_delivery(self, ctx: JobContext, stored_json: str) -> bool:
+        """The record was completed by this very intent: its job came twice (the router got the
+        intent again after a broker connection loss), and the first delivery may still be publishing
+        the receipt. Wait (bounded) for it to be marked sent, so that the intent gets that one
+        receipt and not a second, deduplicated one. A replayed dead letter of an executed intent
+        waits this long before its deduplicated receipt."""
+        stored = Receipt.model_validate_json(stored_json)
+        if stored.intent_id != ctx.intent_id or stored.agent_id != ctx.agent_id:
+            return False
+        for _ in range(max(1, int(self.options.wait_for_sent_seconds / SENT_POLL_SECONDS))):
+            if self.sink.already_sent(ctx.agent_id, ctx.intent_id):
+                return True
+            self.sleep(SENT_POLL_SECONDS)
+        return self.sink.already_sent(ctx.agent_id, ctx.intent_id)
 
     def _claim(self, ctx: JobContext) -> Claim:
         return self.ledger.claim(ctx.key, ctx.params_hash, ctx.intent_id, ctx.attempt)

@@ -136,7 +136,10 @@ def move_messages(connection: Connection, source: str, target: str, batch: int =
         MigrationError: ``target`` refused or could not route a message (those stay in ``source``),
             or the broker refused a publish (e.g. a ``user_id`` this user may not set).
     """
-    raw: Any = connection.connection  # the py-amqp connection
+    # a connection of its own, without kombu's confirm-per-publish: a whole batch is confirmed at once
+    own = connection.clone(transport_options={})
+    own.connect()
+    raw: Any = own.connection  # the py-amqp connection
     getter = raw.channel()
     getter.auto_decode = False  # bodies as they are, bytes
     sender = raw.channel()
@@ -199,6 +202,7 @@ def move_messages(connection: Connection, source: str, target: str, batch: int =
                 channel.close()  # unacked messages go back to their queue
             except Exception:  # noqa: BLE001 - closed by the broker already
                 pass
+        own.release()
 
 
 def _copy(message: amqp.Message) -> amqp.Message:

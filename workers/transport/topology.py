@@ -96,8 +96,8 @@ class DeadLetterBounds:
     """reach.dlq keeps at most this much (REACH_DLQ_MAX_LENGTH, REACH_DLQ_MAX_BYTES, REACH_DLQ_TTL).
     When full, the broker refuses new letters (the publisher gets a nack and counts the drop in
     reach_dead_letters_dropped_total); letters older than the TTL are removed by the broker.
-    Quorum queues (RabbitMQ 3.10+) support all four; they refuse only once a queue is already over
-    a bound, so a full quorum reach.dlq may hold one letter more than ``max_length``."""
+    Quorum queues (RabbitMQ 3.10+) support all four; they refuse only once a queue is over a bound,
+    so a full quorum reach.dlq may hold a little more: the letters published at that moment."""
 
     max_length: int = 10_000
     max_bytes: int = 256 * 1024 * 1024
