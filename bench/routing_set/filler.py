@@ -86,8 +86,11 @@ CONNECTORS = 100
 ACTIONS_PER_CONNECTOR = 100
 
 
-def filler_catalog(endpoint: str = "http://127.0.0.1:9", agent: str = "everything") -> str:
-    """The filler connectors and an agent bound to all of them (YAML)."""
+def filler_catalog(endpoint: str = "http://127.0.0.1:9", agent: str = "everything", unique: bool = False) -> str:
+    """The filler connectors and an agent bound to all of them (YAML). Action names repeat across
+    connectors (``export_monthly_report`` on many systems), so semantic routing has work to do;
+    ``unique`` suffixes them with the connector's number, so no bare action is shared (a catalog
+    that never needs the model)."""
     rng = random.Random(20261130)
     docs = []
     names = []
@@ -99,7 +102,7 @@ def filler_catalog(endpoint: str = "http://127.0.0.1:9", agent: str = "everythin
         pairs = rng.sample([(v, o) for v in VERBS for o in OBJECTS], ACTIONS_PER_CONNECTOR)
         actions = []
         for verb, obj in pairs:
-            action = f"{verb}_{obj.lower().replace(' ', '_')}"
+            action = f"{verb}_{obj.lower().replace(' ', '_')}" + (f"_{i:03d}" if unique else "")
             actions.append(
                 f"""\
     - action: {action}

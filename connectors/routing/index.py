@@ -151,5 +151,10 @@ class ActionIndex:
             return None
         if not self._ready[rows].all():
             self.prepare(rows.tolist())
-        scores: npt.NDArray[np.float32] = self.vectors[rows] @ self.query_vector(text)
+        query = self.query_vector(text)
+        if len(rows) * 8 > len(self.refs):
+            # many rows (reach.find_tools): one pass over the matrix beats copying most of it out
+            every: npt.NDArray[np.float32] = self.vectors @ query
+            return every[rows]
+        scores: npt.NDArray[np.float32] = self.vectors[rows] @ query
         return scores

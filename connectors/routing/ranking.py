@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from connectors.catalog import ActionRef
 from connectors.routing.index import ActionIndex, request_text
@@ -103,13 +104,20 @@ def rank(
 
 
 def top_k(
-    index: ActionIndex, refs: Sequence[ActionRef], description: str, k: int, weights: RoutingWeights
+    index: ActionIndex,
+    refs: Sequence[ActionRef],
+    description: str,
+    k: int,
+    weights: RoutingWeights,
+    rows: npt.NDArray[np.int64] | None = None,
 ) -> list[Scored]:
-    """The ``k`` actions of ``refs`` that best match a request (reach.find_tools)."""
+    """The ``k`` actions of ``refs`` that best match a request (reach.find_tools); ``rows``: their
+    rows in the index, when the caller keeps them."""
     text = request_text(description)
     if not refs or not text:
         return []
-    rows = np.array([index.row(r) for r in refs], dtype=np.int64)
+    if rows is None:
+        rows = np.array([index.row(r) for r in refs], dtype=np.int64)
     semantic = index.semantic(text, rows)
     lexical = index.lexical.scores(tokens(text), rows)
     total = weights.lexical * lexical

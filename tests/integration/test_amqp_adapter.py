@@ -17,8 +17,7 @@ import pytest
 import yaml
 
 from connectors.adapters.amqp import DIRECT_REPLY_TO, AmqpAdapter
-from connectors.adapters.base import CallContext
-from connectors.adapters.base import AdapterOptions
+from connectors.adapters.base import AdapterOptions, CallContext
 from connectors.adapters.factory import build_adapter
 from connectors.auth import MissingSecret
 from connectors.spec import ConnectorSpec

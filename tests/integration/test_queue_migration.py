@@ -25,8 +25,10 @@ import pytest
 from kombu import Connection, Queue
 
 from tests.fleet import REDIS_URL, SHARED_BROKER_URL
+from workers.ops.fleet import list_dead_letters
 from workers.transport.migration import HOLDING_PREFIX, MigrationError, holding_queue, move_messages
 from workers.transport.topology import (
+    DELIVERY_LIMIT,
     DISPATCH_EXCHANGE,
     DLQ_NAME,
     INTENTS_EXCHANGE,
@@ -295,3 +297,34 @@ def test_a_full_target_keeps_the_messages_it_refused_where_they_were(vhost: str)
         kept = len(drain(conn, source.name))
         moved = len(drain(conn, DLQ_NAME))
     assert kept + moved == 30 and kept >= 19, (kept, moved)  # a quorum queue refuses once it is over its bound
+
+
+def test_a_message_returned_past_the_delivery_limit_goes_to_reach_dlq_and_is_listed_without_its_params(
+    vhost: str, catalog_dir: Path
+) -> None:
+    """The quorum queues' backstop: nothing the broker drops is lost silently, nor shown unredacted."""
+    with Connection(url_of(vhost), transport_options={"confirm_publish": True}) as conn:
+        declare_all(conn, [CONNECTOR])
+        channel = conn.connection.channel()
+        channel.basic_publish(
+            amqp.Message(b'[[{"params": {"card": "4111-SECRET"}}], {}, {}]', delivery_mode=2, message_id="looping"),
+            exchange=DISPATCH_EXCHANGE.name,
+            routing_key=connector_queue_name(CONNECTOR),
+        )
+        returns = 0
+        while (message := channel.basic_get(connector_queue_name(CONNECTOR), no_ack=False)) is not None:
+            channel.basic_reject(message.delivery_tag, requeue=True)  # a consumer that keeps failing on it
+            returns += 1
+            assert returns <= DELIVERY_LIMIT + 1
+        channel.close()
+    assert returns == DELIVERY_LIMIT + 1  # delivered that often, then moved
+    listed = reach(vhost, catalog_dir, "dlq", "list")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("looping")]
+    assert "broker: delivery_limit" in row and "not shown" in row and "SECRET" not in listed.stdout
+    (letter,) = list_dead_letters(url_of(vhost))
+    assert (letter.reason, letter.connector) == (
+        f"broker: delivery_limit in {connector_queue_name(CONNECTOR)}",
+        CONNECTOR,
+    )
+    assert letter.preview == "(not shown: 47 bytes as queued, params not redacted)"

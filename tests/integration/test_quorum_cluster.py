@@ -53,7 +53,7 @@ WRITE_DELAY, DRAIN_DELAY = 0.5, 0.02
 THREADS = 4
 # the intents go out in three parts: a backlog before the connector queue's leader is stopped,
 # another before reach.intents' leader is stopped, and the rest while that node stops
-FIRST_BURST, SECOND_BURST = 150, 100
+BURST = 125
 PACE = 0.1  # seconds between the last part's publishes
 
 
@@ -129,6 +129,7 @@ class Stop:
 
 @dataclass
 class Run:
+    prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # of its intent ids and titles
     published: list[str] = field(default_factory=list)  # confirmed by the broker
     refused: list[tuple[str, str]] = field(default_factory=list)  # publishes that raised
     receipts: list[tuple[float, Receipt]] = field(default_factory=list)  # (arrival, receipt)
@@ -158,7 +159,7 @@ def collect(client: ReachClient, run: Run, seconds: float) -> None:
 def publish(client: ReachClient, run: Run, count: int, pace: float = 0.0) -> None:
     """Publish the next ``count`` intents (each a write of its own title), taking in receipts between."""
     for _ in range(count):
-        intent_id = f"{RUN}-{len(run.published) + len(run.refused):03d}"
+        intent_id = f"{run.prefix}-{len(run.published) + len(run.refused):04d}"
         try:
             client.publish("create_item", {"title": intent_id}, intent_id=intent_id)
             run.published.append(intent_id)
@@ -195,44 +196,50 @@ def measure_gaps(run: Run) -> None:
         stop.receipt_gap_seconds = max((b - a for a, b in zip(window, window[1:])), default=0.0)
 
 
-def test_stopping_the_nodes_that_lead_the_queues_under_load_loses_and_repeats_nothing(
-    cluster: RabbitCluster, system: CountingSystem, fleet: Fleet
-) -> None:
+def stops_under_load(
+    cluster: RabbitCluster, system: CountingSystem, fleet: Fleet, rounds: int, burst: int, tail: int
+) -> str:
+    """``rounds`` times: a backlog of ``burst`` writes, the connector queue's leader (node 2)
+    stopped and started again, another ``burst``, then reach.intents' leader (node 1, where the
+    router and the pool are connected) stopped while ``tail`` more are published. The client stays
+    on node 3. Asserts every promise; returns the report."""
     first, second, spare = cluster.nodes
-    assert cluster.leader(INTENTS_QUEUE_NAME, VHOST) is first
-    assert cluster.leader(connector_queue_name(CONNECTOR), VHOST) is second
-
     run = Run()
-    go = [threading.Event(), threading.Event()]  # the test's thread: stop the next leader now
-    back = threading.Event()  # the chaos thread: the first node stopped is running again
+    go = threading.Event()  # the test's thread: stop the next leader now
+    done = threading.Event()  # the chaos thread: that stop is over (the node runs again)
+    plan = [(connector_queue_name(CONNECTOR), second), (INTENTS_QUEUE_NAME, first)] * rounds
 
     def chaos() -> None:
         try:
-            go[0].wait(300)
-            stop_leader(cluster, connector_queue_name(CONNECTOR), run, second)
-            back.set()
-            go[1].wait(300)
-            stop_leader(cluster, INTENTS_QUEUE_NAME, run, first)
+            for queue, leader in plan:
+                go.wait(600)
+                go.clear()
+                stop_leader(cluster, queue, run, leader)
+                done.set()
         except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
             run.chaos_error = exc
-            back.set()
+            done.set()
 
     system.state.delay = WRITE_DELAY
     with ReachClient(AGENT, cluster.urls(VHOST, order=[spare, first, second]), connect_timeout=30) as client:
         stopper = threading.Thread(target=chaos, name="chaos", daemon=True)
         stopper.start()
         started = time.monotonic()
-        publish(client, run, FIRST_BURST)
-        go[0].set()
-        while not back.is_set():
-            collect(client, run, 0.5)
-        publish(client, run, SECOND_BURST)
-        go[1].set()
-        publish(client, run, INTENTS - FIRST_BURST - SECOND_BURST, PACE)  # while reach.intents' leader stops
-        while stopper.is_alive() and time.monotonic() - started < 300:
-            collect(client, run, 0.5)  # (receipts are timed as they are taken in)
+        for _ in range(rounds):
+            publish(client, run, burst)
+            go.set()  # the connector queue's leader
+            while not done.is_set():
+                collect(client, run, 0.5)
+            done.clear()
+            publish(client, run, burst)
+            go.set()  # reach.intents' leader, while more intents are published
+            publish(client, run, tail, PACE)
+            while not done.is_set():
+                collect(client, run, 0.5)  # (receipts are timed as they are taken in)
+            done.clear()
+        stopper.join(60)
         system.state.delay = DRAIN_DELAY
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while not set(run.published) <= run.answered() and time.monotonic() < deadline:
             collect(client, run, 1.0)
         collect(client, run, 3.0)  # a second receipt for anything would show up now
@@ -244,7 +251,7 @@ def test_stopping_the_nodes_that_lead_the_queues_under_load_loses_and_repeats_no
     assert run.chaos_error is None, f"stopping the nodes failed: {run.chaos_error!r}"
     measure_gaps(run)
     per_intent = Counter(r.intent_id for _, r in run.receipts)
-    executions = system.executions()
+    executions = {title: n for title, n in system.executions().items() if title.startswith(run.prefix)}
     lost = sorted(set(run.published) - set(per_intent))
     repeated = sorted(i for i, n in per_intent.items() if n > 1)
     twice_done = sorted(title for title, n in executions.items() if n > 1)
@@ -261,17 +268,34 @@ def test_stopping_the_nodes_that_lead_the_queues_under_load_loses_and_repeats_no
         )
     )
     print("\n" + report)
-    assert [s.queue for s in run.stops] == [connector_queue_name(CONNECTOR), INTENTS_QUEUE_NAME], report
+    assert [s.queue for s in run.stops] == [queue for queue, _ in plan], report
     assert all(s.in_flight > 0 for s in run.stops), f"a node was stopped with nothing in flight: {report}"
     # the client stays on node 3: every publish is confirmed, those during an election later
     assert run.refused == [], report
-    assert len(run.published) == INTENTS, report
+    assert len(run.published) == rounds * (2 * burst + tail), report
     assert lost == [], f"{report}; lost: {lost[:10]}"
     assert repeated == [], f"{report}; second receipts: {repeated[:10]}"
     assert set(per_intent) == set(run.published), report
     assert not_ok == [], f"{report}; not succeeded: {not_ok[:10]}"
     assert twice_done == [], f"{report}; executed twice: {twice_done[:10]}"
-    assert sum(executions.values()) == INTENTS, report
+    assert sum(executions.values()) == len(run.published), report
+    return report
+
+
+def test_stopping_the_nodes_that_lead_the_queues_under_load_loses_and_repeats_nothing(
+    cluster: RabbitCluster, system: CountingSystem, fleet: Fleet
+) -> None:
+    first, second, _ = cluster.nodes
+    assert cluster.leader(INTENTS_QUEUE_NAME, VHOST) is first
+    assert cluster.leader(connector_queue_name(CONNECTOR), VHOST) is second
+    stops_under_load(cluster, system, fleet, rounds=1, burst=BURST, tail=INTENTS - 2 * BURST)
+
+
+@pytest.mark.soak
+def test_three_rounds_of_stops_under_a_longer_load_lose_and_repeat_nothing(
+    cluster: RabbitCluster, system: CountingSystem, fleet: Fleet
+) -> None:
+    stops_under_load(cluster, system, fleet, rounds=3, burst=400, tail=200)
 
 
 def test_a_client_whose_node_stops_goes_on_from_another_node(

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from connectors.adapters.base import CallContext, Outcome
-from connectors.adapters.base import AdapterOptions
+from connectors.adapters.base import AdapterOptions, CallContext, Outcome
 from connectors.adapters.factory import build_adapter
 from connectors.adapters.sql import SqlAdapter
 from connectors.spec import ConnectorSpec

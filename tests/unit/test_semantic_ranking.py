@@ -296,3 +296,21 @@ def test_without_a_model_the_lexical_path_still_ranks(catalog: Catalog) -> None:
     ranking = rank(index, refs_of(catalog), "refund for my order", RoutingWeights())
     assert ranking.ranked[0].ref.connector.name == "care_desk"
     assert all(s.semantic is None for s in ranking.ranked)
+
+
+def test_few_rows_and_many_rows_score_alike(tmp_path: Path) -> None:
+    """A few candidates are gathered from the matrix, many (find_tools) are read in one pass."""
+    extra = "".join(
+        f"---\nconnector:\n  name: sys_{i}\n  description: System {i} with a laptop and a light\n"
+        f"  endpoint: http://127.0.0.1:9\n  actions:\n    - {{ action: act_{i}, path: POST /a, description: refund {i} }}\n"
+        for i in range(30)
+    )
+    catalog = catalog_of(tmp_path, CATALOG + extra)
+    index = ActionIndex(catalog, CountingEmbedder())
+    index.prepare()
+    every = index.vectors @ index.query_vector("a laptop refund")
+    few = np.array([0, 5], dtype=np.int64)
+    many = np.arange(len(index.refs), dtype=np.int64)[::-1].copy()
+    for rows in (few, many):
+        scores = index.semantic("a laptop refund", rows)
+        assert scores is not None and np.allclose(scores, every[rows])

@@ -67,6 +67,7 @@ def service() -> Iterator[SoapService]:
 @pytest.fixture
 def adapter(service: SoapService) -> Iterator[SoapAdapter]:
     built = SoapAdapter(connector(service.wsdl_url))
+    built.service()  # the WSDL is loaded before a test times a call (a busy machine is slow to load it)
     yield built
     built.close()
 

@@ -152,7 +152,8 @@ def _vhost(option: str | None) -> str:
     if option is not None:
         return option
     try:
-        return unquote(urlsplit(Settings.from_env().broker_url).path[1:]) or "/"
+        first = Settings.from_env().broker_url.split(";", 1)[0].strip()  # a cluster's nodes share the vhost
+        return unquote(urlsplit(first).path[1:]) or "/"
     except SettingsError as exc:
         _fail(str(exc))
 

@@ -313,8 +313,9 @@ def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[
 
 
 def vhost_of(broker_url: str) -> str:
-    """The vhost of an AMQP URL: the path without its leading slash, ``/`` when empty."""
-    return unquote(urlsplit(broker_url).path[1:]) or "/"
+    """The vhost of an AMQP URL (the first, when it lists a cluster's nodes split by ``;``): the path
+    without its leading slash, ``/`` when empty."""
+    return unquote(urlsplit(broker_url.split(";", 1)[0].strip()).path[1:]) or "/"
 
 
 def _prefix(rabbitmqctl: str | Sequence[str]) -> list[str]:

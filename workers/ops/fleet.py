@@ -21,7 +21,13 @@ from workers.state.control import is_paused, live_workers
 from workers.state.health import HealthBoard
 from workers.transport.app import JobMessages
 from workers.transport.job import Job, JobDecodeError, parse_job_json
-from workers.transport.topology import DISPATCH_EXCHANGE, DLQ, INTENTS_EXCHANGE, connector_queue
+from workers.transport.topology import (
+    CONNECTOR_QUEUE_PREFIX,
+    DISPATCH_EXCHANGE,
+    DLQ,
+    INTENTS_EXCHANGE,
+    connector_queue,
+)
 
 # why a letter stays in reach.dlq instead of being replayed (the CLI prints it)
 NOT_REPLAYED_NOT_KEPT = "its body was not kept (oversize or unparsable: see x-reach-body-bytes and -sha256)"
@@ -56,7 +62,10 @@ class Unreachable(Exception):
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***`` (for messages and logs)."""
+    """``url`` with its password, if any, replaced by ``***`` (for messages and logs); each of the
+    URLs of a cluster's nodes, split by ``;``."""
+    if ";" in url:
+        return ";".join(redact_url(part) for part in url.split(";"))
     parts = urlsplit(url)
     return url.replace(f":{parts.password}@", ":***@") if parts.password else url
 
@@ -144,16 +153,35 @@ def _dead_letter(message: Any) -> DeadLetter:
     preview = body[:160].decode("utf-8", "replace").replace("\n", " ")
     if _text(headers.get("x-reach-body-kept")) == "none":
         preview = f"(body not kept: {headers.get('x-reach-body-bytes')} bytes, sha256 {_text(headers.get('x-reach-body-sha256'))[:16]}…)"
+    reason, connector = _text(headers.get("x-reach-reason")), _text(headers.get("x-reach-connector"))
+    death = _broker_death(headers)
+    if not reason and death is not None:
+        # moved here by the broker (a quorum queue's delivery limit): the message as it was queued
+        reason, queue = death
+        connector = queue.removeprefix(CONNECTOR_QUEUE_PREFIX) if queue.startswith(CONNECTOR_QUEUE_PREFIX) else ""
+        preview = f"(not shown: {len(body)} bytes as queued, params not redacted)"
+        body_tail = ""
+    else:
+        body_tail = "…" if len(body) > 160 else ""
     return DeadLetter(
         message_id=_text(message.properties.get("message_id")),
-        reason=_text(headers.get("x-reach-reason")),
+        reason=reason,
         agent=_text(headers.get("x-reach-agent-id")),
-        connector=_text(headers.get("x-reach-connector")),
+        connector=connector,
         received_at=_text(headers.get("x-reach-received-at")),
-        preview=preview + ("…" if len(body) > 160 else ""),
+        preview=preview + body_tail,
         body=body,
         headers=headers,
     )
+
+
+def _broker_death(headers: dict[str, Any]) -> tuple[str, str] | None:
+    """("broker: REASON in QUEUE", QUEUE) for a message the broker dead-lettered (its x-death header)."""
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+        return None
+    queue = _text(deaths[0].get("queue"))
+    return f"broker: {_text(deaths[0].get('reason'))} in {queue}", queue
 
 
 def list_dead_letters(broker_url: str, limit: int = 100) -> list[DeadLetter]:

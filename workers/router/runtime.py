@@ -243,7 +243,7 @@ class RouterRuntime:
         return Answer(receipt, agent_id, dead_letter_reason="router error")
 
 
-TRANSIENT_PAUSE_SECONDS = 0.5
+TRANSIENT_PAUSE_SECONDS = 1.0  # as the pools' pause: REACH_MAX_DELIVERIES tries span a Redis failover of seconds
 
 
 class RetryCounts:

@@ -25,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from connectors.catalog import ActionRef, Candidates, Catalog
 from connectors.routing import ActionIndex, ModelUnavailable, Ranking, Scored, VectorCache, load_embedder, rank, top_k
 from connectors.routing.index import request_text
@@ -66,7 +69,7 @@ class SemanticRouting:
         self._loader = loader
         self._index: ActionIndex | None = None
         self._lock = threading.Lock()
-        self._tools: dict[str, list[ActionRef]] = {}
+        self._tools: dict[str, tuple[list[ActionRef], npt.NDArray[np.int64]]] = {}
         self.load_seconds: float | None = None
 
     @property
@@ -168,11 +171,13 @@ class SemanticRouting:
 
     def find_tools(self, agent_id: str, description: str, k: int) -> list[Scored]:
         """The agent's ``k`` tools that best match ``description``."""
-        refs = self._tools.get(agent_id)
-        if refs is None:
+        index = self.index()
+        tools = self._tools.get(agent_id)
+        if tools is None:
             refs = [r for r in self.catalog.refs.values() if self.catalog.allows(agent_id, r)]
-            self._tools[agent_id] = refs  # agents are the catalog's: bounded
-        return top_k(self.index(), refs, description, k, self.spec.weights)
+            tools = (refs, np.array([index.row(r) for r in refs], dtype=np.int64))
+            self._tools[agent_id] = tools  # agents are the catalog's: bounded
+        return top_k(index, tools[0], description, k, self.spec.weights, rows=tools[1])
 
     def model_name(self) -> str:
         index = self._index

@@ -16,9 +16,9 @@ modules are typed against ``redis.Redis`` and ``connect_redis`` says so; what di
 transaction or a script must stay within one slot: workers/state/keys.py arranges it; SCAN runs
 per node: ``scan_keys``) is handled here and in the keys module.
 
-A Sentinel client asks the sentinels for the master on every new connection; after a failover,
-commands fail for the seconds it takes (redis-py retries each a few times with backoff) and then
-reach the new master. The failover can lose the last writes the old master had not passed on:
+A Sentinel client asks the sentinels for the master on every new connection; during a failover
+commands fail (no client here retries a command by itself: the router and the pools put the
+intent back on its queue and try again), and then reach the new master. The failover can lose the last writes the old master had not passed on:
 ``workers.state.replicas`` makes the ledger's writes wait for a replica (REACH_REDIS_WAIT_REPLICAS).
 """
 
