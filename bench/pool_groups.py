@@ -129,6 +129,7 @@ class Run:
         self.broker_url = ""
         self.fleet: ReachFleet | None = None
         self.agent: Agent | None = None  # times the measured intents
+        self.twin: Agent | None = None  # the second one, for the paired measurement
         self.sink: Agent | None = None  # publishes backlogs; nobody reads their receipts
 
     def check(self, res: dict[str, Any], what: str) -> None:
@@ -241,6 +242,107 @@ def phase(run: Run, fast: str, slow: str, backlog: int, label: str) -> dict[str,
     return out
 
 
+def paired(run: Run) -> dict[str, Any]:
+    """Both arrangements measured at the same time: each repetition publishes both slow backlogs
+    (or none), then paces the two fast connectors at 100/s each from two agents at once, so both
+    see the same machine (a busy shared box hits them alike). Each arm also carries the other's
+    load, so its absolute figures are higher than alone; the ratio is what this is for."""
+    import threading
+
+    assert run.agent is not None and run.twin is not None
+    cfg = run.cfg
+    n = int(100 * cfg["seconds"])
+    phases: dict[str, list[dict[str, Any]]] = {
+        k: [] for k in ("own_without", "group_without", "own_with", "group_with")
+    }
+    for rep in range(cfg["reps"]):
+        for backlog in (0, cfg["backlog"]) if rep % 2 == 0 else (cfg["backlog"], 0):
+            which = "with" if backlog else "without"
+            run.burst("solo_fast.create_ticket", 50, "paired warm-up")
+            run.burst("grp_fast.create_ticket", 50, "paired warm-up")
+            if backlog:
+                for slow in ("solo_slow", "grp_slow"):
+                    publish_backlog(run, slow, backlog)
+            results: dict[str, dict[str, Any]] = {}
+
+            def pace(arm: str, agent: Agent, fast: str, suffix: str) -> None:
+                results[arm] = agent.run(
+                    None,
+                    mode="paced",
+                    n=n,
+                    rate=100,
+                    timeout=90,
+                    intent=intent(f"{fast}.create_ticket", suffix),
+                    samples=True,
+                )
+
+            threads = [
+                threading.Thread(target=pace, args=("own", run.agent, "solo_fast", "rg")),
+                threading.Thread(target=pace, args=("group", run.twin, "grp_fast", "rt")),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            depths = {s: queue_state(run.broker_url, f"reach.connector.{s}")[0] for s in ("solo_slow", "grp_slow")}
+            for arm, res in results.items():
+                run.check(res, f"paired rep {rep + 1} {arm} {which}")
+                phases[f"{arm}_{which}"].append(
+                    {
+                        "p50": res["latency_ms"]["p50"],
+                        "p99": res["latency_ms"]["p99"],
+                        "samples": res.get("samples_ms", []),
+                    }
+                )
+            log(
+                f"paired rep {rep + 1} {which}: own p50 {results['own']['latency_ms']['p50']} p99 "
+                f"{results['own']['latency_ms']['p99']} | group p50 {results['group']['latency_ms']['p50']} p99 "
+                f"{results['group']['latency_ms']['p99']} ms (slow queues {depths}, load {loadavg()[0]})"
+            )
+            if backlog:
+                if min(depths.values()) <= 0:
+                    run.problems.append(f"paired rep {rep + 1}: a slow backlog ran out before the phase ended")
+                purge(run.broker_url, "reach.connector.solo_slow", "reach.connector.grp_slow")
+                time.sleep(2.5)
+    return summarise(
+        phases,
+        cfg,
+        {
+            "group_with_over_own_with": ("group_with", "own_with"),
+            "group_without_over_own_without": ("group_without", "own_without"),
+        },
+    )
+
+
+def summarise(
+    phases: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], ratios: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """Pooled p50/p99 per arm and the asked ratios: pooled, by repetition and their median."""
+    out: dict[str, Any] = {"reps": cfg["reps"], "backlog": cfg["backlog"], "rate": 100, "n": int(100 * cfg["seconds"])}
+    pooled = {arm: [v for p in ps for v in p.pop("samples")] for arm, ps in phases.items()}
+    out["arms"] = {
+        arm: {
+            "p50_ms": percentile(pooled[arm], 50),
+            "p99_ms": percentile(pooled[arm], 99),
+            "samples": len(pooled[arm]),
+            "rep_p99_ms": [p["p99"] for p in ps],
+            "rep_p50_ms": [p["p50"] for p in ps],
+            "slow_depth": [p.get("slow_depth") for p in ps],
+        }
+        for arm, ps in phases.items()
+    }
+    out["ratios"] = {}
+    for name, (a, b) in ratios.items():
+        pa, pb = out["arms"][a]["p99_ms"], out["arms"][b]["p99_ms"]
+        per_rep = [round(x["p99"] / y["p99"], 3) for x, y in zip(phases[a], phases[b]) if x["p99"] and y["p99"]]
+        out["ratios"][name] = {
+            "pooled": round(pa / pb, 3) if pa and pb else None,
+            "by_rep": per_rep,
+            "median_of_reps": None if not per_rep else round(median(per_rep) or 0, 3),
+        }
+    return out
+
+
 def isolation(run: Run, independence: bool) -> dict[str, Any]:
     cfg = run.cfg
     arms: dict[str, tuple[str, str, int]] = {
@@ -258,38 +360,17 @@ def isolation(run: Run, independence: bool) -> dict[str, Any]:
         for arm in order[rep % len(order) :] + order[: rep % len(order)]:
             fast, slow, backlog = arms[arm]
             phases[arm].append(phase(run, fast, slow, backlog, f"rep {rep + 1} {arm}"))
-    out: dict[str, Any] = {"reps": cfg["reps"], "backlog": cfg["backlog"], "rate": 100, "n": int(100 * cfg["seconds"])}
-    pooled = {arm: [v for p in ps for v in p.pop("samples")] for arm, ps in phases.items()}
-    out["arms"] = {
-        arm: {
-            "p50_ms": percentile(pooled[arm], 50),
-            "p99_ms": percentile(pooled[arm], 99),
-            "samples": len(pooled[arm]),
-            "rep_p99_ms": [p["p99"] for p in ps],
-            "rep_p50_ms": [p["p50"] for p in ps],
-            "slow_depth": [p["slow_depth"] for p in ps],
-        }
-        for arm, ps in phases.items()
-    }
-
-    def ratio(a: str, b: str) -> dict[str, Any]:
-        pa, pb = out["arms"][a]["p99_ms"], out["arms"][b]["p99_ms"]
-        per_rep = [round(x["p99"] / y["p99"], 3) for x, y in zip(phases[a], phases[b]) if x["p99"] and y["p99"]]
-        return {
-            "pooled": round(pa / pb, 3) if pa and pb else None,
-            "by_rep": per_rep,
-            "median_of_reps": median(per_rep),
-        }
-
-    out["ratios"] = {
-        "group_with_over_own_with": ratio("group_with", "own_with"),
-        "group_without_over_own_without": ratio("group_without", "own_without"),
-        "own_with_over_own_without": ratio("own_with", "own_without"),
-        "group_with_over_group_without": ratio("group_with", "group_without"),
+    ratios = {
+        "group_with_over_own_with": ("group_with", "own_with"),
+        "group_without_over_own_without": ("group_without", "own_without"),
+        "own_with_over_own_without": ("own_with", "own_without"),
+        "group_with_over_group_without": ("group_with", "group_without"),
     }
     if independence:
+        ratios["own_big_over_own_with"] = ("own_with_big", "own_with")
+    out = summarise(phases, cfg, ratios)
+    if independence:
         out["big_backlog"] = cfg["big"]
-        out["ratios"]["own_big_over_own_with"] = ratio("own_with_big", "own_with")
     return out
 
 
@@ -316,12 +397,14 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"  per additional connector, worst group: {mem['per_additional_mb_max']} MB (target <= {TARGET_MEMORY_MB})"
         )
-    iso = results.get("isolation")
-    if iso:
+    for key, title in (("paired", "at the same time, from two agents"), ("isolation", "phases interleaved")):
+        iso = results.get(key)
+        if not iso:
+            continue
         lines.append("")
         lines.append(
-            f"fast connector at paced 100/s ({iso['n']} intents a phase, {iso['reps']} repetitions pooled); slow "
-            f"neighbour 2 s per call, backlog {iso['backlog']}"
+            f"{key}: fast connector at paced 100/s, {title} ({iso['n']} intents a phase, {iso['reps']} repetitions "
+            f"pooled); slow neighbour 2 s per call, backlog {iso['backlog']}"
         )
         rows = [
             [arm, fmt(a["p50_ms"], 2), fmt(a["p99_ms"], 2), " / ".join(str(v) for v in a["rep_p99_ms"])]
@@ -340,7 +423,7 @@ def render(results: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="memory,isolation", help="memory, isolation (comma-separated)")
+    parser.add_argument("--only", default="memory,isolation,paired", help="memory, isolation, paired (comma-separated)")
     parser.add_argument("--reps", type=int, help="repetitions of the isolation phases")
     parser.add_argument("--backlog-independence", action="store_true", help="also a 10,000-intent backlog")
     parser.add_argument("--keep-logs", action="store_true")
@@ -390,6 +473,10 @@ def main() -> int:
             run.burst(f"{name}.create_ticket", 200, f"warm-up {name}")
         if "memory" in sections:
             results["memory"] = memory(run, members)
+        if "paired" in sections:
+            run.twin = Agent(run.procs, "agent-twin")
+            run.twin.connect_amqp(vhost.url, "reach.intents", "reach.receipts", "*.rt")
+            results["paired"] = paired(run)
         if "isolation" in sections:
             results["isolation"] = isolation(run, args.backlog_independence)
             results["rss_mb"] = {"own_fast": rss_mb(fleet.pid("solo_fast")), "group": rss_mb(fleet.pid("group"))}
@@ -407,7 +494,7 @@ def main() -> int:
 
         traceback.print_exc()
     finally:
-        for driver in (run.agent, run.sink):
+        for driver in (run.agent, run.sink, run.twin):
             if driver is not None:
                 driver.quit()
         run.procs.stop_all()

@@ -48,6 +48,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench.common import calibrate as machine_speed  # noqa: E402
 from bench.routing_set.filler import filler_catalog  # noqa: E402
 from connectors.catalog import Catalog, build  # noqa: E402
 from connectors.loader import load_directory  # noqa: E402
@@ -413,11 +414,17 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="reach-semantic-"))
     # sections run on their own (--only) are merged into the results of earlier ones
     results: dict[str, Any] = json.loads(args.output.read_text()) if args.output.exists() else {}
-    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_average": os.getloadavg()}
+    # how busy the machine is: load, and ms for a fixed piece of pure-Python work (125 on a calm run)
+    meta = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_average": os.getloadavg(),
+        "calibration_ms": machine_speed(),
+    }
 
     def save(section: str, value: Any) -> None:
         results[section] = value
-        results.setdefault("meta", {})[section] = {**meta, "load_average_end": os.getloadavg()}
+        end = {"load_average_end": os.getloadavg(), "calibration_ms_end": machine_speed()}
+        results.setdefault("meta", {})[section] = {**meta, **end}
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(results, indent=2, ensure_ascii=False))
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import amqp
-from amqp.exceptions import AMQPError
+from amqp.exceptions import AMQPError, NotFound
 from kombu import Connection
 
 from tests.fleet import BROKER_URL
@@ -121,7 +121,12 @@ class LegacyResponder:
             channel.auto_decode = False
             pending: list[tuple[float, str, str, Reply]] = []  # due, reply_to, correlation id, reply
             for queue in self.queues:
-                channel.queue_declare(queue, durable=True, auto_delete=False)
+                try:  # a queue the fleet declared (reach.agent.*, a quorum queue) is used as it is
+                    channel.queue_declare(queue, passive=True)
+                except NotFound:
+                    channel = conn.connection.channel()
+                    channel.auto_decode = False
+                    channel.queue_declare(queue, durable=True, auto_delete=False)
             for exchange, key, queue in self.bindings:
                 channel.exchange_declare(exchange, "direct", durable=True, auto_delete=False)
                 channel.queue_bind(queue, exchange, key)
