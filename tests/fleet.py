@@ -56,6 +56,11 @@ def _isolated() -> tuple[str, str]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     database = 1 + (int(worker[2:]) if worker[2:].isdigit() else os.getpid()) % 15
     redis_url = urlunsplit(redis_parts._replace(path=f"/{database}"))
+    # the database is this run's: what an earlier run left there (ledger records, open breakers under
+    # the same fixed names) must not answer this run's intents
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
     return broker, redis_url
 
 
