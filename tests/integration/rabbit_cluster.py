@@ -12,7 +12,9 @@ suite uses): every ``rabbitmqctl`` call names one of these nodes (``-n``), and o
 processes are stopped — ``rabbitmqctl stop`` first, then their own process group. The Erlang port
 mapper (epmd) they register with is the machine's and stays.
 
-A cluster that cannot be started raises :class:`ClusterError`; tests turn it into a failure.
+A cluster that cannot be started raises :class:`ClusterError`; tests turn it into a failure. A
+watchdog process stops the nodes if the test process dies without closing the cluster (killed by a
+timeout, say): the nodes run in sessions of their own and would outlive it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -34,6 +37,29 @@ from tests.waiting import wait_for
 from workers.ops.processes import free_port
 
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
+# run by the watchdog: once the test process (argv[1]) is gone, SIGTERM then SIGKILL every process
+# group listed in argv[2] (one per line, appended as nodes start), and remove the cluster's directory
+WATCHDOG = """
+import os, shutil, signal, sys, time
+parent, groups, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while True:
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+    if not os.path.exists(groups):
+        sys.exit(0)
+    time.sleep(1)
+pgids = [int(line) for line in open(groups).read().split()]
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+    time.sleep(10)
+shutil.rmtree(root, ignore_errors=True)
+"""
 _PLAIN = re.compile(r"^[A-Za-z0-9._/-]{1,200}$")
 START_SECONDS = 90.0
 STOP_SECONDS = 60.0
@@ -99,6 +125,15 @@ class RabbitCluster:
         self._ctl = _tool("rabbitmqctl")
         self._server = _tool("rabbitmq-server")
         self._spawned: list[subprocess.Popen[bytes]] = []  # every node process started, to stop them all
+        self._groups = self.root / "process-groups"  # the same, for the watchdog
+        self._groups.touch()
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self._groups), str(self.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def __enter__(self) -> RabbitCluster:
         return self if any(node.running for node in self.nodes) else self.start()
@@ -144,7 +179,11 @@ class RabbitCluster:
                     process.wait(timeout=20)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     pass
-        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)  # (the watchdog sees its list gone and exits)
+        try:
+            self._watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._watchdog.kill()
 
     def urls(self, vhost: str = "/", order: list[Node] | None = None) -> str:
         """Every node's URL, split by ``;`` (REACH_BROKER_URL for a cluster), in ``order``."""
@@ -195,6 +234,8 @@ class RabbitCluster:
                 start_new_session=True,  # its own process group: stopped with everything it started
             )
         self._spawned.append(node.process)
+        with open(self._groups, "a") as groups:
+            groups.write(f"{node.process.pid}\n")
 
     def _await(self, node: Node, timeout: float = START_SECONDS) -> None:
         """Until the node has booted (the CLI cannot reach it until it registered with epmd)."""
