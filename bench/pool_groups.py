@@ -75,8 +75,24 @@ TARGET_MEMORY_MB = 10.0
 TARGET_GROUP_RATIO = 1.2
 TARGET_BACKLOG_RATIO = 1.1
 CONFIGS: dict[str, dict[str, Any]] = {
-    "full": {"sizes": [1, 2, 5, 10, 20], "warm": 60, "reps": 5, "seconds": 10.0, "backlog": 1000, "big": 10_000},
-    "quick": {"sizes": [1, 2, 5], "warm": 40, "reps": 1, "seconds": 4.0, "backlog": 1000, "big": 5000},
+    "full": {
+        "sizes": [1, 2, 5, 10, 20],
+        "warm": 60,
+        "reps": 5,
+        "seconds": 10.0,
+        "backlog": 1000,
+        "big": 10_000,
+        "paired_rate": 50,
+    },
+    "quick": {
+        "sizes": [1, 2, 5],
+        "warm": 40,
+        "reps": 1,
+        "seconds": 4.0,
+        "backlog": 1000,
+        "big": 5000,
+        "paired_rate": 50,
+    },
 }
 
 
@@ -251,7 +267,8 @@ def paired(run: Run) -> dict[str, Any]:
 
     assert run.agent is not None and run.twin is not None
     cfg = run.cfg
-    n = int(100 * cfg["seconds"])
+    rate = cfg["paired_rate"]
+    n = int(rate * cfg["seconds"])
     phases: dict[str, list[dict[str, Any]]] = {
         k: [] for k in ("own_without", "group_without", "own_with", "group_with")
     }
@@ -270,7 +287,7 @@ def paired(run: Run) -> dict[str, Any]:
                     None,
                     mode="paced",
                     n=n,
-                    rate=100,
+                    rate=rate,
                     timeout=90,
                     intent=intent(f"{fast}.create_ticket", suffix),
                     samples=True,
@@ -304,7 +321,7 @@ def paired(run: Run) -> dict[str, Any]:
                     run.problems.append(f"paired rep {rep + 1}: a slow backlog ran out before the phase ended")
                 purge(run.broker_url, "reach.connector.solo_slow", "reach.connector.grp_slow")
                 time.sleep(2.5)
-    return summarise(
+    out = summarise(
         phases,
         cfg,
         {
@@ -312,6 +329,8 @@ def paired(run: Run) -> dict[str, Any]:
             "group_without_over_own_without": ("group_without", "own_without"),
         },
     )
+    out.update(rate=rate, n=n)
+    return out
 
 
 def summarise(
@@ -403,7 +422,7 @@ def render(results: dict[str, Any]) -> str:
             continue
         lines.append("")
         lines.append(
-            f"{key}: fast connector at paced 100/s, {title} ({iso['n']} intents a phase, {iso['reps']} repetitions "
+            f"{key}: fast connector at paced {iso['rate']}/s, {title} ({iso['n']} intents a phase, {iso['reps']} repetitions "
             f"pooled); slow neighbour 2 s per call, backlog {iso['backlog']}"
         )
         rows = [
