@@ -104,6 +104,7 @@ release fails before anything is rendered.
 {{- fail "broker: set broker.existingSecret (recommended) or broker.url" }}
 {{- end }}
 {{- include "agent-reach.validateBrokerCluster" . }}
+{{- include "agent-reach.validateFiles" . }}
 {{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
 {{- fail "redis: set redis.existingSecret (recommended) or redis.url" }}
 {{- end }}
@@ -164,7 +165,26 @@ with `default` or `merge`, so an explicit false or 0 in an entry wins over a def
 {{- range $e := $d.env | default list }}
 {{- if not (has $e.name $ownNames) }}{{ $env = append $env $e }}{{ end }}
 {{- end }}
-{{- $_ := set $out "env" (concat $env ($c.env | default list)) }}
+{{- /* adapter files (certificates, WSDL documents): the defaults' and the entry's own, the entry's winning by name */}}
+{{- $files := list }}
+{{- $ownFiles := list }}
+{{- range $f := $c.files | default list }}{{ $ownFiles = append $ownFiles $f.name }}{{ end }}
+{{- range $f := $d.files | default list }}
+{{- if not (has $f.name $ownFiles) }}{{ $files = append $files $f }}{{ end }}
+{{- end }}
+{{- $files = concat $files ($c.files | default list) }}
+{{- $fileEnv := list }}
+{{- range $f := $files }}
+{{- $path := include "agent-reach.fileMountPath" $f }}
+{{- range $var := keys ($f.env | default dict) | sortAlpha }}
+{{- if has $var $ownNames }}
+{{- fail (printf "%s: %s is set both in env and by files[%s].env; keep one" $c.name $var $f.name) }}
+{{- end }}
+{{- $fileEnv = append $fileEnv (dict "name" $var "value" (printf "%s/%s" $path (index $f.env $var))) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "files" $files }}
+{{- $_ := set $out "env" (concat $env ($c.env | default list) $fileEnv) }}
 {{- $_ := set $out "envFrom" (concat ($d.envFrom | default list) ($c.envFrom | default list)) }}
 {{- range $key := list "nodeSelector" "podAnnotations" "podLabels" }}
 {{- $_ := set $out $key (mustMergeOverwrite (dict) (deepCopy (index $d $key | default dict)) (deepCopy (index $c $key | default dict))) }}
@@ -298,6 +318,7 @@ existingConfigMap's content is out of the chart's sight: only its name counts.
 
 {{/* Ports, probes, mounts and security shared by every container. */}}
 {{- define "agent-reach.containerCommon" -}}
+{{- /* `volumeMounts` stays last: containerCommonWithFiles appends to it */}}
 ports:
   - name: metrics
     containerPort: {{ .Values.metrics.port }}
@@ -336,7 +357,111 @@ volumeMounts:
 {{- end }}
 {{- end }}
 
-{{/* Pod-spec fields shared by every pod. */}}
+{{/* Where an adapter file entry is mounted: its mountPath, or /etc/agent-reach/files/<name>. */}}
+{{- define "agent-reach.fileMountPath" -}}
+{{- .mountPath | default (printf "/etc/agent-reach/files/%s" .name) | trimSuffix "/" }}
+{{- end }}
+
+{{/*
+The volumes of adapter files (`files:` of a connector, a group or connectorDefaults): a Secret or
+a ConfigMap each, read-only, readable by the image's group only (client keys are secrets).
+Argument: the list of file entries.
+*/}}
+{{- define "agent-reach.fileVolumes" -}}
+{{- range $f := . }}
+- name: file-{{ $f.name }}
+  {{- if $f.secret }}
+  secret:
+    secretName: {{ $f.secret }}
+    defaultMode: 0440
+  {{- else }}
+  configMap:
+    name: {{ $f.configMap }}
+    defaultMode: 0444
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The mounts of adapter files (same argument). */}}
+{{- define "agent-reach.fileVolumeMounts" -}}
+{{- range $f := . }}
+- name: file-{{ $f.name }}
+  mountPath: {{ include "agent-reach.fileMountPath" $f }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Adapter files' mount paths: distinct within a pod (beat's holds them all) and clear of the catalog and /tmp. */}}
+{{- define "agent-reach.validateFiles" -}}
+{{- $reserved := list (trimSuffix "/" .Values.catalog.mountPath) "/tmp" }}
+{{- $all := dict }}
+{{- range $c := concat .Values.connectors (.Values.poolGroups | default list) }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- $paths := dict }}
+{{- range $f := $cfg.files | default list }}
+{{- $path := include "agent-reach.fileMountPath" $f }}
+{{- if has $path $reserved }}
+{{- fail (printf "%s: files[%s].mountPath %s is where the chart mounts the catalog or /tmp; pick another directory" $c.name $f.name $path) }}
+{{- end }}
+{{- if hasKey $paths $path }}
+{{- fail (printf "%s: files[%s] and files[%s] are both mounted at %s" $c.name (get $paths $path) $f.name $path) }}
+{{- end }}
+{{- $_ := set $paths $path $f.name }}
+{{- if and (hasKey $all $path) (ne (get $all $path) $f.name) }}
+{{- fail (printf "%s: files[%s] is mounted at %s, where another pool mounts files[%s]; beat mounts both in one pod: use different paths" $c.name $f.name $path (get $all $path)) }}
+{{- end }}
+{{- $_ := set $all $path $f.name }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Every connector's and group's adapter files, once each by name, for beat (it health-checks every
+connector through its adapter, so it needs their certificates too). Two entries with one name
+and different contents fail the release. Returns YAML {files: [...]}.
+*/}}
+{{- define "agent-reach.allFiles" -}}
+{{- $byName := dict }}
+{{- $files := list }}
+{{- range $c := concat .Values.connectors (.Values.poolGroups | default list) }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- range $f := $cfg.files | default list }}
+{{- if hasKey $byName $f.name }}
+{{- if ne (toJson (get $byName $f.name)) (toJson $f) }}
+{{- fail (printf "files: %q is declared differently by two pools (the second is %s); beat mounts every pool's files in one pod: give them different names" $f.name $c.name) }}
+{{- end }}
+{{- else }}
+{{- $_ := set $byName $f.name $f }}
+{{- $files = append $files $f }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "files" $files) }}
+{{- end }}
+
+{{/*
+The variables adapter files set (paths, never contents), for processes that load the catalog
+without calling systems (router, mcp): `wsdl: ${VAR}` must expand there too.
+*/}}
+{{- define "agent-reach.fileEnv" -}}
+{{- /* each variable once; which pool's path it gets does not matter here, nothing opens it */}}
+{{- $seen := dict }}
+{{- range $c := concat .Values.connectors (.Values.poolGroups | default list) }}
+{{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
+{{- range $f := $cfg.files | default list }}
+{{- $path := include "agent-reach.fileMountPath" $f }}
+{{- range $var := keys ($f.env | default dict) | sortAlpha }}
+{{- if not (hasKey $seen $var) }}
+{{- $_ := set $seen $var true }}
+- name: {{ $var }}
+  value: {{ printf "%s/%s" $path (index $f.env $var) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-spec fields shared by every pod. `volumes` stays last: podCommonWithFiles appends to it. */}}
 {{- define "agent-reach.podCommon" -}}
 serviceAccountName: {{ include "agent-reach.serviceAccountName" . }}
 automountServiceAccountToken: false
@@ -354,5 +479,21 @@ volumes:
     emptyDir: {}
 {{- with .Values.extraVolumes }}
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* podCommon plus the volumes of adapter files: (dict "root" $ "files" LIST). */}}
+{{- define "agent-reach.podCommonWithFiles" -}}
+{{ include "agent-reach.podCommon" .root }}
+{{- with .files }}
+{{ include "agent-reach.fileVolumes" . | indent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* containerCommon plus the mounts of adapter files (same argument). */}}
+{{- define "agent-reach.containerCommonWithFiles" -}}
+{{ include "agent-reach.containerCommon" .root }}
+{{- with .files }}
+{{ include "agent-reach.fileVolumeMounts" . | indent 2 }}
 {{- end }}
 {{- end }}

@@ -38,6 +38,9 @@ publishes with a broker login of its own (the impersonator tag), so it does not 
   value: {{ .Values.config.logLevel | quote }}
 - name: REACH_MAX_INTENT_BYTES
   value: {{ .Values.config.maxIntentBytes | quote }}
+{{- with include "agent-reach.fileEnv" . }}
+{{ . }}
+{{- end }}
 - name: REACH_MCP_URL
   value: {{ $m.url | quote }}
 - name: REACH_MCP_HOST
