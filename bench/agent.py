@@ -108,6 +108,8 @@ class AmqpAgent:
 
     def _on_receipt(self, message: Any) -> None:
         now = time.perf_counter()
+        if message.properties.get("type") == "approval_pending":
+            return  # an approval notice (producers.wire.ApprovalNotice), not a receipt: one follows
         intent_id = message.properties.get("correlation_id")
         if isinstance(intent_id, bytes):
             intent_id = intent_id.decode()
@@ -252,6 +254,18 @@ class AmqpAgent:
             "agent_cpu_ms": round(cpu * 1000, 2),
             # every latency, when asked: percentiles over several phases pooled (bench/isolation.py)
             **({"samples_ms": [round(v, 3) for v in latencies]} if cmd.get("samples") else {}),
+            # (s into the phase it was sent, latency ms) per intent in the order sent: latency over
+            # time, for sliding windows (bench/recovery.py)
+            **(
+                {
+                    "timeline": sorted(
+                        (round(self.sent_at[k] - t0, 4), round((firsts[k] - self.sent_at[k]) * 1000, 3))
+                        for k in firsts
+                    )
+                }
+                if cmd.get("timeline")
+                else {}
+            ),
         }
 
     def _stages(self) -> dict[str, Any] | None:

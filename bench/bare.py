@@ -33,11 +33,20 @@ from celery import Celery
 from celery.worker.consumer import Consumer
 from kombu import Exchange, Queue
 
+# BARE_QUEUE_TYPE=quorum: the same pipeline on quorum queues, as the fleet declares by default
+# (bench/recovery.py's control for what the queue type costs); classic otherwise
+QUEUE_ARGS = {"x-queue-type": "quorum"} if os.environ.get("BARE_QUEUE_TYPE") == "quorum" else {}
 INTENTS_EXCHANGE = Exchange("bare.intents", "direct", durable=True)
-INTENTS_QUEUE = Queue("bare.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True)
+INTENTS_QUEUE = Queue("bare.intents", INTENTS_EXCHANGE, routing_key="intent", durable=True, queue_arguments=QUEUE_ARGS)
 DISPATCH_EXCHANGE = Exchange("bare.dispatch", "direct", durable=True)
 CONNECTOR_QUEUES = {
-    name: Queue(f"bare.connector.{name}", DISPATCH_EXCHANGE, routing_key=f"bare.connector.{name}", durable=True)
+    name: Queue(
+        f"bare.connector.{name}",
+        DISPATCH_EXCHANGE,
+        routing_key=f"bare.connector.{name}",
+        durable=True,
+        queue_arguments=QUEUE_ARGS,
+    )
     for name in ("fast", "slow")
 }
 CONNECTOR_QUEUE = CONNECTOR_QUEUES["fast"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import catalogs
-from common import Agent, BrokerGone, CpuMeter, log, percentile, purge, queue_state
+from common import Agent, BrokerGone, CpuMeter, loadavg, log, percentile, purge, queue_state
 from reachfleet import ReachFleet
 
 SLOW_QUEUE = "reach.connector." + catalogs.SLOW
@@ -102,6 +102,7 @@ def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict
     # warm the path again after whatever ran before (not measured)
     ctx.phase(v, "burst", 50, label="isolation warm-up", meter=CpuMeter({}))
     res = ctx.phase(v, "paced", n, rate=100, label=f"isolation without backlog rep {rep + 1}", samples=True)
+    res["load"] = loadavg()[0]  # the 1-minute load average as the phase ends (a shared box: judge the run by it)
     out["without"].append(res)
     log(
         f"isolation {v} rep {rep + 1} without backlog: p50 {res['latency_ms']['p50']} p99 {res['latency_ms']['p99']} ms"
@@ -116,6 +117,7 @@ def _one_rep(ctx: Any, pipe: Pipeline, agent: Agent, rep: int, n: int, out: dict
         slow_depth_after=depth_after,
         backlog_published_s=backlog["publish_s"],
         backlog_routed_s=round(routed_s, 2),
+        load=loadavg()[0],
     )
     out["with"].append(res)
     log(
@@ -164,6 +166,7 @@ def _summary(out: dict[str, Any]) -> dict[str, Any]:
         rep_p99_ms={phase: [r["latency_ms"]["p99"] for r in out[phase]] for phase in ("without", "with")},
         ratio=round(p99_with / p99_without, 3) if p99_with and p99_without else None,
         slow_depth=[(r["slow_depth_before"], r["slow_depth_after"]) for r in out["with"]],
+        load={phase: [r.get("load") for r in out[phase]] for phase in ("without", "with")},
     )
     return out
 

@@ -4,28 +4,38 @@ side by side in one run, on the same fleet, action and params.
 
     .venv/bin/python bench/mcp_overhead.py            # 5 repetitions x 6 s per variant at 50 calls/s
     .venv/bin/python bench/mcp_overhead.py --quick    # 1 x 4 s
+    .venv/bin/python bench/mcp_overhead.py --before /tmp/before   # also a facade from another checkout
 
 A fleet (router + bench_fast pool, the benchmark catalog of ``catalogs.py``) in a vhost and a
 redis-server of its own, the counting downstream, and the facade twice: ``reach mcp --http`` (logged in
 as a facade user with the impersonator tag, made for the run and deleted after it; a static bearer
 token) and ``reach mcp --stdio`` (a child of this process, publishing with the vhost's own login).
 
-Three variants, paced at ``--rate`` calls/s, one call at a time, each in blocks of ``--seconds`` and
-interleaved (direct, http, stdio, direct, ...) so the machine's changing load hits them alike:
+The variants, paced at ``--rate`` calls/s, one call at a time, each in blocks of ``--seconds`` and
+interleaved (direct, http, http-lean, stdio, direct, ...) so the machine's changing load hits them alike:
 
 - **direct**: ``ReachClient.call`` in this process (publish, wait for the receipt);
-- **http**: the official MCP client SDK's ``call_tool`` over Streamable HTTP to the facade;
-- **stdio**: the same over stdio.
+- **http**: the official MCP client SDK's ``call_tool`` over Streamable HTTP to the facade (the
+  figure of record: what an MCP host sees);
+- **http-lean**: the same facade, called by a lean MCP client: one JSON-RPC POST per call with
+  httpx (synchronous, in this thread, as direct's ReachClient), the headers Streamable HTTP asks
+  for, the JSON answer parsed. Its "added" is what the facade adds; http's minus http-lean's is
+  what the SDK client costs its caller;
+- **stdio**: the SDK's client over stdio;
+- **http-before**, **stdio-before** (with ``--before DIR``): the SDK client against a second
+  ``reach mcp --http`` and ``--stdio`` started from the checkout DIR (e.g. ``git worktree add DIR
+  HEAD``), for before and after in one run.
 
-Latency is the caller's: from before the call to its result, measured where the call runs (the MCP
+Latency is the caller's: from before the call to its result, measured where the call runs (the SDK
 calls inside their event loop, so the thread that drives it here costs nothing). "added" is a
 variant's p50/p99 minus direct's in the same repetition; the medians over repetitions are printed
 and written to ``bench/results/mcp_overhead.json``. ``facade ms`` is the facade's own time per
-call from its ``reach_mcp_tool_call_seconds`` histogram (request in to result out, receipt wait
-included); the rest of "added" is the MCP client SDK and its transport. "caller CPU" and "facade CPU"
-are CPU ms per call of this process and of the facade's process (/proc utime+stime): unlike
-latency, they hardly change with the machine's load, so they say what a call costs on a quiet
-machine too. Every call must succeed.
+call from its ``reach_mcp_tool_call_seconds`` histogram (the tools/call handler: intent in to
+result out, receipt wait included); the rest of "added" is HTTP, the transport on both sides and
+the client. "caller CPU" and "facade CPU" are CPU ms per call of this process and of the facade's
+process (/proc utime+stime; the SDK variants' caller CPU includes the hand-over from this thread to
+their event loop and back, a few tenths of a ms): they change less with the machine's load than
+latency does. Every call must succeed.
 """
 
 from __future__ import annotations
@@ -71,7 +81,45 @@ from reachfleet import ReachFleet  # noqa: E402
 
 TOOL = f"{catalogs.FAST}__create_ticket"
 FAST_QUEUE = "reach.connector." + catalogs.FAST
-VARIANTS = ("direct", "http", "stdio")
+VARIANTS = ("direct", "http", "http-lean", "stdio")
+LEAN_VERSION = "2025-11-25"  # the protocol version the lean client speaks (the SDK client's too)
+
+
+class LeanClient:
+    """A minimal MCP client over Streamable HTTP: initialize once, then one POST per tools/call.
+    Synchronous, in the benchmark's own thread, as the direct variant's ReachClient is."""
+
+    def __init__(self, url: str, token: str) -> None:
+        import httpx
+
+        self.url = url
+        self.http = httpx.Client(
+            trust_env=False,
+            timeout=60,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+                "MCP-Protocol-Version": LEAN_VERSION,
+            },
+        )
+        self.ids = 0
+        info = {"name": "lean-bench", "version": "1"}
+        self.request("initialize", {"protocolVersion": LEAN_VERSION, "capabilities": {}, "clientInfo": info})
+        self.http.post(url, content=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.ids += 1
+        body = json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params})
+        answer = self.http.post(self.url, content=body)
+        answer.raise_for_status()
+        doc: dict[str, Any] = answer.json()
+        if "error" in doc:
+            raise RuntimeError(f"{method}: {doc['error']}")
+        return doc["result"]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.http.close()
 
 
 def facade_seconds(port: int) -> tuple[float, float]:
@@ -84,7 +132,9 @@ def facade_seconds(port: int) -> tuple[float, float]:
 
 
 @asynccontextmanager
-async def mcp_session(transport: str, url: str, token: str, env: dict[str, str], errlog: Any) -> AsyncIterator[Any]:
+async def mcp_session(
+    transport: str, url: str, token: str, env: dict[str, str], errlog: Any, cwd: Path = REPO
+) -> AsyncIterator[Any]:
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
@@ -99,7 +149,7 @@ async def mcp_session(transport: str, url: str, token: str, env: dict[str, str],
                 yield session
         return
     server = StdioServerParameters(
-        command=PYTHON, args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", catalogs.AGENT], env=env, cwd=REPO
+        command=PYTHON, args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", catalogs.AGENT], env=env, cwd=cwd
     )
     async with stdio_client(server, errlog=errlog) as (read, write):
         async with ClientSession(read, write) as session:
@@ -108,13 +158,14 @@ async def mcp_session(transport: str, url: str, token: str, env: dict[str, str],
             yield session
 
 
-def stdio_server_pid() -> int:
-    """The ``reach mcp --stdio`` child this process started (the MCP client SDK spawned it)."""
+def stdio_server_pid(cwd: Path = REPO) -> int:
+    """The ``reach mcp --stdio`` child this process started in ``cwd`` (the MCP client SDK spawned it)."""
     for entry in os.listdir("/proc"):
         try:
             if entry.isdigit() and b"--stdio" in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0"):
                 if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    return int(entry)
+                    if Path(f"/proc/{entry}/cwd").resolve() == cwd.resolve():
+                        return int(entry)
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
     raise RuntimeError("the reach mcp --stdio child is not running")
@@ -138,9 +189,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds per block (default 6)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of the three blocks (default 5)")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s blocks")
+    parser.add_argument("--before", type=Path, help="a checkout to start a second HTTP facade from (http-before)")
     args = parser.parse_args()
     if args.quick:
         args.reps, args.seconds = 1, 4.0
+    variants = VARIANTS + (("http-before", "stdio-before") if args.before else ())
 
     from anyio.from_thread import start_blocking_portal
 
@@ -182,29 +235,60 @@ def main() -> int:
             ["mcp", "--http", "--port", str(port)],
             {"REACH_BROKER_URL": facade_url, "REACH_MCP_URL": url, "REACH_MCP_TOKENS_FILE": str(work / "tokens.yaml")},
         )
+        before_url = before_metrics = None
+        if args.before:
+            before_port, before_metrics = free_port(), free_port()
+            before_url = f"http://127.0.0.1:{before_port}/mcp"
+            env = dict(
+                fleet.env,
+                REACH_BROKER_URL=facade_url,
+                REACH_MCP_URL=before_url,
+                REACH_MCP_TOKENS_FILE=str(work / "tokens.yaml"),
+                REACH_METRICS_PORT=str(before_metrics),
+            )
+            argv = [PYTHON, "-m", "workers.ops.cli", "mcp", "--http", "--port", str(before_port)]
+            procs.start("mcp-before", argv, env, cwd=args.before.resolve())
         metrics_port = fleet.metrics_ports["mcp"]
         deadline = time.time() + 60
-        while True:
-            try:
-                facade_seconds(metrics_port)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise RuntimeError(f"reach mcp did not start: {fleet.proc('mcp').log_text()[-2000:]}") from None
-                procs.check_alive()
-                time.sleep(0.2)
+        for port_ in (metrics_port, before_metrics):
+            while port_ is not None:
+                try:
+                    facade_seconds(port_)
+                    break
+                except Exception:
+                    if time.time() > deadline:
+                        raise RuntimeError(f"reach mcp did not start: {fleet.proc('mcp').log_text()[-2000:]}") from None
+                    procs.check_alive()
+                    time.sleep(0.2)
 
         stdio_env = dict(fleet.env, REACH_BROKER_URL=vhost.url)
-        figures: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        figures: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         failures: list[str] = []
         with start_blocking_portal() as portal, ExitStack() as stack, open(work / "mcp-stdio.log", "a") as errlog:
             sessions = {
                 t: stack.enter_context(portal.wrap_async_context_manager(mcp_session(t, url, token, stdio_env, errlog)))
                 for t in ("http", "stdio")
             }
+            if before_url is not None:
+                sessions["http-before"] = stack.enter_context(
+                    portal.wrap_async_context_manager(mcp_session("http", before_url, token, stdio_env, errlog))
+                )
+                sessions["stdio-before"] = stack.enter_context(
+                    portal.wrap_async_context_manager(mcp_session("stdio", url, token, stdio_env, errlog, args.before))
+                )
+            lean = LeanClient(url, token)
+            stack.callback(lean.close)
             client = stack.enter_context(ReachClient(catalogs.AGENT, vhost.url))
-            http_pid = fleet.proc("mcp").pid
-            stdio_pid = stdio_server_pid()
+            server_pids = {
+                "http": fleet.proc("mcp").pid,
+                "http-lean": fleet.proc("mcp").pid,
+                "stdio": stdio_server_pid(),
+            }
+            histograms = {"http": metrics_port, "http-lean": metrics_port}
+            if args.before:
+                server_pids["http-before"] = procs.items["mcp-before"].pid
+                server_pids["stdio-before"] = stdio_server_pid(args.before)
+                histograms["http-before"] = before_metrics
 
             def params(variant: str, rep: int, i: int) -> dict[str, Any]:
                 return dict(catalogs.PARAMS, title=f"mcp-bench-{variant}-{rep}-{i}")
@@ -216,6 +300,17 @@ def main() -> int:
                     took = (time.perf_counter() - t0) * 1000
                     if receipt.status != "succeeded":
                         failures.append(f"direct: {receipt.status} {receipt.error}")
+                    return took
+
+                return call
+
+            def lean_call(rep: int) -> Callable[[int], float]:
+                def call(i: int) -> float:
+                    t0 = time.perf_counter()
+                    result = lean.request("tools/call", {"name": TOOL, "arguments": params("http-lean", rep, i)})
+                    took = (time.perf_counter() - t0) * 1000
+                    if result.get("isError"):
+                        failures.append(f"http-lean: {result.get('content')}")
                     return took
 
                 return call
@@ -237,20 +332,24 @@ def main() -> int:
                 return call
 
             for rep in range(args.reps):
-                for variant in VARIANTS:
-                    call = direct(rep) if variant == "direct" else through(variant, rep)
+                for variant in variants:
+                    if variant in ("direct", "http-lean"):
+                        call = direct(rep) if variant == "direct" else lean_call(rep)
+                    else:
+                        call = through(variant, rep)
                     call(-1)  # warm: a first call may connect
-                    server = {"http": http_pid, "stdio": stdio_pid}.get(variant)
-                    before = facade_seconds(metrics_port)
+                    server = server_pids.get(variant)
+                    histogram = histograms.get(variant)
+                    before = facade_seconds(histogram) if histogram else (0.0, 0.0)
                     cpu_before = (
                         cpu_seconds(os.getpid(), tree=False),
                         cpu_seconds(server, tree=False) if server else 0,
                     )
                     latencies = paced(args.rate, args.seconds, call)
                     cpu_after = (cpu_seconds(os.getpid(), tree=False), cpu_seconds(server, tree=False) if server else 0)
-                    after = facade_seconds(metrics_port)
+                    after = facade_seconds(histogram) if histogram else (0.0, 0.0)
                     facade_ms = None
-                    if variant == "http" and after[1] > before[1]:
+                    if after[1] > before[1]:
                         facade_ms = (after[0] - before[0]) / (after[1] - before[1]) * 1000
                     figures[variant].append(
                         {
@@ -272,7 +371,7 @@ def main() -> int:
             log(f"{len(failures)} call(s) did not succeed, e.g. {failures[:3]}")
 
         rows, summary = [], {}
-        for variant in VARIANTS:
+        for variant in variants:
             reps = figures[variant]
             added50 = [r["p50"] - d["p50"] for r, d in zip(reps, figures["direct"])]
             added99 = [r["p99"] - d["p99"] for r, d in zip(reps, figures["direct"])]
@@ -306,9 +405,12 @@ def main() -> int:
         )
         header = ["variant", "calls", "p50", "p99", "added p50", "added p99", "facade ms", "caller CPU", "facade CPU"]
         print(table(header, rows))
-        added = summary["http"]["added_p50"]
-        target_met = added is not None and added <= 3.0
-        print(f"\ntarget: http added p50 <= 3 ms: {fmt(added, 2)} ms -> {'met' if target_met else 'NOT met'}")
+        for variant in ("http", "http-lean"):
+            added = summary[variant]["added_p50"]
+            met = added is not None and added <= 3.0
+            print(f"target: {variant} added p50 <= 3 ms: {fmt(added, 2)} ms -> {'met' if met else 'NOT met'}")
+        sdk_cost = [h["p50"] - lean_["p50"] for h, lean_ in zip(figures["http"], figures["http-lean"])]
+        print(f"the SDK client's own cost (http p50 - http-lean p50, median): {fmt(median(sdk_cost), 2)} ms")
         calib_end, load_end = calibrate(), loadavg()
         print(f"calibration {calib_start} -> {calib_end} ms; load average {load_start} -> {load_end}")
         RESULTS.mkdir(exist_ok=True)
@@ -322,6 +424,7 @@ def main() -> int:
                         "calibration_ms": [calib_start, calib_end],
                         "loadavg": [load_start, load_end],
                         "failures": len(failures),
+                        "before": str(args.before) if args.before else None,
                     },
                     "variants": summary,
                 },

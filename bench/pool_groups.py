@@ -302,6 +302,7 @@ def paired(run: Run) -> dict[str, Any]:
             for thread in threads:
                 thread.join()
             depths = {s: queue_state(run.broker_url, f"reach.connector.{s}")[0] for s in ("solo_slow", "grp_slow")}
+            load = loadavg()[0]
             for arm, res in results.items():
                 run.check(res, f"paired rep {rep + 1} {arm} {which}")
                 phases[f"{arm}_{which}"].append(
@@ -309,12 +310,13 @@ def paired(run: Run) -> dict[str, Any]:
                         "p50": res["latency_ms"]["p50"],
                         "p99": res["latency_ms"]["p99"],
                         "samples": res.get("samples_ms", []),
+                        "load": load,
                     }
                 )
             log(
                 f"paired rep {rep + 1} {which}: own p50 {results['own']['latency_ms']['p50']} p99 "
                 f"{results['own']['latency_ms']['p99']} | group p50 {results['group']['latency_ms']['p50']} p99 "
-                f"{results['group']['latency_ms']['p99']} ms (slow queues {depths}, load {loadavg()[0]})"
+                f"{results['group']['latency_ms']['p99']} ms (slow queues {depths}, load {load})"
             )
             if backlog:
                 if min(depths.values()) <= 0:
@@ -347,6 +349,7 @@ def summarise(
             "rep_p99_ms": [p["p99"] for p in ps],
             "rep_p50_ms": [p["p50"] for p in ps],
             "slow_depth": [p.get("slow_depth") for p in ps],
+            "load": [p.get("load") for p in ps],
         }
         for arm, ps in phases.items()
     }

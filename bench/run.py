@@ -205,8 +205,10 @@ class Ctx:
         meter: CpuMeter | None = None,
         check: bool = True,
         samples: bool = False,
+        timeline: bool = False,
     ) -> dict[str, Any]:
-        """One phase of ``variant``'s agent; ``samples``: its result carries every latency (samples_ms)."""
+        """One phase of ``variant``'s agent; ``samples``: its result carries every latency (samples_ms);
+        ``timeline``: (s into the phase sent, latency ms) per intent (bench/recovery.py)."""
         timeout = 30 + (n / rate if rate else n / 80)
         interrupted = False
         for attempt in range(3):
@@ -219,6 +221,7 @@ class Ctx:
                     timeout=timeout,
                     intent=self.intent(variant, agents),
                     samples=samples,
+                    timeline=timeline,
                 )
                 break
             except BrokerGone as exc:

@@ -10,9 +10,18 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from connectors.approvals import ApprovalPolicy, condition_problems, group_problems, policies_for
 from connectors.loader import CatalogError, LoadResult, Problem, load_directory
 from connectors.schema import ParamValidator, default_problems, object_json_schema
-from connectors.spec import ActionSpec, AgentApp, Binding, ConnectorSpec, RoutingSpec
+from connectors.spec import (
+    ActionSpec,
+    AgentApp,
+    ApproversDocument,
+    Binding,
+    ConnectorSpec,
+    RoutingSpec,
+    budget_problems,
+)
 from producers.tools import ToolSpec
 from producers.wire import ErrorCode
 
@@ -70,6 +79,9 @@ class Catalog:
     by_action: dict[str, list[ActionRef]]
     grants: dict[str, dict[str, Binding]]
     routing: RoutingSpec = field(default_factory=RoutingSpec)
+    # (agent, connector, action) -> who must approve its intents (connectors/approvals.py); most
+    # catalogs have none, and the router's lookup then finds nothing
+    approvals: dict[tuple[str, str, str], ApprovalPolicy] = field(default_factory=dict)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -248,6 +260,8 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
                             f"connector {binding.connector!r} has no action {action_name!r}",
                         )
                     )
+            for k, message in budget_problems(binding, connector):
+                problems.append(Problem(doc.file, result.line_of(doc, *where, "budget"), f"{message} (budget {k + 1})"))
             per_connector[binding.connector] = binding
         grants[agent.name] = per_connector
     routing = RoutingSpec()
@@ -260,7 +274,81 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
             problems.append(
                 Problem(doc.file, doc.line, f"a second routing: document (the first is at {first.file}:{first.line})")
             )
-    return Catalog(connectors, agents, refs, by_action, grants, routing), problems
+    approvals = _approvals(result, connectors, agents, grants, problems)
+    return Catalog(connectors, agents, refs, by_action, grants, routing, approvals), problems
+
+
+def _approvals(
+    result: LoadResult,
+    connectors: dict[str, ConnectorSpec],
+    agents: dict[str, AgentApp],
+    grants: dict[str, dict[str, Binding]],
+    problems: list[Problem],
+) -> dict[tuple[str, str, str], ApprovalPolicy]:
+    """Check every ``approval:`` (its condition against the params, its groups against the
+    ``approvers:`` documents) and index the policies by (agent, connector, action)."""
+    groups: dict[str, list[str]] = {}
+    for doc in result.approvers:
+        model = doc.model
+        assert isinstance(model, ApproversDocument)
+        for group, people in model.approvers.items():
+            if group in groups:
+                line = result.line_of(doc, "approvers", group)
+                problems.append(Problem(doc.file, line, f"approver group {group!r} is declared twice"))
+                continue
+            groups[group] = people
+    for doc in result.connectors:
+        spec = doc.model
+        assert isinstance(spec, ConnectorSpec)
+        if connectors.get(spec.name) is not spec:
+            continue  # a second declaration, reported above
+        for i, action in enumerate(spec.actions):
+            if action.approval is None:
+                continue
+            where = ("connector", "actions", i, "approval")
+            for message in condition_problems(action.approval, [action]):
+                problems.append(
+                    Problem(doc.file, result.line_of(doc, *where, "when"), f"{'.'.join(map(str, where))}: {message}")
+                )
+            for message in group_problems(action.approval, groups):
+                problems.append(Problem(doc.file, result.line_of(doc, *where, "approvers"), message))
+    approvals: dict[tuple[str, str, str], ApprovalPolicy] = {}
+    for doc in result.agents:
+        agent = doc.model
+        assert isinstance(agent, AgentApp)
+        if agents.get(agent.name) is not agent:
+            continue
+        for i, binding in enumerate(agent.connector_bindings):
+            connector = connectors.get(binding.connector)
+            if connector is None or grants.get(agent.name, {}).get(binding.connector) is not binding:
+                continue  # reported above
+            where = ("agent_app", "connector_bindings", i, "approval")
+            if binding.approval is not None:
+                allowed = [
+                    a
+                    for a in connector.actions
+                    if ALL_ACTIONS in binding.allowed_actions or a.action in binding.allowed_actions
+                ]
+                for message in condition_problems(binding.approval, allowed):
+                    problems.append(
+                        Problem(
+                            doc.file, result.line_of(doc, *where, "when"), f"{'.'.join(map(str, where))}: {message}"
+                        )
+                    )
+                for message in group_problems(binding.approval, groups):
+                    problems.append(Problem(doc.file, result.line_of(doc, *where, "approvers"), message))
+            for key, found in policies_for(agent, binding, connector, groups).items():
+                if found.people and not found.eligible:
+                    line = result.line_of(doc, "agent_app", "owners")
+                    problems.append(
+                        Problem(
+                            doc.file,
+                            line,
+                            f"nobody may approve {agent.name}'s {key[1]}.{key[2]}: every approver owns the agent",
+                        )
+                    )
+                approvals[key] = found
+    return approvals
 
 
 def load_catalog(directory: str | Path, environ: dict[str, str] | None = None) -> Catalog:

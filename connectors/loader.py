@@ -1,8 +1,8 @@
 """Loading a catalog directory like a compiler: every problem, each with its file and line.
 
 Any ``*.yaml`` / ``*.yml`` under the directory (recursively) is read; a file may hold several
-documents separated by ``---``. Each document is ``connector:``, ``agent_app:`` or (at most one
-in a catalog) ``routing:``.
+documents separated by ``---``. Each document is ``connector:``, ``agent_app:``, ``approvers:``
+(approver groups and their people) or (at most one in a catalog) ``routing:``.
 
 Documents are composed one at a time (by libyaml when PyYAML has it) and their node trees are
 dropped once the document is checked, so a large catalog never holds all its trees at once (a
@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from connectors.spec import (
     AgentApp,
     AgentAppDocument,
+    ApproversDocument,
     ConnectorDocument,
     ConnectorSpec,
     RoutingDocument,
@@ -56,7 +57,7 @@ class LoadedDocument:
     file: str
     line: int
     index: int  # the document's place in its file (0 for the first), to find its lines again
-    model: ConnectorSpec | AgentApp | RoutingSpec
+    model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument
 
 
 @dataclass
@@ -64,6 +65,7 @@ class LoadResult:
     connectors: list[LoadedDocument] = field(default_factory=list)
     agents: list[LoadedDocument] = field(default_factory=list)
     routing: list[LoadedDocument] = field(default_factory=list)
+    approvers: list[LoadedDocument] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # names of connectors whose documents failed: bindings to them are not reported again
@@ -168,6 +170,7 @@ def _load_file(path: Path, result: LoadResult, env: Mapping[str, str]) -> None:
         result.connectors.extend(found.connectors)
         result.agents.extend(found.agents)
         result.routing.extend(found.routing)
+        result.approvers.extend(found.approvers)
         result.problems.extend(found.problems)
         result.warnings.extend(found.warnings)
         result.broken_connectors |= found.broken_connectors
@@ -197,11 +200,13 @@ def _load_document(
     if duplicates:
         result.problems.extend(Problem(name, dup.line, str(dup)) for dup in duplicates)
         return
-    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("connector", "agent_app", "routing"):
+    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in _KINDS:
         keys = ", ".join(map(str, doc)) if isinstance(doc, dict) else type(doc).__name__
         result.problems.append(
             Problem(
-                name, line, f"a document must hold exactly one of connector: or agent_app: or routing: (found {keys})"
+                name,
+                line,
+                f"a document must hold exactly one of connector: or agent_app: or approvers: or routing: (found {keys})",
             )
         )
         return
@@ -217,11 +222,16 @@ def _load_document(
                 return
     try:
         if kind == "connector":
-            model: ConnectorSpec | AgentApp | RoutingSpec = ConnectorDocument.model_validate(doc).connector
+            model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument = ConnectorDocument.model_validate(
+                doc
+            ).connector
             result.connectors.append(LoadedDocument(name, line, index, model))
         elif kind == "routing":
             model = RoutingDocument.model_validate(doc).routing
             result.routing.append(LoadedDocument(name, line, index, model))
+        elif kind == "approvers":
+            model = ApproversDocument.model_validate(doc)
+            result.approvers.append(LoadedDocument(name, line, index, model))
         else:
             model = AgentAppDocument.model_validate(doc).agent_app
             result.agents.append(LoadedDocument(name, line, index, model))
@@ -238,6 +248,7 @@ def _load_document(
         result.connectors.pop()
 
 
+_KINDS = ("connector", "agent_app", "approvers", "routing")
 _TEXT_KEYS = ("description",)
 
 

@@ -7,9 +7,9 @@ unknown keys so a typo in YAML is an error with a line number, not a silent defa
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from connectors.durations import Duration
 from connectors.rates import parse_rate
@@ -252,6 +252,46 @@ def path_param_problems(path: Any, placements: dict[str, Any]) -> list[str]:
     return problems
 
 
+# approver and owner names: people as the operators' identity system knows them (a login, an email)
+PERSON_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}\Z")
+MAX_APPROVAL_SECONDS = 7 * 86400
+
+
+class ApprovalSpec(_Spec):
+    """``approval:`` on an action or a binding: the intent waits for a person (docs/contract.md
+    "Approvals"). Either ``required: true`` or a ``when`` condition over the action's params."""
+
+    required: bool = False
+    when: str | None = None
+    approvers: list[str] = Field(min_length=1, max_length=20)  # approver group names (``approvers:`` document)
+    expires: Duration = 3600.0
+
+    @field_validator("when")
+    @classmethod
+    def _parses(cls, v: str | None) -> str | None:
+        if v is not None:
+            from connectors.conditions import parse_condition
+
+            parse_condition(v)  # its ConditionError (a ValueError) says what is wrong
+        return v
+
+    @field_validator("approvers")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not AGENT_ID_PATTERN.match(name):
+                raise ValueError(f"approver group {name!r} must be {NAME_RULE}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> ApprovalSpec:
+        if self.required == (self.when is not None):
+            raise ValueError("give either `required: true` or a `when:` condition")
+        if not 0 < self.expires <= MAX_APPROVAL_SECONDS:
+            raise ValueError("`expires` must be more than 0 and at most 7 days")
+        return self
+
+
 class ActionSpec(_Spec):
     """One semantic action: what an agent may ask for, and how it reaches the system."""
 
@@ -272,6 +312,7 @@ class ActionSpec(_Spec):
     retry: RetryPolicy | None = None
     errors: list[ErrorRule] = Field(default_factory=list)
     allowed_hours: str | None = None
+    approval: ApprovalSpec | None = None  # a person approves each intent (or those matching `when`)
 
     @field_validator("action")
     @classmethod
@@ -430,6 +471,53 @@ class ConnectorSpec(_Spec):
         return f"Do not resend blindly: {action} may have taken effect. Check its result{check} first."
 
 
+BUDGET_WINDOW = re.compile(r"^\s*([0-9]*)\s*(s|sec|m|min|h|hour|d|day)\s*$")
+_WINDOW_MS = {"s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "hour": 3_600_000}
+_WINDOW_MS |= {"d": 86_400_000, "day": 86_400_000}
+MAX_BUDGET_WINDOW_MS = 366 * 86_400_000
+# amounts are summed as doubles in Redis: beyond 2**53 whole units they stop being exact
+MAX_BUDGET = float(2**53)
+
+
+def parse_budget_window(text: str) -> int:
+    """``"1d"`` -> 86400000 (ms). The units of rate limits (``sec``, ``min``, ``hour``) and of
+    durations (``s``, ``m``, ``h``), plus ``d``/``day``; a missing count is 1 (``per: day``)."""
+    match = BUDGET_WINDOW.match(text) if isinstance(text, str) else None
+    if not match or (match.group(1) and int(match.group(1)) == 0):
+        raise ValueError(f"budget window {text!r} must look like 30s, 10m, 1h, 1d (or sec, min, hour, day)")
+    ms = int(match.group(1) or 1) * _WINDOW_MS[match.group(2)]
+    if ms > MAX_BUDGET_WINDOW_MS:
+        raise ValueError(f"budget window {text!r} is longer than 366 days")
+    return ms
+
+
+class BudgetSpec(_Spec):
+    """A value budget on a binding: the sum of ``param`` over the last ``per`` stays at most ``max``
+    (docs/contract.md "Value budgets")."""
+
+    param: str
+    max: float = Field(gt=0, le=MAX_BUDGET, allow_inf_nan=False)
+    per: str
+    on_exceed: Literal["reject", "approval"] = "reject"
+
+    @field_validator("param")
+    @classmethod
+    def _param(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", v):
+            raise ValueError(f"budget param {v!r} must be an input name (letters, digits, _)")
+        return v
+
+    @field_validator("per")
+    @classmethod
+    def _per(cls, v: str) -> str:
+        parse_budget_window(v)
+        return v
+
+    @property
+    def per_ms(self) -> int:
+        return parse_budget_window(self.per)
+
+
 class Binding(_Spec):
     """What one agent app may do on one connector."""
 
@@ -438,6 +526,25 @@ class Binding(_Spec):
     rate_limit: str | None = None
     audit_level: Literal["full", "summary", "none"] = "full"
     allowed_hours: str | None = None
+    approval: ApprovalSpec | None = None  # for this agent, instead of the action's own
+    # one mapping or a list of them; always a list here
+    budget: list[BudgetSpec] = Field(default_factory=list, max_length=8)
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("budget")
+    @classmethod
+    def _distinct_budgets(cls, v: list[BudgetSpec]) -> list[BudgetSpec]:
+        # a budget is counted under its param and window: two with both equal would share one count
+        seen = set()
+        for budget in v:
+            if (budget.param, budget.per_ms) in seen:
+                raise ValueError(f"two budgets on {budget.param} per {budget.per}")
+            seen.add((budget.param, budget.per_ms))
+        return v
 
     @field_validator("rate_limit")
     @classmethod
@@ -458,6 +565,16 @@ class AgentApp(_Spec):
     # semantic routing prefers connectors of this domain for the agent's bare actions
     domain: str | None = None
     connector_bindings: list[Binding] = Field(default_factory=list)
+    # the people answerable for this agent: none of them may approve its intents
+    owners: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, v: list[str]) -> list[str]:
+        for person in v:
+            if not PERSON_PATTERN.match(person):
+                raise ValueError(f"owner {person!r} must be 1-128 letters, digits or . _ @ + - (a login or an email)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -469,6 +586,36 @@ class AgentApp(_Spec):
         if v in RESERVED_AGENT_NAMES:
             raise ValueError(f"agent name {v!r} is reserved")
         return v
+
+
+def budget_problems(binding: Binding, connector: ConnectorSpec) -> list[tuple[int, str]]:
+    """What is wrong with a binding's budgets against its connector, as (budget index, message).
+
+    A budget counts the actions the binding allows that declare its ``param``; there it must be a
+    number or integer the intent always carries (required, or with a default), else an intent could
+    slip past the count by leaving it out.
+    """
+    allowed = [a for a in connector.actions if "*" in binding.allowed_actions or a.action in binding.allowed_actions]
+    problems = []
+    for i, budget in enumerate(binding.budget):
+        counted = [a for a in allowed if budget.param in a.input]
+        if not counted:
+            problems.append((i, f"budget param {budget.param!r} is not an input of any action this binding allows"))
+        for action in counted:
+            field = action.input[budget.param]
+            if field.type not in ("integer", "number"):
+                problems.append(
+                    (i, f"budget param {budget.param!r} of {action.action} is {field.type}, not integer or number")
+                )
+            elif not field.required and field.default is None:
+                problems.append(
+                    (i, f"budget param {budget.param!r} of {action.action} must be required or have a default")
+                )
+            if budget.on_exceed == "approval" and binding.approval is None and action.approval is None:
+                problems.append(
+                    (i, f"on_exceed: approval needs an approval: on the binding or on {action.action} (its approvers)")
+                )
+    return problems
 
 
 def check_hours(v: str | None) -> str | None:
@@ -595,3 +742,24 @@ class AgentAppDocument(_Spec):
 
 class RoutingDocument(_Spec):
     routing: RoutingSpec
+
+
+def _group_name(v: str) -> str:
+    if not AGENT_ID_PATTERN.match(v):
+        raise ValueError(f"approver group {v!r} must be {NAME_RULE}")
+    return v
+
+
+def _person(v: str) -> str:
+    if not PERSON_PATTERN.match(v):
+        raise ValueError(f"{v!r} must be 1-128 letters, digits or . _ @ + - (a login or an email)")
+    return v
+
+
+class ApproversDocument(_Spec):
+    """``approvers:`` maps each approver group to the people in it (several documents may add groups)."""
+
+    approvers: dict[
+        Annotated[str, AfterValidator(_group_name)],
+        Annotated[list[Annotated[str, AfterValidator(_person)]], Field(min_length=1, max_length=1000)],
+    ]

@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -36,11 +36,13 @@ from producers.settings import DEFAULT_BROKER_URL, ClientSettings, broker_urls
 from producers.tools import EXPORT_FORMATS, ToolSpec, export
 from producers.wire import (
     AGENT_ID_PATTERN,
+    APPROVAL_PENDING,
     INTENT_ROUTING_KEY,
     INTENTS_EXCHANGE_NAME,
     LIST_TOOLS_ACTION,
     NAME_RULE,
     RECEIPTS_EXCHANGE_NAME,
+    ApprovalNotice,
     Intent,
     Receipt,
 )
@@ -58,6 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SEEN_RECEIPTS = 100_000  # receipts a client remembers, to drop a repeat of one
+KEPT_NOTICES = 10_000  # approval notices a client keeps (the newest), for ``notice()``
 # the fleet's arguments (durable, not auto-delete, no x-arguments); the client declares them
 # passively only, which needs no permission and leaves them as the fleet made them
 INTENTS_EXCHANGE = Exchange(INTENTS_EXCHANGE_NAME, type="direct", durable=True, auto_delete=False)
@@ -135,6 +138,7 @@ class ReachClient:
         user_id: str | None = None,
         authenticated: bool = False,
         drop_duplicates: bool = True,
+        on_notice: Callable[[ApprovalNotice], None] | None = None,
     ) -> None:
         """Connect, check the exchanges exist and bind this client's receipt queue.
 
@@ -158,6 +162,11 @@ class ReachClient:
                 dead letter replayed, an id reused a day later) is kept. Dropped ones are counted
                 in ``duplicate_receipts``. False shows every receipt as it arrives (tests of the
                 fleet itself).
+            on_notice: Called (on the thread that waits) with each :class:`ApprovalNotice`: an
+                intent of this client waits for a person. A notice is not a receipt: ``wait``
+                goes on waiting for the receipt, which comes once the intent was approved and
+                ran, was denied (APPROVAL_DENIED) or expired (APPROVAL_EXPIRED). The newest
+                notices are also kept: see :meth:`notice`.
 
         Raises:
             ValueError: ``agent_id`` or ``reply_to`` is malformed, or ``user_id`` is not
@@ -180,6 +189,8 @@ class ReachClient:
         self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._drop_duplicates = drop_duplicates
         self.duplicate_receipts = 0  # repeated receipts dropped (see drop_duplicates)
+        self.on_notice = on_notice
+        self._notices: OrderedDict[str, ApprovalNotice] = OrderedDict()
         self._returned: list[str] = []
         self._closed = False
         # set when a publish was left unconfirmed: py-amqp takes the next ack on the channel
@@ -468,6 +479,11 @@ class ReachClient:
             raise ReachError(f"intent {receipt.intent_id}: malformed tool list: {exc}", receipt) from exc
         return export(specs, fmt)
 
+    def notice(self, intent_id: str) -> ApprovalNotice | None:
+        """The approval notice that came for ``intent_id``, if one did (the intent waits for a
+        person: its receipt comes later)."""
+        return self._notices.get(intent_id)
+
     def close(self) -> None:
         """Close the connection; the broker deletes the receipt queue. Safe to call twice."""
         if self._closed:
@@ -560,6 +576,9 @@ class ReachClient:
         if content_type != "application/json":
             log.warning("ignoring a receipt with content type %r: only JSON is accepted", content_type)
             return
+        if message.properties.get("type") == APPROVAL_PENDING:
+            self._on_notice(message.body)
+            return
         try:
             receipt = Receipt.model_validate_json(message.body)
         except ValidationError as exc:
@@ -585,6 +604,19 @@ class ReachClient:
             if len(self._seen) > SEEN_RECEIPTS:
                 self._seen.popitem(last=False)
         self._buffer.append(receipt)
+
+    def _on_notice(self, body: bytes) -> None:
+        """An approval notice: kept and handed to ``on_notice``, never taken for the receipt."""
+        try:
+            notice = ApprovalNotice.model_validate_json(body)
+        except ValidationError as exc:
+            log.warning("ignoring a malformed approval notice on %s: %s", self.queue_name, exc)
+            return
+        self._notices[notice.intent_id] = notice
+        if len(self._notices) > KEPT_NOTICES:
+            self._notices.popitem(last=False)
+        if self.on_notice is not None:
+            self.on_notice(notice)
 
     def _take(self, intent_id: str) -> Receipt | None:
         for i, receipt in enumerate(self._buffer):

@@ -8,7 +8,7 @@ Error codes, grouped by the receipt status they produce::
     rejected  (the downstream system was never called; fix and resend)
       INVALID_INTENT  UNKNOWN_ACTION  AMBIGUOUS_ACTION  PERMISSION_DENIED  RATE_LIMITED*
       VALIDATION_FAILED  OUTSIDE_TIME_WINDOW*  DEADLINE_EXCEEDED  CONNECTOR_UNAVAILABLE*
-      IDEMPOTENCY_KEY_REUSED
+      IDEMPOTENCY_KEY_REUSED  BUDGET_EXCEEDED*  APPROVAL_DENIED  APPROVAL_EXPIRED*
     failed    (the system answered, or could not be reached)
       DOWNSTREAM_VALIDATION_FAILED  DOWNSTREAM_AUTH_FAILED  DOWNSTREAM_NOT_FOUND
       DOWNSTREAM_CONFLICT  DOWNSTREAM_RATE_LIMITED*  DOWNSTREAM_ERROR*  DOWNSTREAM_UNREACHABLE*
@@ -62,6 +62,9 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CONNECTOR_UNAVAILABLE = "CONNECTOR_UNAVAILABLE"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
     DOWNSTREAM_VALIDATION_FAILED = "DOWNSTREAM_VALIDATION_FAILED"
     DOWNSTREAM_AUTH_FAILED = "DOWNSTREAM_AUTH_FAILED"
     DOWNSTREAM_NOT_FOUND = "DOWNSTREAM_NOT_FOUND"
@@ -95,6 +98,9 @@ _CODE_TABLE: dict[ErrorCode, tuple[Status, bool]] = {
     ErrorCode.DEADLINE_EXCEEDED: ("rejected", False),
     ErrorCode.CONNECTOR_UNAVAILABLE: ("rejected", True),
     ErrorCode.IDEMPOTENCY_KEY_REUSED: ("rejected", False),
+    ErrorCode.BUDGET_EXCEEDED: ("rejected", True),
+    ErrorCode.APPROVAL_DENIED: ("rejected", False),
+    ErrorCode.APPROVAL_EXPIRED: ("rejected", True),
     ErrorCode.DOWNSTREAM_VALIDATION_FAILED: ("failed", False),
     ErrorCode.DOWNSTREAM_AUTH_FAILED: ("failed", False),
     ErrorCode.DOWNSTREAM_NOT_FOUND: ("failed", False),
@@ -162,6 +168,27 @@ class Receipt(BaseModel):
             doc["execution"].pop("routing", None)
         # ASCII escapes: a lone surrogate in a system's answer must not make the receipt unsendable
         return json.dumps(doc, separators=(",", ":")).encode()
+
+
+APPROVAL_PENDING: Literal["approval_pending"] = "approval_pending"  # the AMQP ``type`` of a notice (not a receipt) on reach.receipts
+
+
+class ApprovalNotice(BaseModel):
+    """Sent on the agent's reply topic when its intent waits for a person (AMQP ``type``
+    ``approval_pending``, ``correlation_id`` = the intent id). Not a receipt: the intent's one
+    receipt follows once it was approved and ran, was denied (APPROVAL_DENIED) or expired
+    (APPROVAL_EXPIRED)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["approval_pending"] = APPROVAL_PENDING
+    intent_id: str
+    approval_id: str
+    expires_at: str  # RFC 3339, UTC
+    summary: str
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), separators=(",", ":")).encode()
 
 
 # agent-to-agent calls one intent may descend from (the fleet refuses calls past its own, lower limit)

@@ -151,6 +151,9 @@ class Settings(EnvironSettings):
     # hostile-input bounds (docs/contract.md "Limits")
     max_depth: int = Field(32, ge=2, description="how deep params (and a system's answer in data) may nest")
     max_details: int = Field(50, ge=1, description="error details per receipt, then 'and K more'")
+    max_pending_approvals: int = Field(
+        100, ge=1, description="intents of one agent that may wait for approval at once (then RATE_LIMITED)"
+    )
     max_receipt_bytes: int = Field(1024 * 1024, ge=4096, description="a larger receipt is cut down before it is sent")
     dlq_max_length: int = Field(10_000, ge=1, description="dead letters kept in reach.dlq (newest refused past it)")
     dlq_max_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes kept in reach.dlq")
@@ -183,6 +186,28 @@ class Settings(EnvironSettings):
     )
     mcp_clients_per_agent: int = Field(
         4, ge=1, le=64, description="broker connections per agent, so tools/call it may run at once"
+    )
+
+    # the operator web page, `reach console` (docs/operations.md "Console")
+    console_host: str = Field("127.0.0.1", min_length=1, description="address `reach console` listens on")
+    console_port: int = Field(8090, ge=1, le=65535, description="port `reach console` listens on")
+    console_users: str | None = Field(
+        None, description="YAML or JSON file (a mounted Secret): user -> {password_hash, role}; unset: no one logs in"
+    )
+    console_session_key: SecretStr | None = Field(
+        None, description="key signing the console's session cookies (unset: a random one per process)"
+    )
+    console_public_url: HttpUrlText | None = Field(
+        None, description="the console's URL as browsers see it: the only Origin its forms are accepted from"
+    )
+    console_secure_cookie: Flag = Field(False, description="send the session cookie over HTTPS only (behind TLS)")
+    console_session_ttl_seconds: Seconds = Field(
+        8 * 3600,
+        validation_alias="REACH_CONSOLE_SESSION_TTL",
+        description="a console login lasts this long (seconds or a duration)",
+    )
+    console_login_rate: RateText = Field(
+        "10/min", description="failed console logins per user name and per address, then 429 until the window passes"
     )
 
     @field_validator("log_level", mode="before")

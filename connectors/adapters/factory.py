@@ -24,9 +24,9 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
 
         return SoapAdapter(connector, options)
     if connector.type == "sql":
-        from connectors.adapters.sql import SqlAdapter
+        from connectors.adapters.sql_dialects import sql_adapter
 
-        return SqlAdapter(connector, options)
+        return sql_adapter(connector, options)
     if connector.type == "amqp":
         from connectors.adapters.amqp import AmqpAdapter
 
@@ -40,9 +40,14 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
 
 def system_problems(connector: ConnectorSpec) -> list[str]:
     """What ``reach validate`` learns by asking the system's own description: a soap connector's
-    operations and params checked against its WSDL. Empty for types with nothing to check."""
+    operations and params checked against its WSDL; a sql connector's URL names a database the
+    adapter speaks. Empty for types with nothing to check."""
     if connector.type == "soap":
         from connectors.adapters.soap import wsdl_problems
 
         return wsdl_problems(connector)
+    if connector.type == "sql":
+        from connectors.adapters.sql_dialects import sql_problems
+
+        return sql_problems(connector)
     return []

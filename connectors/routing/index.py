@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from connectors.catalog import ActionRef, Catalog
-from connectors.routing.embedders import Embedder, Vectors
+from connectors.routing.embedders import Embedder, Pair, Vectors, parts
 from connectors.routing.lexical import BM25, tokens
 
 # characters of a request (context.description, reach.find_tools' description) that are read:
@@ -58,6 +58,11 @@ def action_text(ref: ActionRef) -> str:
     return ". ".join(p.strip().rstrip(".") for p in parts if p.strip())[:MAX_ACTION_CHARS]
 
 
+def text_key(model: str, text: str) -> str:
+    """The embedding cache's key of ``text``'s vector by the single model named ``model``."""
+    return f"{model}:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
 def request_text(text: str) -> str:
     return text[:MAX_REQUEST_CHARS].strip()
 
@@ -77,22 +82,38 @@ class ActionIndex:
         self._ready = np.zeros(len(self.refs), dtype=bool)
         self._lock = threading.Lock()
         self._queries: OrderedDict[str, Vectors] = OrderedDict()
+        self._terms: dict[int, frozenset[str]] = {}
         self._queries_lock = threading.Lock()
         # what this process did, for the cache tests and the benchmark
         self.embedded = 0  # action texts embedded here
         self.from_cache = 0  # action embeddings found in the cache
         self.queries_embedded = 0  # requests embedded here
 
+    def terms(self, row: int) -> frozenset[str]:
+        """The lexical terms of a row's text (kept once a row was ranked: bounded by the catalog)."""
+        found = self._terms.get(row)
+        if found is None:
+            found = self._terms[row] = frozenset(tokens(self.texts[row]))
+        return found
+
     def row(self, ref: ActionRef) -> int:
         return self.rows[(ref.connector.name, ref.action.action)]
 
-    def cache_key(self, text: str) -> str:
+    def cache_key(self, text: str, model: Embedder | None = None) -> str:
+        """The cache key of ``text``'s vector by ``model`` (default: the index's only model)."""
+        model = model or self.embedder
+        assert model is not None
+        return text_key(model.name, text)
+
+    def cache_keys(self, text: str) -> list[str]:
+        """Every key ``text``'s vectors are kept under (one per model of a pair)."""
         assert self.embedder is not None
-        return f"{self.embedder.name}:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+        return [self.cache_key(text, model) for model, _ in parts(self.embedder)]
 
     def prepare(self, rows: Iterable[int] | None = None) -> None:
         """Make sure the rows (default: all) have their embeddings: from the cache, else embedded
-        here and put in the cache."""
+        here and put in the cache. Each model of a pair is cached on its own (``parts``) and the
+        two fill their columns at once, one per core."""
         if self.embedder is None:
             return
         wanted = range(len(self.refs)) if rows is None else rows
@@ -100,30 +121,44 @@ class ActionIndex:
             missing = [r for r in wanted if not self._ready[r]]
             if not missing:
                 return
-            # texts repeat (the same action on several connectors of one kind): one key, one embedding
-            by_key: dict[str, list[int]] = {}
+            # texts repeat (the same action on several connectors of one kind): one text, one embedding
+            by_text: dict[str, list[int]] = {}
             for r in missing:
-                by_key.setdefault(self.cache_key(self.texts[r]), []).append(r)
-            keys = list(by_key)
-            found = self.cache.get_many(keys) if self.cache is not None else [None] * len(keys)
-            dim = self.embedder.dim
-            todo: list[str] = []
-            for key, raw in zip(keys, found):
-                if raw is not None and len(raw) == dim * 4:
-                    self.vectors[by_key[key]] = np.frombuffer(raw, dtype="<f4")
-                    self._ready[by_key[key]] = True
-                    self.from_cache += 1
-                else:
-                    todo.append(key)
-            for start in range(0, len(todo), EMBED_BATCH):
-                batch = todo[start : start + EMBED_BATCH]
-                vectors = self.embedder.embed([self.texts[by_key[k][0]] for k in batch])
-                for key, vector in zip(batch, vectors):
-                    self.vectors[by_key[key]] = vector
-                    self._ready[by_key[key]] = True
-                self.embedded += len(batch)
-                if self.cache is not None:
-                    self.cache.put_many({k: v.astype("<f4").tobytes() for k, v in zip(batch, vectors)})
+                by_text.setdefault(self.texts[r], []).append(r)
+            texts = list(by_text)
+            embedded_here: set[str] = set()
+            columns: list[tuple[Embedder, np.float32, slice]] = []
+            at = 0
+            for model, factor in parts(self.embedder):
+                columns.append((model, factor, slice(at, at + model.dim)))
+                at += model.dim
+
+            def fill(model: Embedder) -> None:
+                _, factor, cols = next(c for c in columns if c[0] is model)
+                keys = [self.cache_key(t, model) for t in texts]
+                found = self.cache.get_many(keys) if self.cache is not None else [None] * len(keys)
+                todo: list[int] = []
+                for i, raw in enumerate(found):
+                    if raw is not None and len(raw) == model.dim * 4:
+                        self.vectors[by_text[texts[i]], cols] = np.frombuffer(raw, dtype="<f4") * factor
+                    else:
+                        todo.append(i)
+                for start in range(0, len(todo), EMBED_BATCH):
+                    batch = todo[start : start + EMBED_BATCH]
+                    vectors = model.embed([texts[i] for i in batch])
+                    for i, vector in zip(batch, vectors):
+                        self.vectors[by_text[texts[i]], cols] = vector * factor
+                        embedded_here.add(texts[i])
+                    if self.cache is not None:
+                        self.cache.put_many({keys[i]: v.astype("<f4").tobytes() for i, v in zip(batch, vectors)})
+
+            if isinstance(self.embedder, Pair):
+                self.embedder.each(fill)
+            else:
+                fill(self.embedder)
+            self._ready[missing] = True
+            self.embedded += len(embedded_here)
+            self.from_cache += len(texts) - len(embedded_here)
 
     @property
     def ready(self) -> bool:

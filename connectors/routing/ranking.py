@@ -74,6 +74,17 @@ def rule_score(ref: ActionRef, weights: RoutingWeights, context_domain: str | No
     return weights.domain * (domain == context_domain) + weights.agent_domain * (domain == agent_domain)
 
 
+def telling_terms(index: ActionIndex, rows: npt.NDArray[np.int64], terms: list[str]) -> list[str]:
+    """The request's terms less those every candidate's text has: the bare action's own words
+    ("ticket" for create_ticket) cannot tell the candidates apart, and through BM25's length
+    normalisation they favour the shortest text (the routing set's dev split: leaving them out
+    defers fewer clear requests at zero ambiguous dispatches)."""
+    if len(rows) < 2 or not terms:
+        return terms
+    shared = set(terms).intersection(*(index.terms(r) for r in rows.tolist()))
+    return [t for t in terms if t not in shared] if shared else terms
+
+
 def rank(
     index: ActionIndex | None,
     refs: Sequence[ActionRef],
@@ -93,7 +104,7 @@ def rank(
         raise ValueError("ranking a description needs the action index")
     rows = np.array([index.row(r) for r in refs], dtype=np.int64)
     semantic = index.semantic(text, rows)
-    lexical = index.lexical.scores(tokens(text), rows)
+    lexical = index.lexical.scores(telling_terms(index, rows, tokens(text)), rows)
     scored = []
     for i, ref in enumerate(refs):
         sem = None if semantic is None else float(semantic[i])

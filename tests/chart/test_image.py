@@ -99,6 +99,7 @@ def test_compose_parses_and_runs_the_whole_local_fleet() -> None:
         "pool-local-ticket-system",
         "beat",
         "prometheus",
+        "mcp",  # optional: profile mcp
     }
     for name, service in SERVICES.items():
         assert "image" in service or "build" in service, name
@@ -111,7 +112,7 @@ def _reach_services() -> dict[str, list[str]]:
 
 def test_compose_runs_only_reach_commands_that_exist() -> None:
     commands = _reach_services()
-    assert {args[0] for args in commands.values()} == {"router", "worker", "beat"}
+    assert {args[0] for args in commands.values()} == {"router", "worker", "beat", "mcp"}
     for name, args in commands.items():
         assert args[0] in reach_cli.commands, f"{name}: `reach {args[0]}` does not exist"
     catalog = load_catalog(REPO / "examples" / "catalog", environ={})
@@ -166,6 +167,27 @@ def test_compose_and_the_chart_configure_processes_alike() -> None:
         )
         assert env["REACH_CATALOG"] == dockerfile_env["REACH_CATALOG"]
         assert "/etc/reach/catalog" in [v.split(":")[1] for v in SERVICES[name]["volumes"]]
+
+
+def test_the_optional_mcp_facade_runs_as_the_charts_mcp_deployment() -> None:
+    from tests.chart.chart import scenario_values
+
+    facade = SERVICES["mcp"]
+    assert facade["profiles"] == ["mcp"]  # not started by a plain `docker compose up`
+    chart = container(render(scenario_values("mcp")).component("mcp"))
+    assert facade["command"] == chart["args"] == ["mcp", "--http"]
+    env, chart_env = facade["environment"], {e["name"]: e for e in chart["env"]}
+    unknown = {k for k in env if k.startswith("REACH_MCP")} - set(chart_env)
+    assert unknown == set(), f"mcp sets {unknown}, which the chart never sets"
+    for name in ("REACH_MCP_HOST", "REACH_MCP_PORT", "REACH_MCP_TOKENS_FILE"):
+        assert env[name] == chart_env[name]["value"], name
+    # its own broker login, never the fleet's
+    assert env["REACH_BROKER_URL"].split("@")[0] != SERVICES["router"]["environment"]["REACH_BROKER_URL"].split("@")[0]
+    assert env["REACH_BROKER_URL"].startswith("amqp://reach_mcp:")
+    tokens_dir = env["REACH_MCP_TOKENS_FILE"].rsplit("/", 1)[0]
+    assert any(v.rsplit(":", 2)[1] == tokens_dir and v.endswith(":ro") for v in facade["volumes"])
+    assert f"127.0.0.1:{env['REACH_MCP_PORT']}:{env['REACH_MCP_PORT']}" in facade["ports"]
+    assert env["REACH_MCP_URL"] == f"http://127.0.0.1:{env['REACH_MCP_PORT']}/mcp"
 
 
 def test_the_pools_stop_grace_period_matches_the_charts() -> None:

@@ -80,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = urllib.parse.urlsplit(self.path).path
         title = body.get("title") if isinstance(body, dict) else None
         key = self.headers.get("Idempotency-Key")
-        record = {"method": self.command, "path": path, "title": title, "key": key, "t": time.time()}
+        record = {"method": self.command, "path": path, "title": title, "key": key, "t": time.time(), "body": body}
         with st.lock:
             if st.keep_requests:
                 st.requests.append(record)

@@ -127,6 +127,17 @@ def probe(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def metric(port: int, name: str, connector: str, **labels: str) -> float | None:
+    """One connector's sample of a metric on the group's /metrics (None: no such series)."""
+    _, text = probe(port, "/metrics")
+    wanted = [f'{k}="{v}"' for k, v in {"connector": connector, **labels}.items()]
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.startswith(name + "{") and all(w in series for w in wanted):
+            return float(value)
+    return None
+
+
 # -- bulkheads ------------------------------------------------------------------------------------
 
 
@@ -134,27 +145,41 @@ def test_a_slow_connectors_backlog_holds_only_its_own_threads_and_prefetch(
     fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
 ) -> None:
     """Ten slow writes (4 s each) wait in the group's slow queue; the broker hands the slow
-    consumer exactly its two threads' worth. Ten fast writes then all finish before the first slow
-    one does: with one prefetch for the whole process, the slow connector's deliveries would hold it
-    and the fast ones would wait for a slow call to end."""
-    systems[SLOW].state.delay = 4.0
+    consumer exactly its two threads' worth. Ten fast writes then all finish, each well under one
+    slow call, before the first slow one does, while the slow system has seen only the two calls
+    its threads hold: with one prefetch or one thread pool for the whole process, the slow
+    connector's deliveries would hold them and the fast writes would wait for slow calls to end."""
+    slow_seconds = 4.0
+    systems[SLOW].state.delay = slow_seconds
     backlog = 10
     slow_ids = {client.publish(f"{SLOW}.create_item", {"title": f"{RUN}-slow-{i}"}) for i in range(backlog)}
     wait_for(lambda: systems[SLOW].in_flight(), 20, "the slow calls to start", until=lambda n: n == THREADS)
     for _ in range(4):  # a delivery past the prefetch would show within this second
         assert unacked(SLOW, backlog) == THREADS
         time.sleep(0.25)
-    started = time.monotonic()
-    fast_ids = {client.publish(f"{FAST}.create_item", {"title": f"{RUN}-fast-{i}"}) for i in range(10)}
+    port = fleet.metrics_port(GROUP)
+    assert [metric(port, "reach_pool_in_flight", n) for n in CONNECTORS] == [0, THREADS, 0]
+    assert [metric(port, "reach_pool_threads", n) for n in CONNECTORS] == [THREADS] * 3
+    published: dict[str, float] = {}
+    for i in range(10):
+        published[client.publish(f"{FAST}.create_item", {"title": f"{RUN}-fast-{i}"})] = time.monotonic()
+    fast_ids = set(published)
     got: dict[str, tuple[float, Receipt]] = {}
-    while not (fast_ids <= set(got) and slow_ids & set(got)) and time.monotonic() - started < 20:
+    slow_calls_when_fast_done = -1
+    while not (fast_ids <= set(got) and slow_ids & set(got)) and time.monotonic() - min(published.values()) < 20:
         for receipt in client.receipts(timeout=0.2):
             got.setdefault(receipt.intent_id, (time.monotonic(), receipt))
+        if slow_calls_when_fast_done < 0 and fast_ids <= set(got):
+            slow_calls_when_fast_done = len(systems[SLOW].requests("POST"))
     fast = [got[i] for i in fast_ids if i in got]
     slow = [got[i] for i in slow_ids if i in got]
     assert len(fast) == 10 and all(r.status == "succeeded" for _, r in fast), fast
     assert slow, "the slow calls in hand never finished"
+    latencies = sorted(got[i][0] - published[i] for i in fast_ids)
+    # the figures, on failure: each fast write's publish -> receipt, against one slow call
+    assert latencies[-1] < slow_seconds / 2, f"fast latencies {latencies} s beside {slow_seconds} s slow calls"
     assert max(t for t, _ in fast) < min(t for t, _ in slow), "a fast write waited for a slow one"
+    assert slow_calls_when_fast_done == THREADS, "the slow system got more calls than its connector has threads"
     assert systems[FAST].executions() == Counter({f"{RUN}-fast-{i}": 1 for i in range(10)})
 
 
@@ -190,6 +215,7 @@ def test_pausing_one_connector_leaves_the_others_consuming(
         )
         status, detail = probe(port, "/readyz")
         assert status == 200 and f"paused (idle on purpose): {SLOW}" in detail and FAST in detail.split(";")[0]
+        assert [metric(port, "reach_pool_paused", n) for n in CONNECTORS] == [0, 1, 0]
         held = [client.publish(f"{SLOW}.create_item", {"title": f"{RUN}-held-{i}"}) for i in range(3)]
         done = client.call(f"{FAST}.create_item", {"title": f"{RUN}-while-paused"}, timeout=20)
         assert done.status == "succeeded", done
@@ -202,13 +228,20 @@ def test_pausing_one_connector_leaves_the_others_consuming(
     got = arrivals(client, set(held), timeout=20)
     assert sorted(r.status for _, r in got.values()) == ["succeeded"] * 3
     assert queue_depth(connector_queue(SLOW).name) == (0, 1)
+    assert metric(port, "reach_pool_paused", SLOW) == 0
 
 
 # -- operations -----------------------------------------------------------------------------------
 
 
 def test_status_and_probes_show_every_connector_in_the_groups_one_worker(fleet: Fleet, client: ReachClient) -> None:
-    assert client.call(f"{FAST}.create_item", {"title": f"{RUN}-status"}, timeout=20).status == "succeeded"
+    port = fleet.metrics_port(GROUP)
+    ok = {"outcome": "succeeded"}
+    before = {n: metric(port, "reach_actions_executed_total", n, **ok) or 0 for n in (FAST, SLOW)}
+    for name, count in ((FAST, 2), (SLOW, 1)):
+        for i in range(count):
+            done = client.call(f"{name}.create_item", {"title": f"{RUN}-status-{name}-{i}"}, timeout=20)
+            assert done.status == "succeeded", done
     done = reach_cli(fleet, "status", "--json")
     assert done.returncode == 0, done.stderr
     rows = {row["connector"]: row for row in json.loads(done.stdout)}
@@ -219,11 +252,16 @@ def test_status_and_probes_show_every_connector_in_the_groups_one_worker(fleet: 
     assert {w[0]["worker"] for w in workers.values()} == {workers[FAST][0]["worker"]}  # one process for all
     assert all(w[0]["group"] == GROUP for w in workers.values())
     assert f":{fleet.procs[GROUP].pid}:" in workers[FAST][0]["worker"]
-    port = fleet.metrics_port(GROUP)
     status, detail = probe(port, "/readyz")
     assert status == 200 and detail.strip() == f"ready: consuming {FAST}, {SLOW}, {FLAKY}"
-    _, metrics = probe(port, "/metrics")
-    assert f'reach_actions_executed_total{{action="create_item",connector="{FAST}",outcome="succeeded"}}' in metrics
+    status, alive = probe(port, "/healthz")
+    assert status == 200 and alive.startswith("ok"), alive
+    # one process, and each connector's figures under its own label
+    executed = {n: (metric(port, "reach_actions_executed_total", n, **ok) or 0) - before[n] for n in (FAST, SLOW)}
+    assert executed == {FAST: 2, SLOW: 1}
+    _, text = probe(port, "/metrics")
+    for name in (FAST, SLOW):
+        assert f'reach_downstream_call_seconds_count{{connector="{name}"}}' in text
 
 
 def test_kill_9_of_the_group_loses_nothing_and_duplicates_nothing(
@@ -254,6 +292,47 @@ def test_kill_9_of_the_group_loses_nothing_and_duplicates_nothing(
     for name in (FAST, SLOW):
         executions = systems[name].executions()
         mine = {t for t in titles.values() if f"-kill-{name}-" in t}
+        assert {t: executions[t] for t in mine} == dict.fromkeys(mine, 1)
+
+
+def test_a_warm_shutdown_finishes_every_connectors_writes_in_hand_and_leaves_the_rest_queued(
+    fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
+) -> None:
+    """SIGTERM while both a fast (1 s) and a slow (2.5 s) connector hold writes: the process waits
+    for the slow calls too, each held write gets its one receipt before the process exits (0),
+    what was never delivered stays in its queue and runs once after the restart."""
+    writes = 4
+    titles: dict[str, str] = {}
+    for name, delay in ((FAST, 1.0), (SLOW, 2.5)):
+        systems[name].state.delay = delay
+        for i in range(writes):
+            title = f"{RUN}-term-{name}-{i}"
+            titles[client.publish(f"{name}.create_item", {"title": title})] = title
+    for name in (FAST, SLOW):
+        wait_for(lambda: systems[name].in_flight(), 20, f"writes in flight on {name}", until=lambda n: n == THREADS)
+    proc = fleet.procs[GROUP]
+    started = time.monotonic()
+    fleet.stop_process(GROUP)  # SIGTERM; SIGKILL only after 20 s
+    took = time.monotonic() - started
+    assert proc.popen.returncode == 0 and took < 15, (proc.popen.returncode, took)
+    finished = arrivals(client, set(titles), timeout=2)  # receipts already sent before the exit
+    done = {name: sorted(titles[i] for i in finished if f"-term-{name}-" in titles[i]) for name in (FAST, SLOW)}
+    executed = {
+        name: sorted(t for t, n in systems[name].executions().items() if f"{RUN}-term-" in t and n)
+        for name in (FAST, SLOW)
+    }
+    assert done == executed, "a write ran without its receipt, or a receipt came for a write not run"
+    assert len(done[SLOW]) >= THREADS, "the slow writes in hand were not finished"
+    waiting = {name: queue_depth(connector_queue(name).name)[0] for name in (FAST, SLOW)}
+    assert waiting == {name: writes - len(done[name]) for name in (FAST, SLOW)}
+    fleet.start_group(GROUP, list(CONNECTORS))
+    for name in CONNECTORS:
+        fleet.wait_consuming(connector_queue(name).name, 30)
+    finished.update(arrivals(client, set(titles) - set(finished), timeout=30))
+    assert {r.status for _, r in finished.values()} == {"succeeded"} and set(finished) == set(titles)
+    for name in (FAST, SLOW):
+        executions = systems[name].executions()
+        mine = {t for t in titles.values() if f"-term-{name}-" in t}
         assert {t: executions[t] for t in mine} == dict.fromkeys(mine, 1)
 
 

@@ -1,4 +1,5 @@
-"""Which of the facade's two HTTP apps answers a request: JSON unless the call asks for progress."""
+"""Which way the facade answers an HTTP request: JSON unless the call asks for progress, and a plain
+tools/call or tools/list in the request's own task, exactly as the SDK's transport would."""
 
 from __future__ import annotations
 
@@ -32,9 +33,21 @@ class Recorder:
         await send({"type": "http.response.body", "body": b""})
 
 
-def route(body: bytes, headers: dict[str, str] | None = None, method: str = "POST", chunks: int = 1) -> tuple[str, int]:
-    """Which app got the request ("plain", "streaming" or "-"), and the status answered."""
+def route(
+    body: bytes, headers: dict[str, str] | None = None, method: str = "POST", chunks: int = 1, takes: bool = False
+) -> tuple[str, int]:
+    """Which app got the request ("direct", "plain", "streaming" or "-"), and the status answered;
+    the direct way answers when ``takes``, else it declines and the request goes on."""
     plain, streaming = Recorder(), Recorder()
+    offered: list[tuple[Any, bytes, str]] = []
+
+    async def direct(decoded: Any, raw: bytes, version: str, scope: Scope, send: Send) -> bool:
+        offered.append((decoded, raw, version))
+        if takes:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+        return takes
+
     given = {"content-length": str(len(body)), **(headers or {})}
     scope = {
         "type": "http",
@@ -52,8 +65,11 @@ def route(body: bytes, headers: dict[str, str] | None = None, method: str = "POS
     async def send(message: Message) -> None:
         sent.append(message)
 
-    anyio.run(ByProgress(plain, streaming, MAX_BODY), scope, receive, send)
+    anyio.run(ByProgress(plain, streaming, MAX_BODY, direct), scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    assert all(raw == body and decoded == json.loads(body) for decoded, raw, _ in offered)
+    if takes and offered:
+        return "direct", status
     for name, app in (("plain", plain), ("streaming", streaming)):
         if app.bodies:
             assert app.bodies == [body] or name == "streaming"  # handed on unchanged
@@ -66,13 +82,16 @@ def call(**params: Any) -> bytes:
 
 
 def test_a_call_without_a_progress_token_is_answered_as_plain_json() -> None:
+    assert route(call(arguments={"a": 1}), takes=True) == ("direct", 200)
+    assert route(call(arguments={"a": 1}, _meta={"idempotency_key": "k"}), chunks=3, takes=True) == ("direct", 200)
+    # what the direct way leaves goes to the JSON-answering app, with the body as it came
     assert route(call(arguments={"a": 1})) == ("plain", 200)
     assert route(call(arguments={"a": 1}, _meta={"idempotency_key": "k"}), chunks=3) == ("plain", 200)
 
 
 @pytest.mark.parametrize("token", ["p-1", 7])
 def test_a_call_asking_for_progress_gets_the_streaming_app(token: Any) -> None:
-    assert route(call(_meta={"progressToken": token})) == ("streaming", 200)
+    assert route(call(_meta={"progressToken": token}), takes=True) == ("streaming", 200)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +110,7 @@ def test_a_call_asking_for_progress_gets_the_streaming_app(token: Any) -> None:
 def test_anything_it_cannot_judge_goes_to_the_streaming_app_which_answers_everything(
     body: bytes, headers: dict[str, str] | None, method: str
 ) -> None:
-    assert route(body, headers, method)[0] == "streaming"
+    assert route(body, headers, method, takes=True)[0] == "streaming"
 
 
 def test_a_body_longer_than_it_said_is_refused_with_413() -> None:

@@ -14,7 +14,7 @@ import pytest
 from connectors.catalog import ActionRef, Catalog, build
 from connectors.loader import load_directory
 from connectors.routing import ActionIndex, action_text, rank, top_k
-from connectors.routing.embedders import Vectors
+from connectors.routing.embedders import Pair, Vectors
 from connectors.routing.index import MAX_ACTION_CHARS, MAX_REQUEST_CHARS
 from connectors.routing.lexical import BM25, tokens
 from connectors.spec import RoutingWeights
@@ -314,3 +314,48 @@ def test_few_rows_and_many_rows_score_alike(tmp_path: Path) -> None:
     for rows in (few, many):
         scores = index.semantic("a laptop refund", rows)
         assert scores is not None and np.allclose(scores, every[rows])
+
+
+def test_words_every_candidate_has_do_not_count_on_the_lexical_path(catalog: Catalog) -> None:
+    """ "create ticket" is in every create_ticket text: by BM25's length normalisation it would
+    favour the shortest text, so a request made only of it gets no lexical lead."""
+    index = ActionIndex(catalog, None)
+    ranking = rank(index, refs_of(catalog), "please create a ticket", RoutingWeights())
+    assert all(s.lexical == 0.0 for s in ranking.ranked) and ranking.lead == 0
+    # a word only one candidate has still counts, next to the shared ones
+    ranking = rank(index, refs_of(catalog), "create a ticket for a refund", RoutingWeights())
+    assert ranking.ranked[0].ref.connector.name == "care_desk" and ranking.ranked[0].lexical
+    # in reach.find_tools the action name tells tools apart: nothing is dropped there
+    found = top_k(index, refs_of(catalog), "ticket", 3, RoutingWeights())
+    assert all(s.lexical for s in found)
+
+
+class NamedEmbedder(CountingEmbedder):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+def test_each_model_of_a_pair_is_cached_on_its_own(catalog: Catalog) -> None:
+    """A pair's rows are its models' rows side by side, each kept under its own model's key: the
+    model used alone later, or the pair weighted otherwise, embeds nothing again."""
+    cache = DictCache()
+    first, second = NamedEmbedder("one@1"), NamedEmbedder("two@1")
+    pair = Pair(first, second, scale=4.0)
+    index = ActionIndex(catalog, pair, cache)
+    index.prepare()
+    assert sorted(k.split(":")[0] for k in cache.data) == ["one@1"] * 3 + ["two@1"] * 3
+    assert (index.embedded, index.from_cache) == (3, 0)
+    assert np.allclose(index.vectors, pair.embed(index.texts))
+    alone = NamedEmbedder("one@1")
+    again = ActionIndex(catalog, alone, cache)
+    again.prepare()
+    assert alone.calls == [] and again.from_cache == 3
+    assert np.allclose(again.vectors, first.embed(again.texts))
+    reweighted = Pair(NamedEmbedder("one@1"), NamedEmbedder("two@1"), scale=1.0)
+    third = ActionIndex(catalog, reweighted, cache)
+    third.prepare()
+    assert third.embedded == 0 and np.allclose(third.vectors, reweighted.embed(third.texts))
+    text = index.texts[0]
+    assert index.cache_keys(text) == [index.cache_key(text, first), index.cache_key(text, second)]
+    assert set(index.cache_keys(text)) <= set(cache.data)

@@ -117,6 +117,7 @@ BAD = {
     "REACH_MAX_DELIVERIES": ["0", "101"],
     "REACH_MAX_DEPTH": ["1"],
     "REACH_MAX_DETAILS": ["0"],
+    "REACH_MAX_PENDING_APPROVALS": ["0", "many"],
     "REACH_MAX_RECEIPT_BYTES": ["4095"],
     "REACH_DLQ_MAX_LENGTH": ["0"],
     "REACH_DLQ_MAX_BYTES": ["1023"],
@@ -133,6 +134,11 @@ BAD = {
     "REACH_REDIS_URL": ["localhost:6379", "http://h:6379", "redis+cluster:h1:7000"],
     "REACH_REDIS_WAIT_REPLICAS": ["-1", "one", "17"],
     "REACH_REDIS_WAIT_TIMEOUT_MS": ["0", "1s"],
+    "REACH_CONSOLE_PORT": ["0", "http"],
+    "REACH_CONSOLE_PUBLIC_URL": ["console.example"],
+    "REACH_CONSOLE_SECURE_COOKIE": ["maybe"],
+    "REACH_CONSOLE_SESSION_TTL": ["soon"],
+    "REACH_CONSOLE_LOGIN_RATE": ["fast"],
 }
 
 
@@ -145,6 +151,7 @@ def test_a_bad_value_is_refused_naming_the_variable_and_the_value(variable: str,
 def test_every_variable_with_a_value_to_refuse_is_covered() -> None:
     free_text = {"REACH_BROKER_URL", "REACH_CATALOG"}
     free_text |= {"REACH_MCP_HOST", "REACH_MCP_TOKENS_FILE", "REACH_MCP_JWT_KEY"}  # an address, a path, a key
+    free_text |= {"REACH_CONSOLE_HOST", "REACH_CONSOLE_USERS", "REACH_CONSOLE_SESSION_KEY"}
     assert set(BAD) == set(VARIABLES) - free_text
 
 

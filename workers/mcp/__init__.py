@@ -11,7 +11,9 @@ facade", docs/contract.md §7)::
     clients.py      long-lived ReachClients, a few per agent, each used by one call at a time
     metrics.py      the facade's Prometheus metrics
     server.py       the MCP server (the SDK's lowlevel Server): its handlers, and the stdio transport
+    stdio.py        stdin and stdout served by the event loop rather than by worker threads
     http.py         the same over stateless Streamable HTTP, behind bearer tokens
+    exchange.py     a plain tools/call or tools/list over HTTP, answered in the request's own task
     broker_user.py  the facade's own RabbitMQ user, which may publish as any agent (impersonator)
 
 Only ``reach mcp`` imports the MCP SDK; ``reach mcp-user`` needs nothing of it.

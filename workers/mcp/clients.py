@@ -145,7 +145,14 @@ class AgentClients:
             try:
                 return client.wait(call.intent_id, timeout=call.wait), client
             except ReceiptTimeout as exc:
-                raise Undelivered(f"no receipt within {call.wait:g} s", published=True) from exc
+                # an approval notice is not a receipt: the intent waits for a person, say so
+                notice = client.notice(call.intent_id)
+                waiting = (
+                    f"; it waits for a person's approval {notice.approval_id} until {notice.expires_at}"
+                    if notice is not None
+                    else ""
+                )
+                raise Undelivered(f"no receipt within {call.wait:g} s{waiting}", published=True) from exc
             except ReachError as exc:
                 raise Undelivered(f"lost the broker connection while waiting: {exc}", published=True) from exc
         except ValueError as exc:

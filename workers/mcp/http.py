@@ -10,17 +10,21 @@ the ``impersonator`` tag (``broker_user.py``).
 
 A tools/call answer is one JSON body, unless the request asked for progress: only then does it
 need to be an SSE stream, which costs the SDK's client and server several milliseconds more per
-call. So two session managers serve the same server, one answering JSON and one SSE, and
-:class:`ByProgress` picks per request from the request's own ``_meta.progressToken``. Requests of
-the per-request protocol era (2026-07-28) always take the SSE one, which answers JSON by itself
-unless a notification is sent.
+call. :class:`ByProgress` picks per request, from the request's own ``_meta.progressToken``:
+
+- a plain ``tools/call`` or ``tools/list`` is answered in the request's own task
+  (``exchange.py``), without the SDK's per-request transport machinery;
+- any other plain request goes to a session manager answering JSON;
+- a request asking for progress, and anything this cannot judge, to one answering SSE. Requests
+  of the per-request protocol era (2026-07-28) always go there; it answers JSON by itself unless
+  a notification is sent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,7 +38,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types import INVALID_REQUEST
+from mcp_types import DEFAULT_NEGOTIATED_VERSION, INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
@@ -47,16 +51,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from connectors.catalog import Catalog
 from workers.mcp import tokens
 from workers.mcp.clients import AgentClients
+from workers.mcp.exchange import SingleExchange
 from workers.mcp.metrics import CountRefusals
-from workers.mcp.server import MAX_THREADS, Facade, build_server
+from workers.mcp.server import ENVELOPE_BYTES, MAX_THREADS, Facade, build_server
 from workers.observability import probes
 from workers.settings import Settings
 
 log = logging.getLogger("reach.mcp")
 
-ENVELOPE_BYTES = 64 * 1024  # the JSON-RPC request around the arguments, past REACH_MAX_INTENT_BYTES
 MAX_CONNECTIONS = 4 * MAX_THREADS  # open connections and tasks of one facade process
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# answers a plain request (its parsed body, the body, its protocol version) and says so, or leaves it
+Direct = Callable[[Any, bytes, str, Scope, Send], Awaitable[bool]]
 
 
 def agent_from_token(ctx: ServerRequestContext[Any, Any]) -> str:
@@ -74,15 +80,16 @@ def local_url(host: str, port: int) -> str:
 
 
 class ByProgress:
-    """Hands a request to the JSON-answering app unless it asks for progress notifications.
+    """Hands a request to the JSON-answering way unless it asks for progress notifications.
 
     The body is read here (at most ``max_body`` bytes, as its Content-Length says) and handed on
     unchanged; anything this cannot judge (no Content-Length, not JSON, another protocol era,
-    not a POST) goes to the SSE app, which answers every request correctly, only slower.
+    not a POST) goes to the SSE app, which answers every request correctly, only slower. A plain
+    request is first offered to ``direct`` (``SingleExchange.answer``), then to the ``plain`` app.
     """
 
-    def __init__(self, plain: ASGIApp, streaming: ASGIApp, max_body: int) -> None:
-        self.plain, self.streaming, self.max_body = plain, streaming, max_body
+    def __init__(self, plain: ASGIApp, streaming: ASGIApp, max_body: int, direct: Direct | None = None) -> None:
+        self.plain, self.streaming, self.max_body, self.direct = plain, streaming, max_body, direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers") or [])
@@ -113,6 +120,9 @@ class ByProgress:
         except (ValueError, RecursionError):
             request = None
         wants_progress = not isinstance(request, dict) or progress_token_from_params(request.get("params")) is not None
+        if not wants_progress and self.direct is not None:
+            if await self.direct(request, bytes(body), version or DEFAULT_NEGOTIATED_VERSION, scope, send):
+                return
         replayed = False
 
         async def replay() -> Message:
@@ -166,13 +176,15 @@ def http_app(settings: Settings, catalog: Catalog, host: str, port: int) -> ASGI
         for json_response in (True, False)
     ]
     plain, streaming = (StreamableHTTPASGIApp(manager) for manager in managers)
+    exchange = SingleExchange(server, security)
     resource = AnyHttpUrl(url)
     # without an authorization server of its own, the facade names its own origin
     issuer = AnyHttpUrl(settings.mcp_issuer_url or urlunsplit((parts.scheme, parts.netloc, "", "", "")))
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        async with managers[0].run(), managers[1].run(), facade.running():
+        async with managers[0].run(), managers[1].run(), server.lifespan(server) as state, facade.running():
+            exchange.lifespan_state = state
             yield
 
     app = Starlette(
@@ -180,7 +192,7 @@ def http_app(settings: Settings, catalog: Catalog, host: str, port: int) -> ASGI
             Route(
                 parts.path or "/",
                 endpoint=RequireAuthMiddleware(
-                    ByProgress(plain, streaming, max_body), [], build_resource_metadata_url(resource)
+                    ByProgress(plain, streaming, max_body, exchange.answer), [], build_resource_metadata_url(resource)
                 ),
             ),
             *create_protected_resource_routes(resource, [issuer]),

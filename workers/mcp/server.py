@@ -15,6 +15,7 @@ once when the intent is sent, naming its id, then every second.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 import uuid
@@ -34,6 +35,7 @@ from producers.wire import ErrorCode, Receipt
 from workers.mcp import results
 from workers.mcp.clients import AgentClients, Call, Undelivered
 from workers.mcp.metrics import CountRequests, count_tool_call
+from workers.mcp.stdio import stdio_streams
 from workers.mcp.tools import AgentTools, agent_tools, output_check
 from workers.observability import probes
 from workers.settings import Settings
@@ -42,6 +44,7 @@ log = logging.getLogger("reach.mcp")
 
 PROGRESS_EVERY = 1.0  # seconds between progress notifications while a call waits
 MAX_THREADS = 256  # blocking calls at once over all agents (each waits for one receipt)
+ENVELOPE_BYTES = 64 * 1024  # the JSON-RPC request around the arguments, past REACH_MAX_INTENT_BYTES
 INSTRUCTIONS = (
     "Each tool is an action on a business system, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
@@ -215,8 +218,6 @@ def broker_login(broker_url: str) -> str:
 
 def run_stdio(settings: Settings, catalog: Catalog, agent: str) -> None:
     """Serve ``agent`` on stdin/stdout until the client closes them."""
-    from mcp.server.stdio import stdio_server
-
     own_login = broker_login(settings.broker_url) == agent
     if not own_login:
         log.warning(
@@ -232,7 +233,8 @@ def run_stdio(settings: Settings, catalog: Catalog, agent: str) -> None:
     probes.serve(settings.metrics_port)
 
     async def serve() -> None:
-        async with facade.running(), stdio_server() as (read, write):
+        async with facade.running(), stdio_streams(settings.max_intent_bytes + ENVELOPE_BYTES) as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
-    anyio.run(serve)
+    # uvloop when installed (not on Windows), as uvicorn picks it for --http
+    anyio.run(serve, backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -58,6 +58,15 @@ INTENT_LATENCY_SECONDS = Histogram(
     "From the router reading an intent to its receipt",
     ["connector"],
     buckets=_LATENCY_BUCKETS,
+)
+
+# a pool process's bulkheads (one per connector, several in a pool group): in use / size is saturation
+POOL_THREADS = Gauge(
+    "reach_pool_threads", "Threads (and prefetch) of a connector's bulkhead in this process", ["connector"]
+)
+POOL_IN_FLIGHT = Gauge("reach_pool_in_flight", "Intents this process is executing for the connector", ["connector"])
+POOL_PAUSED = Gauge(
+    "reach_pool_paused", "1 while this process does not consume the connector's queue (reach pause)", ["connector"]
 )
 
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}

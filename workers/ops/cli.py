@@ -815,6 +815,142 @@ def mcp_cmd(transport: str | None, agent: str | None, host: str | None, port: in
         sys.exit(EXIT_CONFIG)
 
 
+@main.group("console", invoke_without_command=True)
+@click.option("--host", help="Listen address (default: $REACH_CONSOLE_HOST, 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port (default: $REACH_CONSOLE_PORT, 8090).")
+@click.pass_context
+def console_cmd(ctx: click.Context, host: str | None, port: int | None) -> None:
+    """Serve the operator web page: fleet, approvals, dead letters, trace (docs/operations.md, "Console").
+
+    Users and roles come from REACH_CONSOLE_USERS (hashes from `reach console hash-password`).
+    Exit 2 when it is unset or cannot be read.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from workers.console.server import NoUsers, run_console
+    from workers.console.users import UsersFileError
+
+    settings = _settings()
+    _setup_logging(settings.log_level)
+    try:
+        run_console(settings, host or settings.console_host, port or settings.console_port)
+    except (NoUsers, UsersFileError) as exc:
+        click.echo(f"configuration error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+@console_cmd.command("hash-password")
+@click.option("--stdin", "from_stdin", is_flag=True, help="Read the password from stdin instead of prompting.")
+def console_hash_password(from_stdin: bool) -> None:
+    """Print the scrypt hash of a password for a REACH_CONSOLE_USERS entry."""
+    from workers.console.users import MAX_PASSWORD_BYTES, hash_password
+
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    if not password or len(password.encode()) > MAX_PASSWORD_BYTES:
+        click.echo(f"a password must have 1 to {MAX_PASSWORD_BYTES} bytes", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo(hash_password(password))
+
+
+@main.group()
+def approvals() -> None:
+    """Intents that wait for a person: list, show, approve, deny (docs/contract.md "Approvals")."""
+
+
+class _AuditToStderr(logging.Handler):
+    """The decisions' audit lines, on stderr: stdout is the command's own answer."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(record.getMessage(), err=True)
+
+
+def _approvals_client() -> tuple[Settings, Any]:
+    settings = _settings()
+    audit = logging.getLogger("reach.audit")
+    if not any(isinstance(h, _AuditToStderr) for h in audit.handlers):
+        audit.addHandler(_AuditToStderr())
+        audit.setLevel(logging.INFO)
+        audit.propagate = False
+    return settings, connect_redis(settings)
+
+
+@approvals.command("list")
+@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def approvals_list(limit: int, as_json: bool) -> None:
+    """The approvals that still wait, the soonest to expire first."""
+    from redis import RedisError
+
+    from workers.ops.approvals import list_pending
+    from workers.ops.fleet import Unreachable
+
+    settings, client = _approvals_client()
+    try:
+        pending = list_pending(client, limit)
+    except RedisError as exc:
+        _unreachable(settings, Unreachable("Redis", exc))
+    if as_json:
+        click.echo(json.dumps([p.to_dict() for p in pending], indent=2, ensure_ascii=False))
+        return
+    if not pending:
+        click.echo("no approvals wait")
+        return
+    print_table(
+        ("approval id", "expires", "agent", "action", "approvers", "summary"),
+        [
+            (p.approval_id, p.expires_at, p.agent_id, f"{p.connector}.{p.action}", ",".join(p.approvers), p.summary)
+            for p in pending
+        ],
+    )
+
+
+@approvals.command("show")
+@click.argument("approval_id")
+def approvals_show(approval_id: str) -> None:
+    """One approval: the exact (redacted) params, the payload hash, and its decision if any."""
+    from workers.ops.approvals import get_approval
+
+    _, client = _approvals_client()
+    found = get_approval(client, approval_id)
+    if found is None:
+        click.echo(f"no approval {approval_id!r} (unknown, or decided more than a day ago)", err=True)
+        sys.exit(EXIT_PROBLEMS)
+    click.echo(json.dumps(found.to_dict(), indent=2, ensure_ascii=False))
+
+
+def _decide_cmd(approve: bool, approval_id: str, person: str, reason: str | None, payload_hash: str | None) -> None:
+    from workers.ops import approvals as ops
+
+    settings, client = _approvals_client()
+    decide = ops.approve if approve else ops.deny
+    decision = decide(client, settings.broker_url, approval_id, person, reason, payload_hash=payload_hash)
+    click.echo(f"{decision.code}: {decision.message}", err=not decision.ok)
+    sys.exit(0 if decision.ok else EXIT_PROBLEMS)
+
+
+@approvals.command("approve")
+@click.argument("approval_id")
+@click.option("--as", "person", required=True, help="Who approves (a member of one of the approver groups).")
+@click.option("--reason", help="Why (kept in the audit trail).")
+@click.option("--hash", "payload_hash", help="The payload hash you were shown: refuse if the parked payload differs.")
+def approvals_approve(approval_id: str, person: str, reason: str | None, payload_hash: str | None) -> None:
+    """Approve: the parked intent runs, exactly as it was parked. Exit 1 if refused."""
+    _decide_cmd(True, approval_id, person, reason, payload_hash)
+
+
+@approvals.command("deny")
+@click.argument("approval_id")
+@click.option("--as", "person", required=True, help="Who denies (a member of one of the approver groups).")
+@click.option("--reason", help="Why: the agent gets it in its APPROVAL_DENIED receipt.")
+@click.option("--hash", "payload_hash", help="The payload hash you were shown: refuse if the parked payload differs.")
+def approvals_deny(approval_id: str, person: str, reason: str | None, payload_hash: str | None) -> None:
+    """Deny: the agent gets APPROVAL_DENIED with the reason; nothing runs. Exit 1 if refused."""
+    _decide_cmd(False, approval_id, person, reason, payload_hash)
+
+
 from workers.mcp.broker_user import mcp_user  # noqa: E402
 
 main.add_command(mcp_user, "mcp-user")

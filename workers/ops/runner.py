@@ -79,6 +79,14 @@ def _pool_probe_detail(connectors: list[str]) -> Callable[[list[str]], None]:
     return detail
 
 
+def _export_bulkhead(connector: str, threads: int, status: PoolStatus) -> None:
+    """A connector's bulkhead in /metrics, read at scrape time: its size, what it is executing,
+    and whether it is paused (a pool group exports one series of each per connector)."""
+    metrics.POOL_THREADS.labels(connector=connector).set(threads)
+    metrics.POOL_IN_FLIGHT.labels(connector=connector).set_function(lambda: status.in_flight)
+    metrics.POOL_PAUSED.labels(connector=connector).set_function(lambda: 0 if status.consuming else 1)
+
+
 def dead_letter_bounds(settings: Settings) -> DeadLetterBounds:
     return DeadLetterBounds(settings.dlq_max_length, settings.dlq_max_bytes, settings.dlq_ttl_seconds)
 
@@ -90,9 +98,12 @@ def receipt_limits(settings: Settings) -> ReceiptLimits:
 def run_router(settings: Settings, catalog: Catalog) -> None:
     # the router's own modules are imported here, not at the top: a pool process never loads them
     # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
+    from workers.router.approvals import Parking, PublisherOutlet, Settler, Sweeper
     from workers.router.routing import Router
     from workers.router.runtime import RouterRuntime
     from workers.router.semantic import SemanticRouting
+    from workers.state.approvals import ApprovalStore
+    from workers.state.budgets import RedisBudgets
     from workers.state.embeddings import RedisVectorCache
     from workers.state.guards import RedisGuards
     from workers.state.ratelimit import RedisRateLimiter, parse_rate
@@ -119,16 +130,22 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         require_user_id=settings.require_user_id,
         semantic=semantic,
         semantic_rate=parse_rate(settings.semantic_rate),
+        budgets=RedisBudgets(redis_client),
     )
     batcher = Batcher(redis_client)
+    audit = Audit(redis_client, "router", batcher=batcher)
+    # intents that wait for a person; the sweep runs in every router (beat is optional)
+    approvals = ApprovalStore(redis_client)
+    Sweeper(approvals, Settler(approvals, PublisherOutlet(publisher, JobMessages(app), sink), audit)).start()
     runtime = RouterRuntime(
         router,
         JobMessages(app),
         sink,
         publisher,
-        Audit(redis_client, "router", batcher=batcher),
+        audit,
         keep_unparsable=settings.dlq_keep_unparsable,
         max_deliveries=settings.max_deliveries,
+        parking=Parking(approvals, publisher, sink, audit, settings.max_pending_approvals),
     )
     configure_tracing("reach-router")
     # several routing threads, so that several publisher confirms are in flight at once (intents of
@@ -271,7 +288,10 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
             Bulkhead(queue.name, handler_for(job_handler(runtime)), threads[connector.name], f"reach-{connector.name}")
         )
         watched.append(Watched(connector.name, queue.name, status))
+        _export_bulkhead(connector.name, threads[connector.name], status)
     app.conf.worker_consumer = bulkhead_consumer(bulkheads)
+    # the readiness step first: its start says "consuming", the pause watcher's start then says which
+    probes.install(app)
     install_pause_watcher(app, redis_client, watched, on_change=_pool_probe_detail([m.connector for m in members]))
     configure_tracing(f"reach-pool-{group}")
 
@@ -283,7 +303,6 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
         for adapter in adapters.values():
             adapter.close()
 
-    probes.install(app)
     probes.serve(settings.metrics_port)
     for member, queue in zip(members, queues):
         connector = catalog.connectors[member.connector]

@@ -43,6 +43,7 @@ from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
 from workers.state.batcher import Batcher
 from workers.state.breaker import Permit, SharedBreaker
+from workers.state.budgets import budget_index, gives_back, refund_into
 from workers.state.control import PoolStatus
 from workers.state.ledger import Begin, Claim, Ledger, params_hash
 from workers.transport.delivery import Delivery, Refused
@@ -151,6 +152,8 @@ class PoolRuntime:
         # the parts used on every job, by their short names
         self.ledger, self.breaker, self.batcher = state.ledger, state.breaker, state.batcher
         self.sink, self.publisher, self.audit = output.sink, output.publisher, output.audit
+        # (agent, action) -> the value budgets that counted its intents when they were dispatched
+        self.budgets = {(a, act): b for (a, c, act), b in budget_index(catalog).items() if c == connector.name}
 
     # -- one job, top to bottom ------------------------------------------------------------
 
@@ -583,6 +586,8 @@ class PoolRuntime:
             level=self._audit_level(receipt.agent_id or ""),
         )
 
+        budgets = self.budgets.get((receipt.agent_id or "", receipt.action or "")) if self.budgets else None
+
         def mark(pipe: Any) -> None:
             # the delivery count guards against a job that kills its pool before it is answered;
             # once the receipt is out, a redelivery stops at the sent mark (checked first)
@@ -590,6 +595,9 @@ class PoolRuntime:
             self.sink.mark_sent_into(pipe, receipt)
             if lines:
                 self.audit.push_into(pipe, receipt.agent_id, receipt.intent_id, lines)
+            if budgets and gives_back(receipt):
+                # it did not take effect: its amount goes back, once (the script deletes its entry)
+                refund_into(pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, budgets)
 
         return lines, mark
 

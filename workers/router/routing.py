@@ -18,7 +18,7 @@ from typing import Any
 from connectors.catalog import ActionRef, Candidates, Catalog, Refusal, tool_spec
 from connectors.hours import parse_window
 from connectors.schema import ParamValidator, suggestion_for
-from connectors.spec import ActionSpec, FieldSpec
+from connectors.spec import ActionSpec, BudgetSpec, FieldSpec
 from producers.tools import EXPORT_FORMATS, export
 from producers.wire import FIND_TOOLS_ACTION as FIND_TOOLS
 from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS
@@ -27,9 +27,11 @@ from workers.observability import metrics
 from workers.observability.audit import params_digest
 from workers.observability.redaction import redact_params
 from workers.observability.tracing import traceparent_for
+from workers.router.approvals import Park
 from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
 from workers.router.semantic import Choice, SemanticRouting, candidate_details
 from workers.state.breaker import AlwaysAvailable
+from workers.state.budgets import BudgetCounter, NoBudgets, Spend, budget_index
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.transport.job import Job
@@ -78,7 +80,7 @@ class Answer:
     audit: dict[str, Any] | None = None  # what the audit trail may say about the params (redacted)
 
 
-Decision = Dispatch | Answer
+Decision = Dispatch | Answer | Park
 
 
 class Router:
@@ -96,6 +98,7 @@ class Router:
         invalid_rate: Rate | None = None,
         semantic: SemanticRouting | None = None,
         semantic_rate: Rate | None = None,
+        budgets: BudgetCounter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``) and
@@ -113,6 +116,8 @@ class Router:
         self.max_details = max(2, max_details)
         self.require_user_id = require_user_id
         self.clock = clock
+        self.budgets = budgets or NoBudgets()
+        self.budget_index = budget_index(catalog)  # (agent, connector, action) -> budgets; most have none
 
     def decide(self, raw: RawMessage) -> Decision:
         decision = self._decide(raw)
@@ -236,6 +241,13 @@ class Router:
                 "Send a new intent with a later deadline if the action is still wanted.",
                 ref=ref,
             )
+        over_budget: str | None = None  # why a person must decide (`on_exceed: approval`)
+        budgets = self.budget_index.get((agent_id, ref.connector.name, ref.action.action))
+        if budgets is not None:  # last: only an intent that is dispatched (or parked) counts
+            spent = self._spend(intent.intent_id, agent_id, ref, params, budgets, refuse)
+            if isinstance(spent, Answer):
+                return spent
+            over_budget = spent
         job = Job(
             intent_id=intent.intent_id,
             agent_id=agent_id,
@@ -253,7 +265,84 @@ class Router:
             hops=intent.context.hops if intent.context else 0,
             routing=routing,
         )
+        policy = self.catalog.approvals.get((agent_id, ref.connector.name, ref.action.action))
+        if policy is not None and over_budget is not None:
+            return Park(
+                connector_queue_name(ref.connector.name),
+                job,
+                policy,
+                redact_params(params, ref.action.input),
+                over_budget,
+            )
+        if policy is not None and policy.applies(params):  # a person decides (workers/router/approvals.py)
+            why = policy.spec.when or "approval required"
+            return Park(
+                connector_queue_name(ref.connector.name), job, policy, redact_params(params, ref.action.input), why
+            )
         return Dispatch(connector_queue_name(ref.connector.name), job)
+
+    def _spend(
+        self,
+        intent_id: str,
+        agent_id: str,
+        ref: ActionRef,
+        params: dict[str, Any],
+        budgets: tuple[BudgetSpec, ...],
+        refuse: Callable[..., Answer],
+    ) -> Answer | str | None:
+        """Count the intent's amounts against its binding's budgets (docs/contract.md "Value
+        budgets"): None when they fit and are counted; over a budget with ``on_exceed: approval``,
+        why a person must decide (counted too, until the person denies it); else the answer."""
+        spends = []
+        for budget in budgets:
+            amount = params.get(budget.param)
+            if amount is None:  # null where the field is nullable: nothing is sent, nothing counted
+                continue
+            shown = repr(amount)[:40]
+            if amount < 0:
+                # a negative amount would give the window room it never had
+                return refuse(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"{budget.param} is {shown}: an amount counted against a budget cannot be negative",
+                    f"Send {budget.param} as 0 or more.",
+                    ref=ref,
+                    details=[
+                        {"field": budget.param, "code": "min", "message": "must be at least 0 (a budget counts it)"}
+                    ],
+                )
+            if amount > budget.max and budget.on_exceed == "reject":
+                return refuse(
+                    ErrorCode.VALIDATION_FAILED,
+                    f"{budget.param} is {shown}, more than the whole budget of {budget.max:g} per {budget.per}",
+                    f"No single intent may exceed {budget.max:g}; ask your user before splitting it.",
+                    ref=ref,
+                    details=[{"field": budget.param, "code": "max", "message": f"must be at most {budget.max:g}"}],
+                )
+            if amount > 0:
+                spends.append(Spend(budget, amount))
+        verdict = self.budgets.reserve(agent_id, ref.connector.name, intent_id, spends)
+        if verdict.allowed:
+            return None
+        over = verdict.budget
+        assert over is not None
+        if over.on_exceed == "approval" and (agent_id, ref.connector.name, ref.action.action) in self.catalog.approvals:
+            # held while a person decides: a denial or expiry gives it back (workers/router/approvals.py)
+            self.budgets.reserve(agent_id, ref.connector.name, intent_id, spends, force=True)
+            return f"over the budget of {over.max:g} {over.param} per {over.per} ({verdict.used:g} counted)"
+        return refuse(
+            ErrorCode.BUDGET_EXCEEDED,
+            f"budget of {over.max:g} {over.param} per {over.per} on {ref.connector.name}: {verdict.used:g} already "
+            f"counted, {repr(params[over.param])[:40]} more does not fit",
+            f"Wait {_human_ms(verdict.retry_after_ms)} for the window to free enough, or ask your user.",
+            ref=ref,
+            retry_after_ms=verdict.retry_after_ms,
+        )
+
+    def release(self, job: Job) -> None:
+        """Give back what a dispatch that never happened counted (the router gave up on it)."""
+        budgets = self.budget_index.get((job.agent_id, job.connector, job.action))
+        if budgets is not None:
+            self.budgets.refund(job.agent_id, job.connector, job.intent_id, budgets)
 
     def _refuse(
         self,

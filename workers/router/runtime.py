@@ -19,6 +19,7 @@ from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
 from workers.observability.tracing import span
+from workers.router.approvals import Park, Parking
 from workers.router.intake import RawMessage, fail_identity, new_trace_id
 from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.transport.app import JobMessages
@@ -49,6 +50,7 @@ class RouterRuntime:
         *,
         keep_unparsable: bool = False,
         max_deliveries: int = 5,
+        parking: Parking | None = None,
     ) -> None:
         self.router = router
         self.jobs = jobs
@@ -57,6 +59,7 @@ class RouterRuntime:
         self.audit = audit
         self.keep_unparsable = keep_unparsable
         self.retries = RetryCounts(max_deliveries)
+        self.parking = parking  # intents that wait for a person (workers/router/approvals.py)
 
     def handle(self, raw: RawMessage) -> Settle:
         """Route one delivery; say what must then happen to it (ack, or requeue when the decision
@@ -87,10 +90,15 @@ class RouterRuntime:
 
     def _give_up(self, decision: Decision, raw: RawMessage, exc: BaseException) -> None:
         """The decision cannot be carried out for this message: keep it once, then let it go."""
-        intent_id = decision.intent_id if isinstance(decision, Dispatch) else decision.receipt.intent_id
+        intent_id = decision.receipt.intent_id if isinstance(decision, Answer) else decision.intent_id
         log.error("giving up on intent %s: %s: %s", intent_id, type(exc).__name__, str(exc)[:300])
         metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
         answer = decision if isinstance(decision, Answer) else self._internal(raw)
+        if not isinstance(decision, Answer):  # a Dispatch, or a Park never parked
+            try:
+                self.router.release(decision.job)  # never dispatched: its budgets get their amount back
+            except Exception as again:
+                log.error("could not give back the budget of intent %s (%s)", intent_id, again)
         try:
             self._dead_letter(raw, answer, f"could not be answered: {type(exc).__name__}: {exc}")
         except Exception as again:
@@ -101,6 +109,11 @@ class RouterRuntime:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
             self._dispatch(decision, received, raw.received_at)
+            return
+        if isinstance(decision, Park):
+            if self.parking is None:
+                raise RuntimeError("this router was started without approvals (no Parking)")
+            self.parking.park(decision, received)
             return
         receipt = decision.receipt
         self.sink.send(receipt, decision.routing_key)

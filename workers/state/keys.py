@@ -20,6 +20,9 @@ Keyed by agent, tag ``{<agent>}`` (everything an agent's input reaches)::
     reach:idem:{<agent>}:<connector>:<action>:<key>   hash    the idempotency ledger record
     reach:abandoned:{<agent>}:<attempt>               string  an attempt (at one of the agent's records) given up
     reach:rl:{<agent>}:<connector>                    string  a binding's rate-limit bucket (GCRA)
+    reach:budget:{<agent>}:<connector>:<param>:<ms>   zset    a value budget's counted intents, by time
+    reach:budget-amounts:{<agent>}:<connector>:<param>:<ms>  hash  their amounts, and the window's total
+    reach:budget-held:{<agent>}:<intent_id>           string  the budget keys an intent was counted in
 
 So one agent's intents all land on one node: an agent that sends most of the traffic makes that
 node the busy one (Redis Cluster spreads agents, not one agent's intents).
@@ -33,6 +36,17 @@ Keyed by connector, tag ``{<connector>}`` (names from the catalog, never from in
     reach:last-error:{<connector>}                    string  the connector's last error
     reach:auth:{<connector>}                          hash    an oauth2_refresh_token connector's newest tokens
     reach:auth:{<connector>}:lock                     string  held by the process spending its refresh token
+
+Approvals, tag ``{approvals}`` (one slot: a decision, the expiry sweep and the per-agent count
+touch them together; intents that wait for a person are few, so one node holds them all)::
+
+    reach:approval:{approvals}:<approval_id>          hash    a parked intent: its job, hash, state, decision
+    reach:approvals-due:{approvals}                   zset    approval ids by when the sweep must look at them
+    reach:approvals-count:{approvals}                 hash    pending approvals per agent (the bound)
+    reach:approval-intent:{approvals}:<agent>:<intent_id>  string  the approval of an agent's intent (redelivery)
+
+The approval id is the fleet's own (random); the one key holding an agent's input (its intent id)
+names the agent right after the tag, so agents cannot reach each other's entries.
 
 Keyed by process or by what the catalog says (no agent's input reaches them; untagged)::
 
@@ -59,6 +73,9 @@ DELIVERIES_PREFIX = PREFIX + "deliveries:"
 TRACE_PREFIX = PREFIX + "trace:"
 IDEMPOTENCY_PREFIX = PREFIX + "idem:"
 RATE_LIMIT_PREFIX = PREFIX + "rl:"
+BUDGET_PREFIX = PREFIX + "budget:"
+BUDGET_AMOUNTS_PREFIX = PREFIX + "budget-amounts:"
+BUDGET_HELD_PREFIX = PREFIX + "budget-held:"
 BREAKER_PREFIX = PREFIX + "breaker:"
 HEALTH_PREFIX = PREFIX + "health:"
 PAUSED_PREFIX = PREFIX + "paused:"
@@ -67,6 +84,9 @@ LAST_ERROR_PREFIX = PREFIX + "last-error:"
 ALIVE_PREFIX = PREFIX + "alive:"
 ABANDONED_PREFIX = PREFIX + "abandoned:"
 EMBEDDING_PREFIX = PREFIX + "embedding:"
+APPROVAL_PREFIX = PREFIX + "approval:"
+APPROVAL_INTENT_PREFIX = PREFIX + "approval-intent:"
+APPROVALS_TAG = "{approvals}"
 
 
 def _agent(agent: str | None) -> str:
@@ -132,6 +152,17 @@ def rate_limit(agent: str, connector: str) -> str:
     return f"{RATE_LIMIT_PREFIX}{_agent(agent)}:{connector}"
 
 
+def budget(agent: str, connector: str, param: str, per_ms: int) -> tuple[str, str]:
+    """A binding's value budget: (the counted intents by time, their amounts). Named by the param
+    and the window, so a changed ``max`` keeps counting what the window already holds."""
+    rest = f"{_agent(agent)}:{connector}:{param}:{per_ms}"
+    return BUDGET_PREFIX + rest, BUDGET_AMOUNTS_PREFIX + rest
+
+
+def budget_held(agent: str, intent_id: str) -> str:
+    return f"{BUDGET_HELD_PREFIX}{_agent(agent)}:{intent_id}"
+
+
 def abandoned(record: str, attempt: str) -> str:
     """The given-up mark of ``attempt`` at the ledger ``record`` it claims, in that record's slot
     (attempt ids are unique in the fleet; the tag only places the mark beside the record)."""
@@ -184,3 +215,22 @@ def embedding(model_and_digest: str) -> str:
     """An action text's embedding: ``<model>:<sha256 hex>`` (connectors.routing.ActionIndex.cache_key);
     shared by every router, so a restart or a second replica embeds nothing again."""
     return EMBEDDING_PREFIX + model_and_digest
+
+
+# approvals (workers/state/approvals.py)
+
+
+def approval(approval_id: str) -> str:
+    return f"{APPROVAL_PREFIX}{APPROVALS_TAG}:{approval_id}"
+
+
+def approvals_due() -> str:
+    return f"{PREFIX}approvals-due:{APPROVALS_TAG}"
+
+
+def approvals_count() -> str:
+    return f"{PREFIX}approvals-count:{APPROVALS_TAG}"
+
+
+def approval_of_intent(agent: str, intent_id: str) -> str:
+    return f"{APPROVAL_INTENT_PREFIX}{APPROVALS_TAG}:{agent}:{intent_id}"

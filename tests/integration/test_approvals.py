@@ -1,0 +1,319 @@
+"""Approvals through the real fleet: an intent that needs a person waits (a notice, no receipt, no
+downstream call) until it is approved — then the parked payload runs exactly once — denied, or
+expired; each ends in exactly one receipt. The decisions go through workers/ops/approvals.py, as
+`reach approvals` and the console make them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from producers.client import ReachClient, ReceiptTimeout
+from producers.wire import ApprovalNotice, ErrorCode, Receipt
+from tests.fleet import BROKER_URL, REDIS_URL, Fleet
+from tests.integration.counting_system import CountingSystem
+from tests.waiting import wait_for
+from workers.observability.audit import read_trace
+from workers.ops import approvals
+from workers.state import keys
+
+AGENT = "approval_bot"
+CONNECTOR = "approval_shop"
+
+
+def catalog(url: str) -> str:
+    return f"""
+connector:
+  name: {CONNECTOR}
+  endpoint: {url}
+  idempotency_header: Idempotency-Key
+  actions:
+    - action: refund
+      description: Refund an order
+      path: POST /items
+      permission: write
+      input:
+        title: {{ type: string, required: true }}
+        amount: {{ type: number, required: true }}
+        card: {{ type: string, sensitive: true }}
+      approval:
+        when: "amount > 500"
+        approvers: [finance]
+    - action: wipe
+      description: Something nobody may do unseen, and that nobody has long to approve
+      path: POST /items
+      permission: write
+      input:
+        title: {{ type: string, required: true }}
+      approval: {{ required: true, approvers: [finance], expires: 2s }}
+---
+approvers:
+  finance: [alice, bob]
+---
+agent_app:
+  name: {AGENT}
+  owners: [bob]
+  connector_bindings:
+    - connector: {CONNECTOR}
+      allowed_actions: ["*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[CountingSystem]:
+    running = CountingSystem().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(system: CountingSystem) -> Iterator[Fleet]:
+    with Fleet(catalog(system.url), [CONNECTOR]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def store() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL)
+
+
+@pytest.fixture
+def client(fleet: Fleet) -> Iterator[ReachClient]:
+    notices: list[ApprovalNotice] = []
+    with ReachClient(
+        AGENT, BROKER_URL, reply_to=f"{AGENT}.{uuid.uuid4().hex[:8]}", drop_duplicates=False, on_notice=notices.append
+    ) as reach:
+        reach.seen_notices = notices  # type: ignore[attr-defined]
+        yield reach
+
+
+def parked(client: ReachClient, intent_id: str, timeout: float = 20) -> ApprovalNotice:
+    """Wait for the intent's notice; a receipt before it fails the test."""
+
+    def notice() -> ApprovalNotice | None:
+        try:
+            receipt = client.wait(intent_id, timeout=0.2)
+        except ReceiptTimeout:
+            return client.notice(intent_id)
+        raise AssertionError(f"a receipt came while the intent should wait: {receipt}")
+
+    return wait_for(notice, timeout, f"no approval notice for {intent_id}")  # type: ignore[no-any-return]
+
+
+def no_receipt(client: ReachClient, intent_id: str, seconds: float = 1.5) -> None:
+    with pytest.raises(ReceiptTimeout):
+        client.wait(intent_id, timeout=seconds)
+
+
+def refund(client: ReachClient, title: str, amount: float, **extra: Any) -> str:
+    return client.publish("refund", {"title": title, "amount": amount, **extra})
+
+
+def stages(store: redis.Redis, intent_id: str) -> list[dict[str, Any]]:
+    return read_trace(store, AGENT, intent_id)
+
+
+def test_below_the_threshold_the_intent_runs_without_waiting(client: ReachClient, system: CountingSystem) -> None:
+    intent = refund(client, "small-1", 500)
+    receipt = client.wait(intent, timeout=20)
+    assert receipt.success and client.notice(intent) is None
+    assert system.executions()["small-1"] == 1
+
+
+def test_an_approved_intent_runs_exactly_the_parked_payload_once(
+    client: ReachClient, system: CountingSystem, store: redis.Redis, fleet: Fleet
+) -> None:
+    intent = refund(client, "big-1", 900, card="4111-1111")
+    notice = parked(client, intent)
+    assert client.seen_notices == [notice]  # type: ignore[attr-defined]
+    assert notice.intent_id == intent and "approval_bot asks for approval_shop.refund" in notice.summary
+    assert "4111" not in notice.summary and "[redacted]" in notice.summary
+    no_receipt(client, intent)
+    assert system.requests(title="big-1") == []  # nothing reached the system while it waits
+
+    pending = {p.approval_id: p for p in approvals.list_pending(store)}
+    shown = pending[notice.approval_id]
+    assert shown.params == {"title": "big-1", "amount": 900, "card": "[redacted]"}
+    assert (shown.intent_id, shown.agent_id, shown.approvers, shown.state) == (intent, AGENT, ["finance"], "pending")
+
+    decision = approvals.approve(
+        store, BROKER_URL, notice.approval_id, "alice", "checked the order", payload_hash=shown.payload_hash
+    )
+    assert (decision.ok, decision.code) == (True, "approved"), decision
+    receipt = client.wait(intent, timeout=20)
+    assert receipt.success and receipt.intent_id == intent
+    calls = system.requests(title="big-1")
+    assert [c["body"] for c in calls] == [{"title": "big-1", "amount": 900, "card": "4111-1111"}]
+    assert calls[0]["key"] == intent  # the intent's own idempotency key, from the parked job
+
+    # the approval id is used: approving (or denying) it again does nothing
+    again = approvals.approve(store, BROKER_URL, notice.approval_id, "alice")
+    assert (again.ok, again.code) == (False, "already_decided")
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice").code == "already_decided"
+    no_receipt(client, intent)
+    assert system.executions()["big-1"] == 1
+
+    trail = stages(store, intent)
+    by_stage = {e["stage"]: e for e in trail}
+    assert ["approval_pending", "approval_approved", "dispatched"] == [
+        e["stage"] for e in trail if e["stage"] in ("approval_pending", "approval_approved", "dispatched")
+    ]
+    assert by_stage["approval_approved"]["decided_by"] == "alice"
+    assert by_stage["approval_approved"]["reason"] == "checked the order"
+    assert (
+        by_stage["approval_approved"]["payload_hash"]
+        == shown.payload_hash
+        == by_stage["approval_pending"]["payload_hash"]
+    )
+    assert "4111" not in json.dumps(trail)
+    assert approvals.get_approval(store, notice.approval_id).state == "approved"  # type: ignore[union-attr]
+
+
+def test_a_denied_intent_never_reaches_the_system(
+    client: ReachClient, system: CountingSystem, store: redis.Redis
+) -> None:
+    intent = refund(client, "big-denied", 5000)
+    notice = parked(client, intent)
+    decision = approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "customer is not eligible")
+    assert (decision.ok, decision.code) == (True, "denied"), decision
+    receipt = client.wait(intent, timeout=20)
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.code == ErrorCode.APPROVAL_DENIED and receipt.error.retryable is False
+    assert "customer is not eligible" in receipt.error.message
+    assert receipt.error.details[0]["reason"] == "customer is not eligible"
+    assert approvals.approve(store, BROKER_URL, notice.approval_id, "alice").code == "already_decided"
+    no_receipt(client, intent)
+    assert system.requests(title="big-denied") == []
+    denied = [e for e in stages(store, intent) if e["stage"] == "approval_denied"]
+    assert len(denied) == 1 and denied[0]["decided_by"] == "alice" and denied[0]["reason"] == "customer is not eligible"
+
+
+def test_owners_and_non_members_cannot_approve(client: ReachClient, system: CountingSystem, store: redis.Redis) -> None:
+    intent = refund(client, "big-self", 700)
+    notice = parked(client, intent)
+    own = approvals.approve(store, BROKER_URL, notice.approval_id, "bob")  # in finance, but owns the agent
+    assert (own.ok, own.code) == (False, "self_approval")
+    stranger = approvals.approve(store, BROKER_URL, notice.approval_id, "mallory")
+    assert (stranger.ok, stranger.code) == (False, "not_an_approver")
+    assert approvals.approve(store, BROKER_URL, "0" * 32, "alice").code == "not_found"
+    assert approvals.approve(store, BROKER_URL, "../../etc", "alice").code == "not_found"
+    no_receipt(client, intent)
+    assert system.requests(title="big-self") == []
+    assert approvals.get_approval(store, notice.approval_id).state == "pending"  # type: ignore[union-attr]
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "cleanup").ok
+    assert client.wait(intent, timeout=20).error.code == ErrorCode.APPROVAL_DENIED  # type: ignore[union-attr]
+
+
+def test_a_changed_parked_payload_cannot_be_approved(
+    client: ReachClient, system: CountingSystem, store: redis.Redis
+) -> None:
+    intent = refund(client, "big-tampered", 800)
+    notice = parked(client, intent)
+    record = keys.approval(notice.approval_id)
+    job = json.loads(store.hget(record, "job"))  # type: ignore[arg-type]
+    job["params"]["amount"] = 80_000
+    store.hset(record, "job", json.dumps(job))
+    decision = approvals.approve(store, BROKER_URL, notice.approval_id, "alice")
+    assert (decision.ok, decision.code) == (False, "hash_mismatch"), decision
+    # and a hash other than the one shown is refused before anything else
+    shown = approvals.approve(store, BROKER_URL, notice.approval_id, "alice", payload_hash="f" * 64)
+    assert shown.code == "hash_mismatch"
+    no_receipt(client, intent)
+    assert system.requests(title="big-tampered") == []
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "tampered").ok
+    assert client.wait(intent, timeout=20).error.code == ErrorCode.APPROVAL_DENIED  # type: ignore[union-attr]
+
+
+def test_an_unapproved_intent_expires_with_one_retryable_receipt(
+    client: ReachClient, system: CountingSystem, store: redis.Redis
+) -> None:
+    intent = client.publish("wipe", {"title": "wipe-1"})
+    notice = parked(client, intent)
+    receipt: Receipt = client.wait(intent, timeout=20)  # nobody looks: the routers' sweep answers
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.code == ErrorCode.APPROVAL_EXPIRED and receipt.error.retryable is True
+    late = approvals.approve(store, BROKER_URL, notice.approval_id, "alice")
+    assert (late.ok, late.code) == (False, "expired")
+    no_receipt(client, intent, seconds=2.5)
+    assert system.requests(title="wipe-1") == []
+    assert [e["stage"] for e in stages(store, intent)].count("approval_expired") == 1
+
+
+def test_a_redelivered_intent_is_parked_once(client: ReachClient, store: redis.Redis) -> None:
+    intent = f"same-{uuid.uuid4().hex[:8]}"
+    client.publish("refund", {"title": "big-twice", "amount": 600}, intent_id=intent)
+    first = parked(client, intent)
+    client.publish("refund", {"title": "big-twice", "amount": 600}, intent_id=intent)
+
+    def notices() -> int:
+        no_receipt(client, intent, seconds=0.2)  # (takes in what arrives)
+        return len([n for n in client.seen_notices if n.intent_id == intent])  # type: ignore[attr-defined]
+
+    wait_for(notices, 10, "the redelivered intent was not noticed again", until=lambda n: n >= 2)
+    assert {n.approval_id for n in client.seen_notices if n.intent_id == intent} == {first.approval_id}  # type: ignore[attr-defined]
+    assert [p.approval_id for p in approvals.list_pending(store) if p.intent_id == intent] == [first.approval_id]
+    assert approvals.deny(store, BROKER_URL, first.approval_id, "alice").ok
+    client.wait(intent, timeout=20)
+    no_receipt(client, intent)
+
+
+def test_a_parked_intent_survives_a_router_restart(
+    client: ReachClient, system: CountingSystem, store: redis.Redis, fleet: Fleet
+) -> None:
+    intent = refund(client, "big-restart", 1200)
+    notice = parked(client, intent)
+    fleet.stop_process("router")
+    fleet.start_process("router", ["router"])
+    fleet.wait_consuming("reach.intents")
+    decision = approvals.approve(store, BROKER_URL, notice.approval_id, "alice")
+    assert decision.ok, decision
+    receipt = client.wait(intent, timeout=30)
+    assert receipt.success, receipt
+    assert system.executions()["big-restart"] == 1
+    # and the restarted router parks new ones as before
+    after = refund(client, "big-after-restart", 1300)
+    assert parked(client, after).intent_id == after
+    assert approvals.deny(store, BROKER_URL, parked(client, after).approval_id, "alice").ok
+    assert client.wait(after, timeout=20).error.code == ErrorCode.APPROVAL_DENIED  # type: ignore[union-attr]
+
+
+def test_the_cli_lists_shows_and_decides(client: ReachClient, system: CountingSystem, fleet: Fleet) -> None:
+    from click.testing import CliRunner
+
+    from workers.ops.cli import main
+
+    env = {"REACH_REDIS_URL": REDIS_URL, "REACH_BROKER_URL": BROKER_URL}
+    runner = CliRunner()
+    intent = refund(client, "big-cli", 2500, card="5500-0000")
+    notice = parked(client, intent)
+
+    listed = runner.invoke(main, ["approvals", "list"], env=env)
+    assert listed.exit_code == 0 and notice.approval_id in listed.output and "approval_shop.refund" in listed.output
+    shown = runner.invoke(main, ["approvals", "show", notice.approval_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)
+    assert doc["params"]["card"] == "[redacted]" and doc["state"] == "pending" and len(doc["payload_hash"]) == 64
+
+    refused = runner.invoke(main, ["approvals", "approve", notice.approval_id, "--as", "bob"], env=env)
+    assert refused.exit_code == 1 and "self_approval" in refused.output
+    wrong = runner.invoke(
+        main, ["approvals", "approve", notice.approval_id, "--as", "alice", "--hash", "0" * 64], env=env
+    )
+    assert wrong.exit_code == 1 and "hash_mismatch" in wrong.output
+    done = runner.invoke(
+        main, ["approvals", "approve", notice.approval_id, "--as", "alice", "--hash", doc["payload_hash"]], env=env
+    )
+    assert done.exit_code == 0 and done.stdout.startswith("approved:"), done.output
+    assert '"stage":"approval_approved"' in done.stderr  # the audit line, on stderr
+    assert client.wait(intent, timeout=20).success
+    assert [c["body"] for c in system.requests(title="big-cli")] == [
+        {"title": "big-cli", "amount": 2500, "card": "5500-0000"}
+    ]
+    missing = runner.invoke(main, ["approvals", "show", "f" * 32], env=env)
+    assert missing.exit_code == 1

@@ -1,0 +1,336 @@
+"""Value budgets in the real Redis and a real fleet: what the downstream received never sums past a
+budget, over budget is BUDGET_EXCEEDED with when to retry, a failed intent gives its amount back
+(once), and the window rolls."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from connectors.spec import BudgetSpec
+from producers.wire import ErrorCode, Receipt
+from tests.fleet import REDIS_URL, Fleet, agent
+from tests.integration.counting_system import CountingSystem
+from tests.waiting import wait_for
+from workers.ops.approvals import approve, deny, list_pending
+from workers.state.budgets import RedisBudgets, Spend, release_intent
+
+# -- the scripts on their own --------------------------------------------------------------
+
+
+def budget(max_: float, per: str = "1h") -> BudgetSpec:
+    return BudgetSpec(param="amount", max=max_, per=per)
+
+
+@pytest.fixture
+def counter() -> RedisBudgets:
+    return RedisBudgets(redis.Redis.from_url(REDIS_URL))
+
+
+def fresh() -> str:
+    return f"b_{uuid.uuid4().hex[:10]}"
+
+
+def test_amounts_are_summed_until_the_next_one_does_not_fit(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(500)
+    assert counter.reserve(who, "shop", "i1", [Spend(b, 200)]).allowed
+    assert counter.reserve(who, "shop", "i2", [Spend(b, 299.5)]).allowed
+    over = counter.reserve(who, "shop", "i3", [Spend(b, 1)])
+    assert not over.allowed and over.used == 499.5 and over.budget == b
+    assert 3_590_000 < over.retry_after_ms <= 3_600_000  # when i1 leaves the hour
+    assert counter.reserve(who, "shop", "i4", [Spend(b, 0.5)]).allowed  # exactly full fits
+
+
+def test_retry_after_is_when_enough_has_left_the_window(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(10, "3s")
+    assert counter.reserve(who, "shop", "a", [Spend(b, 2)]).allowed
+    time.sleep(1.0)
+    assert counter.reserve(who, "shop", "b", [Spend(b, 8)]).allowed
+    small = counter.reserve(who, "shop", "c", [Spend(b, 2)])  # a's 2 leaving is enough
+    large = counter.reserve(who, "shop", "d", [Spend(b, 5)])  # b's 8 must leave too
+    assert not small.allowed and not large.allowed
+    assert 1_500 < small.retry_after_ms <= 2_000 and 2_500 < large.retry_after_ms <= 3_000
+    time.sleep(small.retry_after_ms / 1000 + 0.05)
+    assert counter.reserve(who, "shop", "c", [Spend(b, 2)]).allowed
+
+
+def test_all_budgets_of_an_intent_count_it_or_none_does(counter: RedisBudgets) -> None:
+    who = fresh()
+    daily, hourly = budget(100, "1d"), budget(10, "1h")
+    assert counter.reserve(who, "shop", "i1", [Spend(daily, 8), Spend(hourly, 8)]).allowed
+    over = counter.reserve(who, "shop", "i2", [Spend(daily, 8), Spend(hourly, 8)])
+    assert not over.allowed and over.budget == hourly
+    # the daily budget did not count i2: 92 more still fit there
+    assert counter.reserve(who, "shop", "i3", [Spend(daily, 92)]).allowed
+
+
+def test_the_same_intent_is_counted_once_and_given_back_once(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(10)
+    assert counter.reserve(who, "shop", "i1", [Spend(b, 6)]).allowed
+    assert counter.reserve(who, "shop", "i1", [Spend(b, 6)]).allowed  # decided again: not twice
+    assert counter.reserve(who, "shop", "i2", [Spend(b, 4)]).allowed
+    assert counter.refund(who, "shop", "i1", [b]) is True
+    assert counter.refund(who, "shop", "i1", [b]) is False  # a redelivered failure gives nothing more
+    assert counter.reserve(who, "shop", "i3", [Spend(b, 6)]).allowed
+    assert not counter.reserve(who, "shop", "i4", [Spend(b, 1)]).allowed
+    assert counter.refund(who, "shop", "never", [b]) is False
+
+
+def test_a_forced_intent_counts_past_the_budget(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(10)
+    assert counter.reserve(who, "shop", "i1", [Spend(b, 25)], force=True).allowed
+    assert not counter.reserve(who, "shop", "i2", [Spend(b, 1)]).allowed
+
+
+def test_two_routers_hammering_one_budget_never_overspend() -> None:
+    who, b = fresh(), budget(1000)
+    counters = [RedisBudgets(redis.Redis.from_url(REDIS_URL)) for _ in range(2)]
+    counted: list[int] = []
+    lock = threading.Lock()
+
+    def hammer(n: int) -> None:
+        for i in range(25):
+            amount = 1 + (n * 7 + i) % 13
+            if counters[n % 2].reserve(who, "shop", f"{n}-{i}", [Spend(b, amount)]).allowed:
+                with lock:
+                    counted.append(amount)
+
+    threads = [threading.Thread(target=hammer, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1000 - 13 < sum(counted) <= 1000
+
+
+def test_an_intent_known_only_by_its_id_is_given_back_once(counter: RedisBudgets) -> None:
+    who, daily, hourly = fresh(), budget(10, "1d"), budget(10, "1h")
+    client = redis.Redis.from_url(REDIS_URL)
+    assert counter.reserve(who, "shop", "i1", [Spend(daily, 10), Spend(hourly, 10)]).allowed
+    assert release_intent(client, who, "i1") is True  # what a denied approval does
+    assert release_intent(client, who, "i1") is False
+    assert counter.refund(who, "shop", "i1", [daily, hourly]) is False  # nor can the pool give it back again
+    assert counter.reserve(who, "shop", "i2", [Spend(daily, 10), Spend(hourly, 10)]).allowed
+
+
+def test_a_float_total_does_not_drift_past_the_budget(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(1)
+    assert all(counter.reserve(who, "shop", f"i{i}", [Spend(b, 0.1)]).allowed for i in range(10))
+    assert not counter.reserve(who, "shop", "i10", [Spend(b, 0.1)]).allowed
+
+
+# -- a real fleet: two routers, one pool ---------------------------------------------------
+
+CATALOG = """\
+connector:
+  name: shop
+  endpoint: {url}
+  retry: {{max_attempts: 1}}
+  actions:
+    - action: pay
+      path: POST /items
+      permission: write
+      input:
+        title: {{ type: string, required: true }}
+        amount: {{ type: integer, required: true }}
+    - action: pay_slowly
+      path: POST /slow/items
+      permission: write
+      timeout: 500ms
+      input:
+        title: {{ type: string, required: true }}
+        amount: {{ type: integer, required: true }}
+---
+agent_app:
+  name: spender
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: {{param: amount, max: 500, per: 1d}}
+---
+agent_app:
+  name: refunder
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: {{param: amount, max: 100, per: 1d}}
+---
+agent_app:
+  name: roller
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: {{param: amount, max: 10, per: 2s}}
+---
+agent_app:
+  name: hostile
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay, pay_slowly]
+      budget: {{param: amount, max: 50, per: 1d}}
+---
+agent_app:
+  name: asker
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: {{param: amount, max: 100, per: 1d, on_exceed: approval}}
+      approval: {{when: 'title == "manual"', approvers: [finance]}}
+---
+approvers:
+  finance: [ann]
+---
+agent_app:
+  name: crowd
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: [{{param: amount, max: 500, per: 1h}}, {{param: amount, max: 100000, per: 1d}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[CountingSystem]:
+    downstream = CountingSystem().start()
+    yield downstream
+    downstream.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(system: CountingSystem) -> Iterator[Fleet]:
+    # a small read-ahead, so that the two routers share a burst
+    with Fleet(CATALOG.format(url=system.url), pools=["shop"], env={"REACH_ROUTER_PREFETCH": "8"}) as running:
+        running.start_process("router2", ["router"])
+        running.wait_consuming("reach.intents", consumers=2)
+        yield running
+
+
+def paid(system: CountingSystem, who: str) -> int:
+    """What the downstream executed for ``who``: the amounts are in the titles."""
+    return sum(int(title.rsplit("-", 1)[1]) * n for title, n in system.executions().items() if title.startswith(who))
+
+
+def pay(client: object, who: str, amount: int) -> Receipt:
+    return client.call("shop.pay", {"title": f"{who}-{uuid.uuid4().hex[:6]}-{amount}", "amount": amount}, timeout=30)  # type: ignore[attr-defined]
+
+
+def test_under_budget_passes_and_over_budget_is_budget_exceeded(fleet: Fleet, system: CountingSystem) -> None:
+    with agent("spender") as client:
+        assert pay(client, "spender", 200).status == "succeeded"
+        assert pay(client, "spender", 300).status == "succeeded"
+        over = pay(client, "spender", 1)
+    assert over.status == "rejected" and over.error is not None
+    assert over.error.code is ErrorCode.BUDGET_EXCEEDED and over.error.retryable
+    assert over.error.retry_after_ms is not None and 86_000_000 < over.error.retry_after_ms <= 86_400_000
+    assert paid(system, "spender") == 500
+
+
+def test_a_failed_intent_gives_its_amount_back(fleet: Fleet, system: CountingSystem) -> None:
+    with agent("refunder") as client:
+        system.state.fail_status, system.state.fail_count = 409, 1
+        failed = pay(client, "refunder", 80)
+        assert failed.status == "failed" and failed.error is not None
+        assert failed.error.code is ErrorCode.DOWNSTREAM_CONFLICT
+        # its 80 came back: another 80 fits, and then nothing over 20
+        assert pay(client, "refunder", 80).status == "succeeded"
+        over = pay(client, "refunder", 21)
+        assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
+        assert pay(client, "refunder", 20).status == "succeeded"
+    assert paid(system, "refunder") == 100
+
+
+def test_the_window_rolls(fleet: Fleet, system: CountingSystem) -> None:
+    with agent("roller") as client:
+        assert pay(client, "roller", 10).status == "succeeded"
+        over = pay(client, "roller", 3)
+        assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
+        assert over.error.retry_after_ms is not None and 0 < over.error.retry_after_ms <= 2_000
+        time.sleep(over.error.retry_after_ms / 1000 + 0.1)
+        assert pay(client, "roller", 3).status == "succeeded"
+    assert paid(system, "roller") == 13
+
+
+def test_hostile_amounts_are_refused_and_cannot_refill_the_budget(fleet: Fleet, system: CountingSystem) -> None:
+    with agent("hostile") as client:
+        assert pay(client, "hostile", 40).status == "succeeded"
+        for amount in (-40, -(10**30), 10**30, 51):
+            refused = pay(client, "hostile", amount)
+            assert refused.error is not None and refused.error.code is ErrorCode.VALIDATION_FAILED, amount
+            assert refused.error.details[0]["field"] == "amount"
+        for raw in ("NaN", "-Infinity", "1e999"):
+            client.publish_raw(
+                f'{{"intent_id":"h-{raw}","action":"shop.pay","params":{{"title":"hostile-x-0","amount":{raw}}}}}'.encode(),
+                message_id=f"h-{raw}",  # the body does not parse: the receipt takes this id
+            )
+            assert client.wait(f"h-{raw}", timeout=30).error.code is ErrorCode.INVALID_INTENT  # type: ignore[union-attr]
+        # nothing refused was counted, and no negative amount made room: 10 fit, 1 more does not
+        over = pay(client, "hostile", 11)
+        assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
+        # an outcome that may have happened stays counted (the call outlived its 500 ms timeout)
+        unsure = client.call("shop.pay_slowly", {"title": "slow-hostile-10", "amount": 10}, timeout=30)
+        assert unsure.status == "unknown"
+        over = pay(client, "hostile", 1)
+        assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
+    assert paid(system, "hostile") == 40  # (the slow call's title is counted apart: it lands later)
+
+
+def parked(fleet: Fleet, intent_id: str) -> str:
+    """The approval id of a parked intent, once it is parked."""
+    client = redis.Redis.from_url(fleet.redis_url)
+    found = wait_for(
+        lambda: [p for p in list_pending(client) if p.intent_id == intent_id], 30, f"{intent_id} was never parked"
+    )
+    return str(found[0].approval_id)
+
+
+def test_over_budget_with_on_exceed_approval_asks_a_person(fleet: Fleet, system: CountingSystem) -> None:
+    store = redis.Redis.from_url(fleet.redis_url)
+    with agent("asker") as client:
+        assert pay(client, "asker", 80).status == "succeeded"  # within budget: no person asked
+        # over budget: parked instead of BUDGET_EXCEEDED; denied, its 50 is given back
+        denied = client.publish("shop.pay", {"title": "asker-d-50", "amount": 50})
+        assert deny(store, fleet.broker_url, parked(fleet, denied), "ann", "too much").ok
+        receipt = client.wait(denied, timeout=30)
+        assert receipt.error is not None and receipt.error.code is ErrorCode.APPROVAL_DENIED
+        assert pay(client, "asker", 20).status == "succeeded"  # 80 + 20: the denied 50 is not counted
+        # over budget again; approved, it runs (a person may allow more than the budget)
+        approved = client.publish("shop.pay", {"title": "asker-a-30", "amount": 30})
+        assert approve(store, fleet.broker_url, parked(fleet, approved), "ann").ok
+        assert client.wait(approved, timeout=30).status == "succeeded"
+    assert paid(system, "asker") == 130
+
+
+def dispatched_by(fleet: Fleet, router: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics_port(router)}/metrics", timeout=5).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('reach_intents_dispatched_total{connector="shop"}')
+    )
+
+
+def test_two_hundred_concurrent_intents_through_two_routers_never_overspend(
+    fleet: Fleet, system: CountingSystem
+) -> None:
+    before = {name: dispatched_by(fleet, name) for name in ("router", "router2")}
+    amounts = [1 + (i * 7) % 10 for i in range(200)]  # 1..10, 1100 in all against 500
+    with agent("crowd") as client:
+        ids = [
+            client.publish("shop.pay", {"title": f"crowd-{i}-{amount}", "amount": amount})
+            for i, amount in enumerate(amounts)
+        ]
+        receipts = [client.wait(intent_id, timeout=60) for intent_id in ids]
+    succeeded = [a for a, r in zip(amounts, receipts) if r.status == "succeeded"]
+    refused = [r for r in receipts if r.status != "succeeded"]
+    assert all(r.error is not None and r.error.code is ErrorCode.BUDGET_EXCEEDED for r in refused)
+    wait_for(lambda: paid(system, "crowd") == sum(succeeded), 10, "the downstream executed what succeeded")
+    # never past the budget; and filled: a refused amount (at most 10) did not fit
+    assert 490 < paid(system, "crowd") <= 500
+    # both routers took part
+    assert all(dispatched_by(fleet, name) > before[name] for name in ("router", "router2"))

@@ -1,0 +1,358 @@
+"""Value budgets without services: the catalog shape, `reach validate`'s checks, which receipts give
+an amount back, the router's budget step (with a recording counter) and its scripts' keys."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from redis.crc import key_slot
+
+from connectors.catalog import Catalog, build
+from connectors.loader import load_directory
+from connectors.spec import Binding, BudgetSpec, parse_budget_window
+from producers.wire import ErrorCode
+from workers.router.intake import RawMessage
+from workers.router.routing import Answer, Dispatch, Router
+from workers.state import budgets as budgets_module
+from workers.state import keys
+from workers.state.budgets import BudgetVerdict, Spend, budget_index, gives_back
+from workers.transport.receipts import build_receipt
+
+CONNECTOR = """\
+connector:
+  name: payments
+  endpoint: http://127.0.0.1:9
+  actions:
+    - action: refund
+      path: POST /refunds
+      permission: write
+      input:
+        order: { type: string, required: true }
+        amount: { type: number, required: true }
+        note: { type: string }
+        count: { type: integer, default: 1 }
+        maybe: { type: number }
+    - action: lookup
+      path: GET /orders
+      input:
+        order: { type: string, required: true }
+"""
+
+
+def catalog_with(binding_extra: str, documents: str = "") -> tuple[Catalog, list[str]]:
+    return _build(
+        CONNECTOR
+        + "---\nagent_app:\n  name: bot\n  connector_bindings:\n    - connector: payments\n"
+        + "      allowed_actions: [refund, lookup]\n"
+        + textwrap.indent(textwrap.dedent(binding_extra), "      ")
+        + documents
+    )
+
+
+def _build(text: str) -> tuple[Catalog, list[str]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "c.yaml").write_text(text)
+        catalog, problems = build(load_directory(tmp))
+    return catalog, [p.message for p in problems]
+
+
+# -- the catalog shape --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [("1d", 86_400_000), ("2s", 2000), ("10m", 600_000), ("1h", 3_600_000), ("day", 86_400_000), ("30 sec", 30_000)],
+)
+def test_budget_windows_are_written_like_rate_limits_and_durations(text: str, ms: int) -> None:
+    assert parse_budget_window(text) == ms
+
+
+@pytest.mark.parametrize("text", ["0d", "1w", "", "1.5h", "-1d", "367d", "１d", "1d2h", "99999999999999999999d"])
+def test_a_bad_window_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="budget window"):
+        parse_budget_window(text)
+
+
+def test_one_mapping_or_a_list_of_them() -> None:
+    one = Binding.model_validate(
+        {"connector": "c", "allowed_actions": ["a"], "budget": {"param": "amount", "max": 500, "per": "1d"}}
+    )
+    many = Binding.model_validate(
+        {
+            "connector": "c",
+            "allowed_actions": ["a"],
+            "budget": [{"param": "amount", "max": 500, "per": "1d"}, {"param": "amount", "max": 50, "per": "1m"}],
+        }
+    )
+    assert [b.per_ms for b in one.budget] == [86_400_000]
+    assert [(b.max, b.on_exceed) for b in many.budget] == [(500, "reject"), (50, "reject")]
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"param": "amount", "max": 0, "per": "1d"},
+        {"param": "amount", "max": -5, "per": "1d"},
+        {"param": "amount", "max": float("nan"), "per": "1d"},
+        {"param": "amount", "max": float("inf"), "per": "1d"},
+        {"param": "amount", "max": 1e300, "per": "1d"},
+        {"param": "amount", "max": "lots", "per": "1d"},
+        {"param": "amount", "max": 5, "per": "whenever"},
+        {"param": "amount", "max": 5, "per": "1d", "on_exceed": "ignore"},
+        {"param": "amount", "max": 5, "per": "1d", "typo": 1},
+        {"param": "a.b", "max": 5, "per": "1d"},
+        {"param": "amount", "per": "1d"},
+    ],
+)
+def test_a_bad_budget_is_refused(budget: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        BudgetSpec.model_validate(budget)
+
+
+def test_two_budgets_counting_the_same_thing_are_refused() -> None:
+    with pytest.raises(ValidationError, match="two budgets on amount per 24h|two budgets on amount"):
+        Binding.model_validate(
+            {
+                "connector": "c",
+                "allowed_actions": ["a"],
+                "budget": [{"param": "amount", "max": 5, "per": "1d"}, {"param": "amount", "max": 9, "per": "24h"}],
+            }
+        )
+
+
+# -- reach validate ----------------------------------------------------------------------
+
+
+def test_a_budget_on_a_declared_numeric_param_is_valid_and_indexed_for_the_actions_that_have_it() -> None:
+    catalog, problems = catalog_with("budget: {param: amount, max: 500, per: 1d}\n")
+    assert problems == []
+    index = budget_index(catalog)
+    assert set(index) == {("bot", "payments", "refund")}  # lookup has no amount: not counted
+    assert index[("bot", "payments", "refund")][0].on_exceed == "reject"
+
+
+def test_on_exceed_approval_needs_an_approval_that_names_the_approvers() -> None:
+    _, problems = catalog_with("budget: {param: amount, max: 500, per: 1d, on_exceed: approval}\n")
+    assert len(problems) == 1 and "on_exceed: approval needs an approval:" in problems[0]
+    catalog, problems = catalog_with(
+        "budget: {param: amount, max: 500, per: 1d, on_exceed: approval}\n"
+        "approval: {when: 'order == \"manual\"', approvers: [finance]}\n",
+        "---\napprovers:\n  finance: [ann]\n",
+    )
+    assert problems == []
+    assert budget_index(catalog)[("bot", "payments", "refund")][0].on_exceed == "approval"
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        ("{param: missing, max: 5, per: 1d}", "not an input of any action this binding allows"),
+        ("{param: note, max: 5, per: 1d}", "is string, not integer or number"),
+        ("{param: maybe, max: 5, per: 1d}", "must be required or have a default"),
+    ],
+)
+def test_validate_checks_the_param_against_the_actions(budget: str, expected: str) -> None:
+    _, problems = catalog_with(f"budget: {budget}\n")
+    assert len(problems) == 1 and expected in problems[0]
+
+
+def test_an_integer_param_with_a_default_may_be_counted() -> None:
+    _, problems = catalog_with("budget: [{param: count, max: 5, per: 1h}, {param: amount, max: 5, per: 1h}]\n")
+    assert problems == []
+
+
+def test_validate_reports_a_bad_window() -> None:
+    _, problems = catalog_with("budget: {param: amount, max: 5, per: fortnight}\n")
+    assert len(problems) == 1 and "budget window 'fortnight'" in problems[0]
+
+
+# -- which receipts give their amount back -------------------------------------------------
+
+
+def receipt(code: ErrorCode | None, attempts: int = 1, deduplicated: bool = False) -> Any:
+    return build_receipt(
+        intent_id="i1",
+        agent_id="bot",
+        action="refund",
+        connector="payments",
+        trace_id="0" * 32,
+        received_at=0.0,
+        code=code,
+        message="m",
+        suggestion="s",
+        attempts=attempts,
+        deduplicated=deduplicated,
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "attempts", "deduplicated", "back"),
+    [
+        (None, 1, False, False),  # it happened
+        (ErrorCode.OUTCOME_UNKNOWN, 1, False, False),  # it may have happened: stays counted
+        (ErrorCode.DOWNSTREAM_CONFLICT, 1, False, True),  # the system refused it
+        (ErrorCode.DOWNSTREAM_UNREACHABLE, 3, False, True),
+        (ErrorCode.DEADLINE_EXCEEDED, 0, False, True),  # the pool answered before calling
+        (ErrorCode.IDEMPOTENCY_KEY_REUSED, 0, False, True),
+        (ErrorCode.INTERNAL, 0, False, False),  # poison: earlier deliveries may have called
+        (None, 0, True, True),  # a replayed outcome: the earlier intent was counted
+    ],
+)
+def test_what_gives_an_amount_back(code: ErrorCode | None, attempts: int, deduplicated: bool, back: bool) -> None:
+    assert gives_back(receipt(code, attempts, deduplicated)) is back
+
+
+# -- the router's step ---------------------------------------------------------------------
+
+
+class RecordingCounter:
+    """A counter that says yes until ``room`` is spent (what Redis does, in one process)."""
+
+    def __init__(self, room: float) -> None:
+        self.room = room
+        self.reserved: list[tuple[str, str, str, list[tuple[str, float]]]] = []
+        self.refunded: list[str] = []
+
+    def reserve(
+        self, agent: str, connector: str, intent_id: str, spends: Sequence[Spend], *, force: bool = False
+    ) -> BudgetVerdict:
+        total = sum(s.amount for s in spends)
+        if total > self.room:
+            return BudgetVerdict(False, spends[0].budget, 4321, 77.0)
+        self.room -= total
+        self.reserved.append((agent, connector, intent_id, [(s.budget.param, s.amount) for s in spends]))
+        return BudgetVerdict(True)
+
+    def refund(self, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> bool:
+        self.refunded.append(intent_id)
+        return True
+
+
+def decide(catalog: Catalog, counter: RecordingCounter, params: Any, action: str = "payments.refund") -> Any:
+    router = Router(catalog, max_intent_bytes=65536, budgets=counter)
+    body = {"agent_id": "bot", "intent_id": "i-1", "action": action, "params": params}
+    return router.decide(RawMessage(body=json.dumps(body).encode(), received_at=datetime.now(UTC).timestamp()))
+
+
+@pytest.fixture(scope="module")
+def budgeted() -> Catalog:
+    catalog, problems = catalog_with("budget: {param: amount, max: 500, per: 1d}\n")
+    assert problems == []
+    return catalog
+
+
+def test_an_intent_within_budget_is_counted_and_dispatched(budgeted: Catalog) -> None:
+    counter = RecordingCounter(500)
+    decision = decide(budgeted, counter, {"order": "o1", "amount": 120.5})
+    assert isinstance(decision, Dispatch)
+    assert counter.reserved == [("bot", "payments", "i-1", [("amount", 120.5)])]
+
+
+def test_over_budget_is_budget_exceeded_with_retry_after(budgeted: Catalog) -> None:
+    decision = decide(budgeted, RecordingCounter(100), {"order": "o1", "amount": 120})
+    assert isinstance(decision, Answer) and decision.receipt.error is not None
+    error = decision.receipt.error
+    assert (error.code, error.retryable, error.retry_after_ms) == (ErrorCode.BUDGET_EXCEEDED, True, 4321)
+    assert decision.receipt.status == "rejected" and "500 amount per 1d" in error.message
+
+
+def test_an_action_without_the_param_is_not_counted(budgeted: Catalog) -> None:
+    counter = RecordingCounter(0)
+    assert isinstance(decide(budgeted, counter, {"order": "o1"}, "payments.lookup"), Dispatch)
+    assert counter.reserved == []
+
+
+@pytest.mark.parametrize(
+    ("amount", "code", "field_code"),
+    [
+        (-1, ErrorCode.VALIDATION_FAILED, "min"),  # would refill the window
+        (-1e308, ErrorCode.VALIDATION_FAILED, "min"),
+        (10**400, ErrorCode.VALIDATION_FAILED, "max"),  # more than the whole budget: never fits
+        (500.0001, ErrorCode.VALIDATION_FAILED, "max"),
+        ("NaN", ErrorCode.VALIDATION_FAILED, "type"),  # the params schema refuses it first
+        ("12", ErrorCode.VALIDATION_FAILED, "type"),
+        (True, ErrorCode.VALIDATION_FAILED, "type"),
+        (None, ErrorCode.VALIDATION_FAILED, "null"),
+    ],
+)
+def test_hostile_amounts_are_refused_before_anything_is_counted(
+    budgeted: Catalog, amount: Any, code: ErrorCode, field_code: str
+) -> None:
+    counter = RecordingCounter(10**9)
+    decision = decide(budgeted, counter, {"order": "o1", "amount": amount})
+    assert isinstance(decision, Answer) and decision.receipt.error is not None
+    assert decision.receipt.error.code is code
+    assert decision.receipt.error.details[0]["field"] == "amount"
+    assert decision.receipt.error.details[0]["code"] == field_code
+    assert counter.reserved == []
+
+
+def test_non_finite_numbers_never_reach_the_budget(budgeted: Catalog) -> None:
+    counter = RecordingCounter(10**9)
+    router = Router(budgeted, max_intent_bytes=65536, budgets=counter)
+    for literal in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
+        body = b'{"agent_id":"bot","action":"payments.refund","params":{"order":"o","amount":' + literal + b"}}"
+        decision = router.decide(RawMessage(body=body, received_at=0.0))
+        assert isinstance(decision, Answer) and decision.receipt.error is not None
+        assert decision.receipt.error.code is ErrorCode.INVALID_INTENT
+    assert counter.reserved == []
+
+
+def test_a_zero_amount_passes_without_being_counted(budgeted: Catalog) -> None:
+    counter = RecordingCounter(0)
+    assert isinstance(decide(budgeted, counter, {"order": "o1", "amount": 0}), Dispatch)
+    assert counter.reserved == [("bot", "payments", "i-1", [])]
+
+
+def test_a_catalog_without_budgets_has_an_empty_index() -> None:
+    catalog, problems = catalog_with("rate_limit: 10/min\n")
+    assert problems == [] and budget_index(catalog) == {}
+
+
+# -- the scripts' keys (Redis Cluster: KEYS only, one slot) --------------------------------
+
+CALL = re.compile(r"redis\.call\('(?P<cmd>[A-Z]+)',\s*(?P<key>[^,)]+)")
+ALIAS = re.compile(r"local (\w+) = KEYS\[[^\]]+\]")
+
+
+@pytest.mark.parametrize("name", ["_RESERVE", "_REFUND"])
+def test_every_key_a_script_touches_comes_from_keys(name: str) -> None:
+    script = getattr(budgets_module, name)
+    aliases = set(ALIAS.findall(script))
+    calls = [c for c in CALL.finditer(script) if c["cmd"] != "TIME"]
+    assert calls
+    for call in calls:
+        assert call["key"].strip() in aliases, f"{name}: {call[0]} names a key not from KEYS"
+
+
+def test_an_intents_budget_keys_share_the_agents_slot() -> None:
+    several = [*keys.budget("bot", "payments", "amount", 86_400_000), *keys.budget("bot", "payments", "count", 1000)]
+    several.append(keys.budget_held("bot", "intent-1"))
+    assert {key_slot(k.encode()) for k in several} == {key_slot(keys.receipt("bot", "x").encode())}
+    assert keys.budget("bot", "payments", "amount", 1000) == (
+        "reach:budget:{bot}:payments:amount:1000",
+        "reach:budget-amounts:{bot}:payments:amount:1000",
+    )
+
+
+def test_the_contracts_budget_example_validates() -> None:
+    contract = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
+    block = re.search(r"```yaml\n(agent_app:\n(?:(?!```).)*?# one mapping, or a list of them.*?)```", contract, re.S)
+    assert block is not None
+    shop = CONNECTOR.replace("name: payments", "name: shop")
+    catalog, problems = _build(shop + "---\n" + block.group(1) + "---\napprovers:\n  finance: [ann]\n")
+    assert problems == []
+    assert [(b.max, b.per_ms, b.on_exceed) for b in budget_index(catalog)[("shop_bot", "shop", "refund")]] == [
+        (500, 86_400_000, "reject"),
+        (100, 600_000, "approval"),
+    ]

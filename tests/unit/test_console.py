@@ -1,0 +1,329 @@
+"""The console's HTTP surface without services: login, roles, CSRF, Origin, rate limit, redaction
+of the page's input. The fleet behind it is a recording stand-in for ``workers.console.views.Fleet``
+(the real one, against a real fleet and a real browser, is tests/integration/test_console.py)."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from workers.console.app import create_app
+from workers.console.users import UsersFile, UsersFileError, check_login, hash_password, parse_users, verify_password
+from workers.console.views import Page
+from workers.ops.cli import main
+from workers.ops.fleet import ConnectorStatus
+from workers.settings import Settings
+
+ORIGIN = "http://testserver"
+PASSWORDS = {"vera": "viewer-pw", "alice": "approver-pw", "olga": "operator-pw"}
+ROLES = {"vera": "viewer", "alice": "approver", "olga": "operator"}
+
+
+@dataclass
+class Decision:
+    ok: bool
+    code: str
+    message: str
+
+
+@dataclass
+class Pending:
+    approval_id: str = "ap1"
+    intent_id: str = "intent-1"
+    agent_id: str = "shop_bot"
+    connector: str = "payments"
+    action: str = "refund"
+    params: dict[str, Any] = field(default_factory=lambda: {"amount": 900, "card": "[REDACTED]"})
+    payload_hash: str = "ab" * 32
+    approvers: list[str] = field(default_factory=lambda: ["finance"])
+    created_at: str = "2026-12-01T03:00:00Z"
+    expires_at: str = "2026-12-01T04:00:00Z"
+    summary: str = "refund 900 to order 7"
+
+
+class RecordingFleet:
+    """What the pages read, fixed; what they change, recorded."""
+
+    def __init__(self) -> None:
+        self.paused: dict[str, bool] = {}
+        self.decisions: list[tuple[str, bool, str, str | None, str | None]] = []
+        self.replays: list[str | None] = []
+        self.audit: list[dict[str, Any]] = []
+
+    def status(self) -> Page:
+        return Page(
+            rows=[ConnectorStatus("payments", 0, 1, 0, 1, "closed", "up", self.paused.get("payments", False), "")]
+        )
+
+    def known_connector(self, name: str) -> bool:
+        return name == "payments"
+
+    def set_paused(self, connector: str, paused: bool) -> None:
+        self.paused[connector] = paused
+
+    def dead_letters(self) -> Page:
+        return Page()
+
+    def replay(self, message_id: str | None) -> tuple[list[str], list[tuple[str, str]]]:
+        self.replays.append(message_id)
+        return ([message_id or "m1"], [])
+
+    def trace(self, intent_id: str, agent: str | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
+        return "shop_bot", [], [{"offset_ms": "0.0", "stage": "received", "details": "<script>x</script>"}]
+
+    def pending(self) -> Page:
+        return Page(rows=[Pending()])
+
+    def get_approval(self, approval_id: str) -> Pending | None:
+        return Pending() if approval_id == "ap1" else None
+
+    def decide(self, approval_id: str, approve: bool, approver: str, reason: str | None, shown: str | None) -> Decision:
+        self.decisions.append((approval_id, approve, approver, reason, shown))
+        return Decision(True, "", "")
+
+    def audited(self, user: str, role: str, action: str, **fields: Any) -> None:
+        self.audit.append({"user": user, "role": role, "action": action, **fields})
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("console") / "users.yaml"
+    path.write_text(
+        "".join(f"{n}: {{password_hash: '{hash_password(p)}', role: {ROLES[n]}}}\n" for n, p in PASSWORDS.items())
+    )
+    return path
+
+
+@pytest.fixture
+def fleet() -> RecordingFleet:
+    return RecordingFleet()
+
+
+def console(users_file: Path, fleet: RecordingFleet, **settings: Any) -> TestClient:
+    app = create_app(Settings(console_users=str(users_file), **settings), fleet, UsersFile(str(users_file)))  # type: ignore[arg-type]
+    return TestClient(app, base_url=ORIGIN, follow_redirects=False)
+
+
+def csrf_of(client: TestClient, path: str = "/login") -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text)
+    assert found, f"no CSRF token on {path}"
+    return found.group(1)
+
+
+def logged_in(users_file: Path, fleet: RecordingFleet, name: str) -> tuple[TestClient, str]:
+    client = console(users_file, fleet)
+    token = csrf_of(client)
+    answer = client.post(
+        "/login", data={"name": name, "password": PASSWORDS[name], "csrf_token": token}, headers={"Origin": ORIGIN}
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == "/fleet", answer.text
+    return client, csrf_of(client, "/fleet")
+
+
+def test_passwords_hash_with_scrypt_and_a_salt_each_time() -> None:
+    first, second = hash_password("s3cret"), hash_password("s3cret")
+    assert first.startswith("scrypt$") and first != second
+    assert verify_password("s3cret", first) and verify_password("s3cret", second)
+    assert not verify_password("s3cret!", first)
+    assert not verify_password("s3cret", "scrypt$garbage") and not verify_password("x" * 2000, first)
+
+
+def test_the_users_file_is_checked_entry_by_entry() -> None:
+    good = hash_password("pw")
+    assert parse_users(f"a: {{password_hash: '{good}', role: operator}}")["a"].role.name == "operator"
+    for text in (
+        "[a, b]",
+        f"a: {{password_hash: '{good}', role: admin}}",
+        "a: {password_hash: plain, role: viewer}",
+        f"a: {{password_hash: '{good}', role: viewer, extra: 1}}",
+        f"'a b': {{password_hash: '{good}', role: viewer}}",
+    ):
+        with pytest.raises(UsersFileError):
+            parse_users(text)
+    assert check_login(parse_users(f"a: {{password_hash: '{good}', role: viewer}}"), "nobody", "pw") is None
+
+
+def test_pages_need_a_login(users_file: Path, fleet: RecordingFleet) -> None:
+    client = console(users_file, fleet)
+    for path in ("/fleet", "/approvals", "/dead-letters", "/trace"):
+        answer = client.get(path)
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login"), path
+    assert client.get("/fleet/live").status_code == 401
+
+
+def test_a_wrong_password_does_not_log_in(users_file: Path, fleet: RecordingFleet) -> None:
+    client = console(users_file, fleet)
+    token = csrf_of(client)
+    client.post("/login", data={"name": "olga", "password": "nope", "csrf_token": token}, headers={"Origin": ORIGIN})
+    assert client.get("/fleet").status_code == 303
+    assert fleet.audit[-1] == {
+        "user": "olga",
+        "role": "-",
+        "action": "login",
+        "result": "failed",
+        "address": "testclient",
+    }
+
+
+def test_login_itself_needs_the_csrf_token_and_the_own_origin(users_file: Path, fleet: RecordingFleet) -> None:
+    client = console(users_file, fleet)
+    token = csrf_of(client)
+    form = {"name": "olga", "password": PASSWORDS["olga"]}
+    assert client.post("/login", data=form, headers={"Origin": ORIGIN}).status_code == 403
+    assert (
+        client.post("/login", data={**form, "csrf_token": token}, headers={"Origin": "http://evil"}).status_code == 403
+    )
+    assert client.get("/fleet").status_code == 303
+
+
+def test_failed_logins_are_rate_limited_per_name(users_file: Path, fleet: RecordingFleet) -> None:
+    client = console(users_file, fleet, console_login_rate="3/min")
+    token = csrf_of(client)
+    for _ in range(3):
+        wrong = {"name": "alice", "password": "guess", "csrf_token": token}
+        assert client.post("/login", data=wrong, headers={"Origin": ORIGIN}).status_code == 303
+    right = {"name": "alice", "password": PASSWORDS["alice"], "csrf_token": token}
+    answer = client.post("/login", data=right, headers={"Origin": ORIGIN})
+    assert answer.status_code == 429 and int(answer.headers["Retry-After"]) > 0
+    assert client.get("/fleet").status_code == 303  # even the right password waits
+
+
+def test_the_session_cookie_is_httponly_samesite_strict_and_secure_when_asked(
+    users_file: Path, fleet: RecordingFleet
+) -> None:
+    plain = console(users_file, fleet).get("/login").headers["set-cookie"].lower()
+    assert "httponly" in plain and "samesite=strict" in plain and "secure" not in plain
+    secure = console(users_file, fleet, console_secure_cookie=True).get("/login").headers["set-cookie"].lower()
+    assert "; secure" in secure
+
+
+def test_a_viewer_sees_no_buttons_and_every_post_is_refused(users_file: Path, fleet: RecordingFleet) -> None:
+    client, token = logged_in(users_file, fleet, "vera")
+    for live in ("/fleet/live", "/approvals/live"):
+        html = client.get(live).text
+        assert "payments" in html and "<button" not in html, live
+    assert "Replay all" not in client.get("/dead-letters").text
+    for path in ("/fleet/payments/pause", "/approvals/ap1/approve", "/approvals/ap1/deny", "/dead-letters/replay"):
+        for headers in ({"Origin": ORIGIN}, {"Origin": ORIGIN, "X-CSRF-Token": token}):
+            assert client.post(path, data={"reason": "x"}, headers=headers).status_code == 403, (path, headers)
+    assert fleet.paused == {} and fleet.decisions == [] and fleet.replays == []
+    assert {a["action"] for a in fleet.audit if a["result"] == "refused"} == {"pause", "approve", "deny", "replay"}
+
+
+def test_an_operator_post_without_the_csrf_token_or_from_elsewhere_is_refused(
+    users_file: Path, fleet: RecordingFleet
+) -> None:
+    client, token = logged_in(users_file, fleet, "olga")
+    assert client.post("/fleet/payments/pause", headers={"Origin": ORIGIN}, data={}).status_code == 403
+    assert (
+        client.post("/fleet/payments/pause", headers={"Origin": ORIGIN, "X-CSRF-Token": "forged"}, data={}).status_code
+        == 403
+    )
+    assert (
+        client.post(
+            "/fleet/payments/pause", headers={"Origin": "http://evil.example", "X-CSRF-Token": token}, data={}
+        ).status_code
+        == 403
+    )
+    assert (
+        client.post("/fleet/payments/pause", headers={"X-CSRF-Token": token}, data={}).status_code == 403
+    )  # no Origin
+    assert fleet.paused == {}
+    ok = client.post(
+        "/fleet/payments/pause", headers={"Origin": ORIGIN, "X-Requested-With": "fetch"}, data={"csrf_token": token}
+    )
+    assert ok.status_code == 200 and ok.json()["ok"] and fleet.paused == {"payments": True}
+    assert fleet.audit[-1] == {
+        "user": "olga",
+        "role": "operator",
+        "action": "pause",
+        "target": "payments",
+        "result": "ok",
+    }
+
+
+def test_an_approver_decides_as_themselves_but_cannot_pause(users_file: Path, fleet: RecordingFleet) -> None:
+    client, token = logged_in(users_file, fleet, "alice")
+    headers = {"Origin": ORIGIN, "X-CSRF-Token": token}
+    form = {"reason": "not this one", "payload_hash": "ab" * 32}
+    assert client.post("/approvals/ap1/deny", headers=headers, data={"reason": "no hash"}).status_code == 303
+    assert fleet.decisions == []  # which payload was shown is part of the decision
+    answer = client.post("/approvals/ap1/deny", headers=headers, data=form)
+    assert answer.status_code == 303
+    assert fleet.decisions == [("ap1", False, "alice", "not this one", "ab" * 32)]
+    assert fleet.audit[-1]["intent_id"] == "intent-1" and fleet.audit[-1]["payload_hash"] == "ab" * 32
+    assert client.post("/fleet/payments/pause", headers=headers, data={}).status_code == 403
+    html = client.get("/approvals/live").text
+    assert "Approve" in html and "[REDACTED]" in html and "&#34;amount&#34;: 900" in html
+
+
+def test_page_input_is_escaped_and_bounded(users_file: Path, fleet: RecordingFleet) -> None:
+    client, token = logged_in(users_file, fleet, "olga")
+    html = client.get("/trace", params={"intent_id": "i-1"}).text
+    assert "<script>x</script>" not in html and "&lt;script&gt;" in html
+    assert "not an intent id" in client.get("/trace", params={"intent_id": "<b>"}).text
+    big = {"csrf_token": token, "message_id": "m" * 20_000}
+    assert client.post("/dead-letters/replay", headers={"Origin": ORIGIN}, data=big).status_code == 413
+    assert client.get("/fleet").headers["content-security-policy"].startswith("default-src 'self'")
+
+
+def test_logging_out_ends_the_session(users_file: Path, fleet: RecordingFleet) -> None:
+    client, token = logged_in(users_file, fleet, "vera")
+    assert client.post("/logout", headers={"Origin": ORIGIN}, data={"csrf_token": token}).status_code == 303
+    assert client.get("/fleet").status_code == 303
+
+
+def test_hash_password_prints_a_hash_the_console_accepts() -> None:
+    result = CliRunner().invoke(main, ["console", "hash-password", "--stdin"], input="correct horse\n")
+    assert result.exit_code == 0, result.output
+    assert verify_password("correct horse", result.output.strip())
+
+
+def test_console_without_users_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REACH_CONSOLE_USERS", raising=False)
+    result = CliRunner().invoke(main, ["console", "--port", "1"])
+    assert result.exit_code == 2 and "REACH_CONSOLE_USERS" in result.output
+
+
+def test_behind_a_proxy_only_the_public_origin_is_accepted(users_file: Path, fleet: RecordingFleet) -> None:
+    client = console(users_file, fleet, console_public_url="https://console.example.com")
+    token = csrf_of(client)
+    form = {"name": "olga", "password": PASSWORDS["olga"], "csrf_token": token}
+    assert client.post("/login", data=form, headers={"Origin": ORIGIN}).status_code == 403
+    assert client.post("/login", data=form, headers={"Origin": "https://console.example.com"}).status_code == 303
+    token = csrf_of(client, "/fleet")
+    assert (
+        client.post("/fleet/payments/pause", data={"csrf_token": token}, headers={"Origin": ORIGIN}).status_code == 403
+    )
+    answer = client.post(
+        "/fleet/payments/pause", data={"csrf_token": token}, headers={"Referer": "https://console.example.com/fleet"}
+    )
+    assert answer.status_code == 303 and fleet.paused == {"payments": True}
+
+
+def test_a_user_removed_from_the_file_is_logged_out_at_the_next_request(
+    tmp_path: Path, users_file: Path, fleet: RecordingFleet
+) -> None:
+    own = tmp_path / "users.yaml"
+    own.write_text(users_file.read_text())
+    client, _ = logged_in(own, fleet, "vera")
+    assert client.get("/fleet").status_code == 200
+    own.write_text("\n".join(line for line in users_file.read_text().splitlines() if not line.startswith("vera")))
+    assert client.get("/fleet").status_code == 303
+
+
+def test_a_login_lasts_the_session_ttl(
+    users_file: Path, fleet: RecordingFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = logged_in(users_file, fleet, "vera")
+    assert client.get("/fleet").status_code == 200
+    later = time.time() + Settings().console_session_ttl_seconds + 1
+    monkeypatch.setattr("workers.console.app.time.time", lambda: later)
+    assert client.get("/fleet").status_code == 303

@@ -1,0 +1,193 @@
+"""What the console's pages show and do, as calls to the ops functions ``reach`` itself uses.
+
+Every function here blocks (Redis, the broker): the routes are plain functions, which Starlette
+runs on its thread pool. Errors reaching the fleet become a message on the page, not a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from connectors.catalog import build
+from connectors.loader import load_directory
+from workers.observability.audit import Audit, read_trace, trace_agents
+from workers.ops import approvals
+from workers.ops.approvals import Decision, PendingApproval
+from workers.ops.fleet import (
+    ConnectorStatus,
+    DeadLetter,
+    Unreachable,
+    fleet_status,
+    list_dead_letters,
+    replay_dead_letters,
+    was_redacted,
+)
+from workers.settings import Settings
+from workers.state.control import set_paused
+from workers.transport.app import JobMessages, create_app
+from workers.transport.topology import connector_queue
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")  # agent and connector names (contract §9)
+OPAQUE_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")  # intent, approval and message ids as the console accepts them
+MAX_REASON_CHARS = 500
+DEAD_LETTERS_SHOWN = 100
+APPROVALS_SHOWN = 100
+STATUS_TTL = 1.0  # seconds one fleet status answers every open page
+DEAD_LETTERS_TTL = 3.0
+
+
+@dataclass
+class Page:
+    """A live region's data, or why it could not be read."""
+
+    rows: list[Any] = field(default_factory=list)
+    error: str = ""
+
+
+class Fleet:
+    """The fleet as the console sees it: one Redis client, the broker URL, the catalog's connectors."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.audit = Audit(client, "console")
+        self.connectors: list[str] | None = None  # None: those found in Redis (no catalog)
+        if Path(settings.catalog_dir).is_dir():
+            catalog, problems = build(load_directory(settings.catalog_dir))
+            if not problems:
+                self.connectors = sorted(catalog.connectors)
+        self._jobs: JobMessages | None = None
+        # every open page polls: one answer serves them all for a moment, and this console never
+        # lists reach.dlq (taking its letters unacked for a moment) while it replays from it
+        self._cache: dict[str, tuple[float, Page]] = {}
+        self._dlq_lock = threading.Lock()
+
+    def _cached(self, key: str, ttl: float, load: Callable[[], Page]) -> Page:
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < ttl:
+            return hit[1]
+        page = load()
+        self._cache[key] = (now, page)
+        return page
+
+    def forget(self, key: str) -> None:
+        self._cache.pop(key, None)
+
+    # fleet
+    def status(self) -> Page:
+        return self._cached("status", STATUS_TTL, self._status)
+
+    def _status(self) -> Page:
+        try:
+            rows: list[ConnectorStatus] = fleet_status(self.connectors, self.settings.broker_url, self.client)
+        except Unreachable as exc:
+            return Page(error=str(exc))
+        return Page(rows=rows)
+
+    def known_connector(self, name: str) -> bool:
+        if not NAME.match(name):
+            return False
+        if self.connectors is not None:
+            return name in self.connectors
+        return any(row.connector == name for row in self.status().rows)
+
+    def set_paused(self, connector: str, paused: bool) -> None:
+        set_paused(self.client, connector, paused)
+        self.forget("status")
+
+    # dead letters
+    def dead_letters(self) -> Page:
+        return self._cached("dead_letters", DEAD_LETTERS_TTL, self._dead_letters)
+
+    def _dead_letters(self) -> Page:
+        try:
+            with self._dlq_lock:
+                letters: list[DeadLetter] = list_dead_letters(self.settings.broker_url, DEAD_LETTERS_SHOWN)
+        except Exception as exc:  # kombu's connection errors, or the socket's own
+            return Page(error=f"RabbitMQ did not answer: {type(exc).__name__}: {exc}")
+        return Page(rows=[(letter, was_redacted(letter)) for letter in letters])
+
+    def replay(self, message_id: str | None) -> tuple[list[str], list[tuple[str, str]]]:
+        """Replay one dead letter (or all): (replayed ids, (id, why) of those kept)."""
+        if self._jobs is None:
+            # the reach.execute message template only, as `reach dlq replay` builds it
+            self._jobs = JobMessages(create_app(self.settings, [connector_queue("_replay")]))
+        with self._dlq_lock:
+            done = replay_dead_letters(
+                self.settings.broker_url, self.client, {message_id} if message_id else None, self._jobs
+            )
+        self.forget("dead_letters")
+        return done.replayed, done.kept
+
+    # trace
+    def trace(self, intent_id: str, agent: str | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
+        """(the agent, the agents to choose from when several, the stages) of one intent."""
+        if agent is None:
+            agents = trace_agents(self.client, intent_id)
+            if len(agents) != 1:
+                return None, agents, []
+            agent = agents[0]
+        events = read_trace(self.client, agent, intent_id)
+        if not events:
+            return agent, [], []
+        start = events[0]["ts"]
+        skip = {"ts", "event", "stage", "intent_id"}
+        rows = [
+            {
+                "offset_ms": f"{(e['ts'] - start) * 1000:.1f}",
+                "stage": e.get("stage", ""),
+                "details": " ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in skip),
+            }
+            for e in events
+        ]
+        return agent, [], rows
+
+    # approvals (workers/ops/approvals.py)
+    def pending(self) -> Page:
+        try:
+            rows = approvals.list_pending(self.client, limit=APPROVALS_SHOWN)
+        except redis.RedisError as exc:
+            return Page(error=f"Redis did not answer: {type(exc).__name__}: {exc}")
+        return Page(rows=rows)
+
+    def get_approval(self, approval_id: str) -> PendingApproval | None:
+        return approvals.get_approval(self.client, approval_id)
+
+    def decide(
+        self, approval_id: str, approve: bool, approver: str, reason: str | None, shown_hash: str | None
+    ) -> Decision:
+        """Approve or deny as ``approver`` (the console login, a person of the catalog's groups),
+        refused unless the parked payload is still the one the page showed (``shown_hash``)."""
+        decide = approvals.approve if approve else approvals.deny
+        return decide(self.client, self.settings.broker_url, approval_id, approver, reason, payload_hash=shown_hash)
+
+    # audit
+    def audited(
+        self, user: str, role: str, action: str, *, intent_id: str = "", agent: str | None = None, **fields: Any
+    ) -> None:
+        """One audit line per console action, with who did it; an approval's also goes into its intent's trace."""
+        stage = {"user": user, "role": role, "action": action, **fields}
+        if intent_id:
+            self.audit.events(intent_id, [("console", stage)], agent=agent)
+        else:
+            self.audit.write_lines(self.audit.render("", [("console", stage)]))
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def pretty_params(params: Any) -> str:
+    """Params as indented JSON, as they are (already redacted by the approvals module)."""
+    return json.dumps(params, indent=2, ensure_ascii=False, sort_keys=True, default=str)

@@ -1,0 +1,266 @@
+"""Deciding on parked intents: what ``reach approvals`` and the console both call.
+
+An approver approves (or denies) one approval id as a named person. The checks, in order: the
+approval exists and still waits, has not expired, the person is not an owner of the agent
+(``agent_app.owners``), is a member of one of its approver groups (``approvers:`` documents, as
+they were when the intent was parked), and — when the caller passes the ``payload_hash`` the
+person was shown — the parked payload is still exactly that. The decision is then claimed
+atomically in Redis (one approval id is decided once) and carried out at once: the parked job is
+dispatched to its connector's queue, or the APPROVAL_DENIED receipt is sent. Who, when, the hash
+and the reason go to the audit trail (``reach trace INTENT_ID``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+from kombu import Connection
+from kombu.pools import producers
+
+from connectors.spec import PERSON_PATTERN
+from workers.observability.audit import Audit
+from workers.router.approvals import PublisherOutlet, Settler
+from workers.settings import Settings
+from workers.state.approvals import ApprovalRecord, ApprovalStore, payload_hash
+from workers.transport.app import JobMessages, create_app
+from workers.transport.job import JobDecodeError, parse_job_json
+from workers.transport.publisher import Publisher
+from workers.transport.receipts import ReceiptSink, iso
+from workers.transport.topology import connector_queue
+
+log = logging.getLogger("reach.audit")
+
+RECEIPT_TTL_SECONDS = 24 * 3600  # as REACH_RECEIPT_TTL's default
+REASON_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """One parked intent, as people are shown it (sensitive params redacted)."""
+
+    approval_id: str
+    intent_id: str
+    agent_id: str
+    connector: str
+    action: str
+    params: Any  # redacted
+    payload_hash: str
+    approvers: list[str]  # groups
+    created_at: str
+    expires_at: str
+    summary: str
+    state: str  # pending, or how it was decided: approved, denied, expired (approving... while carried out)
+    decided_by: str = ""
+    decided_at: str = ""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+DecisionCode = Literal[
+    "approved",
+    "denied",
+    "expired",
+    "not_found",
+    "already_decided",
+    "self_approval",
+    "not_an_approver",
+    "hash_mismatch",
+    "invalid_person",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    ok: bool
+    code: DecisionCode
+    message: str
+
+
+def _view(record: ApprovalRecord) -> PendingApproval:
+    return PendingApproval(
+        approval_id=record.approval_id,
+        intent_id=record.intent_id,
+        agent_id=record.agent,
+        connector=record.connector,
+        action=record.action,
+        params=record.redacted_params,
+        payload_hash=record.payload_hash,
+        approvers=record.approvers,
+        created_at=iso(record.created_ms / 1000),
+        expires_at=iso(record.expires_ms / 1000),
+        summary=record.summary,
+        state=record.state,
+        decided_by=record.decided_by,
+        decided_at=iso(record.decided_at_ms / 1000) if record.decided_at_ms else "",
+        reason=record.reason,
+    )
+
+
+def list_pending(client: redis.Redis, limit: int = 100) -> list[PendingApproval]:
+    """The approvals that still wait for a person, the soonest to expire first."""
+    now_ms = time.time() * 1000
+    records = ApprovalStore(client).entries(limit + 100)  # the due list also holds claims being carried out
+    return [_view(r) for r in records if r.state == "pending" and r.expires_ms > now_ms][:limit]
+
+
+def get_approval(client: redis.Redis, approval_id: str) -> PendingApproval | None:
+    """One approval, pending or decided (kept a day after its decision or expiry)."""
+    record = ApprovalStore(client).get(approval_id)
+    return None if record is None else _view(record)
+
+
+def approve(
+    client: redis.Redis,
+    broker_url: str,
+    approval_id: str,
+    approver: str,
+    reason: str | None = None,
+    *,
+    payload_hash: str | None = None,
+) -> Decision:
+    """Approve as ``approver``: the parked job is dispatched to its connector's queue and runs.
+
+    ``payload_hash``: the hash the approver was shown; the approval is refused if the parked
+    payload is not that one."""
+    return _decide(client, broker_url, approval_id, approver, reason, "approving", payload_hash)
+
+
+def deny(
+    client: redis.Redis,
+    broker_url: str,
+    approval_id: str,
+    approver: str,
+    reason: str | None = None,
+    *,
+    payload_hash: str | None = None,
+) -> Decision:
+    """Deny as ``approver``: the agent gets APPROVAL_DENIED with the reason; nothing runs."""
+    return _decide(client, broker_url, approval_id, approver, reason, "denying", payload_hash)
+
+
+def _decide(
+    client: redis.Redis,
+    broker_url: str,
+    approval_id: str,
+    approver: str,
+    reason: str | None,
+    claim: Literal["approving", "denying"],
+    shown_hash: str | None,
+) -> Decision:
+    verb = "approve" if claim == "approving" else "deny"
+    if not isinstance(approver, str) or not PERSON_PATTERN.match(approver):
+        return Decision(False, "invalid_person", "the approver must be a person's name: letters, digits, . _ @ + -")
+    reason = (reason or "").strip()[:REASON_CHARS]
+    store = ApprovalStore(client)
+    record = store.get(approval_id)
+    if record is None:
+        return Decision(False, "not_found", f"no approval {approval_id!r} (unknown, or decided more than a day ago)")
+    if record.state in ("expiring", "expired"):
+        return Decision(False, "expired", f"approval {approval_id} expired at {iso(record.expires_ms / 1000)}")
+    if record.state != "pending":
+        by = f" by {record.decided_by}" if record.decided_by else ""
+        return Decision(False, "already_decided", f"approval {approval_id} was already decided{by}: {record.state}")
+    if approver in record.owners:
+        return Decision(
+            False, "self_approval", f"{approver} owns agent {record.agent} and may not decide on its intents"
+        )
+    if approver not in record.people:
+        groups = ", ".join(record.approvers)
+        return Decision(False, "not_an_approver", f"{approver} is not in the approver groups of this action ({groups})")
+    try:
+        job = parse_job_json(record.job_json)
+    except JobDecodeError as exc:
+        return Decision(False, "hash_mismatch", f"the parked job cannot be read: {exc.reason}")
+    if shown_hash is not None and shown_hash != record.payload_hash:
+        return Decision(False, "hash_mismatch", "the parked payload is not the one shown; look at it again")
+    if claim == "approving" and (
+        payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key) != record.payload_hash
+    ):
+        return Decision(False, "hash_mismatch", "the parked payload does not match its hash; it is not run")
+    outcome = store.decide(approval_id, claim, approver, reason, record.payload_hash)
+    if outcome == "expired":
+        return Decision(False, "expired", f"approval {approval_id} expired at {iso(record.expires_ms / 1000)}")
+    if outcome == "not_found":
+        return Decision(False, "not_found", f"no approval {approval_id!r}")
+    if outcome == "hash_mismatch":
+        return Decision(False, "hash_mismatch", "the parked payload changed; it is not run")
+    if outcome != "ok":
+        return Decision(False, "already_decided", f"approval {approval_id} was decided by someone else just now")
+    audit = _LoggedAudit(client, "approvals")
+    decided: DecisionCode = "approved" if claim == "approving" else "denied"
+    audit.events(
+        job.intent_id,
+        [
+            (
+                f"approval_{decided}",
+                {
+                    "agent": job.agent_id,
+                    "action": job.action,
+                    "connector": job.connector,
+                    "trace_id": job.trace_id,
+                    "approval_id": approval_id,
+                    "decided_by": approver,
+                    "payload_hash": record.payload_hash,
+                    "reason": reason or None,
+                },
+            )
+        ],
+        agent=job.agent_id,
+    )
+    claimed = dataclasses.replace(record, state=claim, decided_by=approver, reason=reason)
+    try:
+        Settler(store, _outlet(broker_url, client), audit).settle(claimed, claim)
+    except Exception as exc:  # the claim stands: the routers' sweep carries it out after its grace
+        log.warning("approval %s: could not %s at once (%s); the router's sweep will", approval_id, verb, exc)
+        return Decision(
+            True,
+            decided,
+            f"{decided} by {approver}; carrying it out failed for now ({type(exc).__name__}: {exc}), "
+            "the router retries within a minute",
+        )
+    if claim == "approving":
+        return Decision(
+            True, "approved", f"approved by {approver}: intent {job.intent_id} dispatched to {job.connector}"
+        )
+    return Decision(True, "denied", f"denied by {approver}: intent {job.intent_id} answered APPROVAL_DENIED")
+
+
+class _LoggedAudit(Audit):
+    """The audit trail of a tool run by people: lines through logging (not onto the tool's own
+    output), stages into the intent's trace in Redis as everywhere else."""
+
+    def events(
+        self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full", agent: str | None = None
+    ) -> None:
+        lines = self.render(intent_id, stages, level="full")  # decisions are always audited
+        for line in lines:
+            log.info(line)
+        if self._client is None or not lines:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        self.push_into(pipe, agent, intent_id, lines)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.error("could not keep approval stages of %s in Redis: %s", intent_id, exc)
+
+
+@functools.lru_cache(maxsize=8)
+def _publishing(broker_url: str) -> tuple[Publisher, JobMessages]:
+    """One publisher (connections per thread) and job template per broker, for the process's life."""
+    connection = Connection(broker_url, connect_timeout=5, transport_options={"confirm_publish": True})
+    app = create_app(Settings.from_env({"REACH_BROKER_URL": broker_url}), [connector_queue("_approvals")])
+    return Publisher(producers[connection]), JobMessages(app)
+
+
+def _outlet(broker_url: str, client: redis.Redis) -> PublisherOutlet:
+    publisher, jobs = _publishing(broker_url)
+    return PublisherOutlet(publisher, jobs, ReceiptSink(publisher, client, RECEIPT_TTL_SECONDS))

@@ -1,0 +1,312 @@
+"""Intents that wait for a person: parked by the router, settled once decided or expired.
+
+After every check passed, an intent whose action (or binding) has an ``approval:`` that applies is
+not dispatched: :class:`Parking` keeps its job in Redis (``workers.state.approvals``) and tells
+the agent with an ``approval_pending`` notice on its reply topic. The intent's one receipt comes
+later, from :class:`Settler`: the parked job is dispatched once approved (its pool sends the
+receipt), or APPROVAL_DENIED / APPROVAL_EXPIRED is sent. ``reach approvals`` and the console decide
+through ``workers.ops.approvals``; :class:`Sweeper` (a thread in every router) expires what
+nobody decided and finishes decisions whose process died before carrying them out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from connectors.approvals import ApprovalPolicy
+from producers.wire import APPROVAL_PENDING, ApprovalNotice, ErrorCode, Receipt
+from workers.observability.audit import Audit, params_digest
+from workers.state.approvals import IN_PROGRESS, ApprovalRecord, ApprovalStore, Parked, payload_hash
+from workers.state.budgets import release_intent
+from workers.transport.app import JobMessages
+from workers.transport.job import Job, parse_job_json
+from workers.transport.publisher import Publisher
+from workers.transport.receipts import ReceiptSink, build_receipt, iso
+from workers.transport.topology import DISPATCH_EXCHANGE, RECEIPTS_EXCHANGE, connector_queue_name
+
+log = logging.getLogger("reach.approvals")
+
+SUMMARY_CHARS = 500
+SWEEP_SECONDS = 1.0
+SWEEP_BATCH = 100
+FULL_RETRY_MS = 60_000  # what an agent over its pending-approval bound is told to wait
+
+
+@dataclass(frozen=True)
+class Park:
+    """A checked intent that waits for a person instead of being dispatched."""
+
+    queue: str
+    job: Job
+    policy: ApprovalPolicy
+    redacted_params: dict[str, Any]
+    why: str  # "required", or the condition that matched
+
+    @property
+    def intent_id(self) -> str:
+        return self.job.intent_id
+
+
+def summary_of(job: Job, redacted_params: dict[str, Any], why: str) -> str:
+    """One line for people: who asks for what, with which (redacted) params, and why it waits."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(redacted_params.items()))
+    text = f"{job.agent_id} asks for {job.connector}.{job.action}({shown}) [{why}]"
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+class Outlet(Protocol):
+    """Where a settled decision goes: the parked job to its pool, or the intent's receipt."""
+
+    def dispatch(self, job: Job) -> None: ...
+
+    def answer(self, receipt: Receipt, routing_key: str) -> None: ...
+
+
+class PublisherOutlet:
+    """Confirmed publishes through a :class:`Publisher` (the router's, or one of the operator tools')."""
+
+    def __init__(self, publisher: Publisher, jobs: JobMessages, sink: ReceiptSink) -> None:
+        self.publisher = publisher
+        self.jobs = jobs
+        self.sink = sink
+
+    def dispatch(self, job: Job) -> None:
+        body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
+        self.publisher.publish(
+            body,
+            exchange=DISPATCH_EXCHANGE,
+            routing_key=connector_queue_name(job.connector),
+            headers=headers,
+            **properties,
+        )
+
+    def answer(self, receipt: Receipt, routing_key: str) -> None:
+        self.sink.send(receipt, routing_key)  # once: a receipt already sent is not sent again
+
+
+class Settler:
+    """Carries out a claimed decision (``approving``, ``denying``, ``expiring``) and finishes it."""
+
+    def __init__(self, store: ApprovalStore, outlet: Outlet, audit: Audit) -> None:
+        self.store = store
+        self.outlet = outlet
+        self.audit = audit
+
+    def settle(self, record: ApprovalRecord, claim: str) -> None:
+        """Raises when the broker refused: the claim stays, and the sweep carries it out later."""
+        job = parse_job_json(record.job_json)
+        if claim == "approving":
+            # the parked copy, checked against the hash the approver approved
+            if payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key) != (
+                record.payload_hash
+            ):
+                raise ValueError(f"approval {record.approval_id}: the parked job does not match its hash")
+            now = time.time()
+            self.outlet.dispatch(job.model_copy(update={"dispatched_at": now}))
+            self._audit(job, "dispatched", {"ts": round(now, 6), "approval_id": record.approval_id, "from": "approval"})
+        elif claim == "denying":
+            reason = record.reason or "no reason given"
+            self.outlet.answer(
+                self._receipt(
+                    job,
+                    ErrorCode.APPROVAL_DENIED,
+                    f"the approval of {job.connector}.{job.action} was denied: {reason}",
+                    "Do not resend this intent as it is; tell your user it was denied and why.",
+                    [{"field": "(approval)", "code": "denied", "approval_id": record.approval_id, "reason": reason}],
+                ),
+                job.reply_to,
+            )
+            release_intent(self.store.client, job.agent_id, job.intent_id)  # it never runs: its budget gets it back
+        elif claim == "expiring":
+            self.outlet.answer(
+                self._receipt(
+                    job,
+                    ErrorCode.APPROVAL_EXPIRED,
+                    f"nobody approved {job.connector}.{job.action} before {iso(record.expires_ms / 1000)}",
+                    "Send the intent again to ask for approval again, or ask an approver to look sooner.",
+                    [{"field": "(approval)", "code": "expired", "approval_id": record.approval_id}],
+                ),
+                job.reply_to,
+            )
+            self._audit(
+                job, "approval_expired", {"approval_id": record.approval_id, "payload_hash": record.payload_hash}
+            )
+            release_intent(self.store.client, job.agent_id, job.intent_id)
+        else:
+            raise ValueError(f"not a claim: {claim!r}")
+        self.store.finish(record.approval_id, claim)
+
+    def _receipt(
+        self, job: Job, code: ErrorCode, message: str, suggestion: str, details: list[dict[str, Any]]
+    ) -> Receipt:
+        receipt = build_receipt(
+            intent_id=job.intent_id,
+            agent_id=job.agent_id,
+            action=job.action,
+            connector=job.connector,
+            trace_id=job.trace_id,
+            received_at=job.received_at,
+            code=code,
+            message=message,
+            suggestion=suggestion,
+            details=details,
+            routing=job.routing,
+        )
+        self._audit(job, "receipt", {"status": receipt.status, "code": code.value})
+        return receipt
+
+    def _audit(self, job: Job, stage: str, fields: dict[str, Any]) -> None:
+        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
+        self.audit.events(job.intent_id, [(stage, {**common, **fields})], agent=job.agent_id)
+
+
+class Parking:
+    """The router's side: keep the job, tell the agent, write the audit stage."""
+
+    def __init__(
+        self, store: ApprovalStore, publisher: Publisher, sink: ReceiptSink, audit: Audit, max_pending: int
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.sink = sink
+        self.audit = audit
+        self.max_pending = max_pending
+
+    def park(self, decision: Park, received: dict[str, Any]) -> None:
+        job = decision.job
+        deadline_ms = None if job.deadline is None else int((job.deadline - time.time()) * 1000)
+        expires_in = int(decision.policy.spec.expires * 1000)
+        if deadline_ms is not None:
+            expires_in = max(1, min(expires_in, deadline_ms))  # nothing may start after the deadline anyway
+        hash_ = payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
+        summary = summary_of(job, decision.redacted_params, decision.why)
+        result = self.store.park(
+            Parked(
+                approval_id=uuid.uuid4().hex,
+                job_json=job.model_dump_json(),
+                payload_hash=hash_,
+                agent=job.agent_id,
+                connector=job.connector,
+                action=job.action,
+                intent_id=job.intent_id,
+                reply_to=job.reply_to,
+                trace_id=job.trace_id,
+                approvers=decision.policy.spec.approvers,
+                people=sorted(decision.policy.people),
+                owners=sorted(decision.policy.owners),
+                summary=summary,
+                redacted_params=decision.redacted_params,
+                expires_in_ms=expires_in,
+            ),
+            self.max_pending,
+        )
+        if result.outcome == "full":
+            self.sink.send(self._full(job), job.reply_to)
+            release_intent(self.store.client, job.agent_id, job.intent_id)
+            return
+        if result.outcome == "exists":
+            # a redelivery of a parked intent: tell the agent again while it still waits
+            record = self.store.get(result.approval_id)
+            if record is not None and record.state == "pending":
+                self._notify(job, record.approval_id, record.expires_ms, record.summary)
+            return
+        self._notify(job, result.approval_id, result.expires_ms, summary)
+        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
+        self.audit.events(
+            job.intent_id,
+            [
+                ("received", {**received, **common, "format": job.format}),
+                (
+                    "approval_pending",
+                    {
+                        **common,
+                        "approval_id": result.approval_id,
+                        "payload_hash": hash_,
+                        "expires_at": iso(result.expires_ms / 1000),
+                        "approvers": ",".join(decision.policy.spec.approvers),
+                        "why": decision.why,
+                        "param_keys": sorted(decision.redacted_params),
+                        "params_digest": params_digest(decision.redacted_params),
+                    },
+                ),
+            ],
+            agent=job.agent_id,
+        )
+
+    def _notify(self, job: Job, approval_id: str, expires_ms: int, summary: str) -> None:
+        notice = ApprovalNotice(
+            intent_id=job.intent_id, approval_id=approval_id, expires_at=iso(expires_ms / 1000), summary=summary
+        )
+        self.publisher.publish(
+            notice.to_json(),
+            exchange=RECEIPTS_EXCHANGE,
+            routing_key=job.reply_to,
+            headers={"type": APPROVAL_PENDING},
+            correlation_id=job.intent_id,
+            type=APPROVAL_PENDING,
+        )
+
+    def _full(self, job: Job) -> Receipt:
+        return build_receipt(
+            intent_id=job.intent_id,
+            agent_id=job.agent_id,
+            action=job.action,
+            connector=job.connector,
+            trace_id=job.trace_id,
+            received_at=job.received_at,
+            code=ErrorCode.RATE_LIMITED,
+            message=f"{self.max_pending} intents of {job.agent_id} already wait for approval",
+            suggestion="Wait until people have decided on the intents that wait, then send it again.",
+            retry_after_ms=FULL_RETRY_MS,
+        )
+
+
+class Sweeper:
+    """Every ``interval`` seconds: expire the approvals nobody decided in time (APPROVAL_EXPIRED)
+    and carry out decisions left unfinished. Each router runs one; the store's claims make sure
+    one entry is acted on by one sweeper at a time."""
+
+    def __init__(self, store: ApprovalStore, settler: Settler, interval: float = SWEEP_SECONDS) -> None:
+        self.store = store
+        self.settler = settler
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reach-approval-sweep", daemon=True)
+
+    def start(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception as exc:  # Redis or the broker away: the entries stay due for the next round
+                log.warning(
+                    "approval sweep failed (%s: %s); trying again in %g s", type(exc).__name__, exc, self.interval
+                )
+
+    def sweep(self) -> int:
+        """One round; returns how many entries it settled."""
+        settled = 0
+        for approval_id in self.store.due(SWEEP_BATCH):
+            claim = self.store.claim_due(approval_id)
+            if claim not in IN_PROGRESS:
+                continue
+            record = self.store.get(approval_id)
+            if record is None:
+                continue
+            try:
+                self.settler.settle(record, claim)
+                settled += 1
+            except Exception as exc:
+                log.warning("could not settle approval %s (%s): %s; retried after its grace", approval_id, claim, exc)
+        return settled
