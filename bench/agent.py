@@ -259,8 +259,7 @@ class AmqpAgent:
             **(
                 {
                     "timeline": sorted(
-                        (round(self.sent_at[k] - t0, 4), round((firsts[k] - self.sent_at[k]) * 1000, 3))
-                        for k in firsts
+                        (round(self.sent_at[k] - t0, 4), round((firsts[k] - self.sent_at[k]) * 1000, 3)) for k in firsts
                     )
                 }
                 if cmd.get("timeline")

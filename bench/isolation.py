@@ -63,11 +63,14 @@ def _wait_router_drained(ctx: Any, pipe: Pipeline, timeout: float = 120.0) -> fl
         time.sleep(0.1)
     else:
         raise RuntimeError(f"the {pipe.variant} router did not pass the backlog on within the timeout")
-    last = queue_state(ctx.broker_url, pipe.slow_queue)[0]
+    # three still samples in a row: on a busy box the router can stall for half a second with
+    # intents still in hand, and one still sample would start the phase mid-backlog
+    last, still = queue_state(ctx.broker_url, pipe.slow_queue)[0], 0
     while time.time() - t0 < timeout:
         time.sleep(0.5)
         depth = queue_state(ctx.broker_url, pipe.slow_queue)[0]
-        if depth <= last:
+        still = still + 1 if depth <= last else 0
+        if still == 3:
             return time.time() - t0
         last = depth
     return time.time() - t0

@@ -220,12 +220,11 @@ def publish_backlog(run: Run, slow: str, n: int) -> dict[str, Any]:
         if time.time() - t0 > 300:
             raise RuntimeError("the router did not pass the backlog on")
         time.sleep(0.2)
-    last = queue_state(run.broker_url, f"reach.connector.{slow}")[0]
-    while True:  # the router's prefetched intents are through once the queue stops growing
+    last, still = queue_state(run.broker_url, f"reach.connector.{slow}")[0], 0
+    while still < 3:  # the router's prefetched intents are through once the queue stops growing (1.5 s)
         time.sleep(0.5)
         depth = queue_state(run.broker_url, f"reach.connector.{slow}")[0]
-        if depth <= last:
-            break
+        still = still + 1 if depth <= last else 0
         last = depth
     res["routed_s"] = round(time.time() - t0, 1)
     return res

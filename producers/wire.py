@@ -170,7 +170,9 @@ class Receipt(BaseModel):
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-APPROVAL_PENDING: Literal["approval_pending"] = "approval_pending"  # the AMQP ``type`` of a notice (not a receipt) on reach.receipts
+APPROVAL_PENDING: Literal["approval_pending"] = (
+    "approval_pending"  # the AMQP ``type`` of a notice (not a receipt) on reach.receipts
+)
 
 
 class ApprovalNotice(BaseModel):

@@ -5,6 +5,8 @@ the action's name and description, and its inputs with their descriptions. Embed
 computed once per (model, text): they are looked up in a shared cache first (Redis in the fleet,
 ``workers/state/embeddings.py``) and only texts missing there are embedded, so a restart with a
 warm cache embeds nothing and a catalog change re-embeds only the actions whose text changed.
+Each model of a pair is cached apart, under its own name: the pair and one of its models alone share
+the entries, and the pair's weighting can change without re-embedding anything.
 """
 
 from __future__ import annotations

@@ -46,6 +46,11 @@ class Pending:
     created_at: str = "2026-12-01T03:00:00Z"
     expires_at: str = "2026-12-01T04:00:00Z"
     summary: str = "refund 900 to order 7"
+    people: list[str] = field(default_factory=lambda: ["alice"])
+    owners: list[str] = field(default_factory=list)
+
+    def may_decide(self, person: str) -> bool:
+        return person in self.people and person not in self.owners
 
 
 class RecordingFleet:
@@ -55,6 +60,7 @@ class RecordingFleet:
         self.paused: dict[str, bool] = {}
         self.decisions: list[tuple[str, bool, str, str | None, str | None]] = []
         self.replays: list[str | None] = []
+        self.pending_rows: list[Pending] = [Pending()]
         self.audit: list[dict[str, Any]] = []
 
     def status(self) -> Page:
@@ -79,7 +85,7 @@ class RecordingFleet:
         return "shop_bot", [], [{"offset_ms": "0.0", "stage": "received", "details": "<script>x</script>"}]
 
     def pending(self) -> Page:
-        return Page(rows=[Pending()])
+        return Page(rows=self.pending_rows)
 
     def get_approval(self, approval_id: str) -> Pending | None:
         return Pending() if approval_id == "ap1" else None
@@ -262,6 +268,18 @@ def test_an_approver_decides_as_themselves_but_cannot_pause(users_file: Path, fl
     assert client.post("/fleet/payments/pause", headers=headers, data={}).status_code == 403
     html = client.get("/approvals/live").text
     assert "Approve" in html and "[REDACTED]" in html and "&#34;amount&#34;: 900" in html
+
+
+def test_an_approver_outside_the_approvals_groups_or_owning_the_agent_sees_no_buttons(
+    users_file: Path, fleet: RecordingFleet
+) -> None:
+    client, _ = logged_in(users_file, fleet, "olga")  # an operator, but not in finance
+    html = client.get("/approvals/live").text
+    assert "ap1" in html and "Approve" not in html and "Only finance may decide this" in html
+    fleet.pending_rows = [Pending(people=["alice"], owners=["alice"])]
+    client, _ = logged_in(users_file, fleet, "alice")
+    html = client.get("/approvals/live").text
+    assert "Approve" not in html and "not an owner of shop_bot" in html
 
 
 def test_page_input_is_escaped_and_bounded(users_file: Path, fleet: RecordingFleet) -> None:

@@ -59,9 +59,15 @@ class PendingApproval:
     decided_by: str = ""
     decided_at: str = ""
     reason: str = ""
+    people: list[str] = dataclasses.field(default_factory=list)  # who may decide (members of the groups)
+    owners: list[str] = dataclasses.field(default_factory=list)  # the agent's owners: never deciders
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def may_decide(self, person: str) -> bool:
+        """Whether ``person`` could approve or deny this (what the store checks again on deciding)."""
+        return person in self.people and person not in self.owners
 
 
 DecisionCode = Literal[
@@ -101,6 +107,8 @@ def _view(record: ApprovalRecord) -> PendingApproval:
         decided_by=record.decided_by,
         decided_at=iso(record.decided_at_ms / 1000) if record.decided_at_ms else "",
         reason=record.reason,
+        people=list(record.people),
+        owners=list(record.owners),
     )
 
 
