@@ -452,6 +452,9 @@ def test_promtool_check_metrics_passes_on_every_endpoint(fleet: Fleet, prometheu
         "reach_dead_letters",
         "reach_dead_letters_dropped",
         "reach_messages_dropped",
+        "reach_pool_threads",
+        "reach_pool_in_flight",
+        "reach_pool_paused",
     }
     # counters and histograms appear once they have a child; the gauges are there from the start
     assert {"reach_breaker_state", "reach_connector_health", "reach_queue_depth", "reach_queue_consumers"} <= names
