@@ -592,8 +592,8 @@ def budget_problems(binding: Binding, connector: ConnectorSpec) -> list[tuple[in
     """What is wrong with a binding's budgets against its connector, as (budget index, message).
 
     A budget counts the actions the binding allows that declare its ``param``; there it must be a
-    number or integer the intent always carries (required, or with a default), else an intent could
-    slip past the count by leaving it out.
+    number or integer the intent always carries (required, or with a default) and that cannot be
+    null, else an intent could slip past the count by leaving it out or sending null.
     """
     allowed = [a for a in connector.actions if "*" in binding.allowed_actions or a.action in binding.allowed_actions]
     problems = []
@@ -611,6 +611,9 @@ def budget_problems(binding: Binding, connector: ConnectorSpec) -> list[tuple[in
                 problems.append(
                     (i, f"budget param {budget.param!r} of {action.action} must be required or have a default")
                 )
+            if field.nullable:
+                # null is neither a number to count nor one to check against the max
+                problems.append((i, f"budget param {budget.param!r} of {action.action} must not be nullable"))
             if budget.on_exceed == "approval" and binding.approval is None and action.approval is None:
                 problems.append(
                     (i, f"on_exceed: approval needs an approval: on the binding or on {action.action} (its approvers)")

@@ -3,12 +3,13 @@
 This package imports nothing from ``workers`` or ``connectors``; both of them import it.
 """
 
-from producers.client import ReachClient, ReachError, ReceiptTimeout
+from producers.client import ApprovalPending, ReachClient, ReachError, ReceiptTimeout
 from producers.formats import FormatError, Normalized, normalize
 from producers.tools import ToolSpec, export, to_anthropic, to_mcp, to_openai
 from producers.wire import ErrorCode, ErrorInfo, Execution, Intent, Receipt
 
 __all__ = [
+    "ApprovalPending",
     "ErrorCode",
     "ErrorInfo",
     "Execution",

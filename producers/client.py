@@ -52,6 +52,7 @@ __all__ = [
     "INTENTS_EXCHANGE",
     "INTENT_ROUTING_KEY",
     "RECEIPTS_EXCHANGE",
+    "ApprovalPending",
     "ReachClient",
     "ReachError",
     "ReceiptTimeout",
@@ -93,6 +94,21 @@ class ReachError(Exception):
 
 class ReceiptTimeout(TimeoutError):
     """No receipt arrived in time; the intent may still be queued or running."""
+
+
+class ApprovalPending(ReceiptTimeout):
+    """No receipt arrived in time because the intent waits for a person (an ``approval_pending``
+    notice came for it). Do not send it again under a new id: that would ask for a second
+    approval. Call :meth:`ReachClient.wait` with its ``intent_id`` again (its receipt comes once
+    it is decided, or by ``expires_at``), or tell your user it waits.
+
+    Attributes:
+        notice: The notice (``intent_id``, ``approval_id``, ``expires_at``, ``summary``).
+    """
+
+    def __init__(self, message: str, notice: ApprovalNotice) -> None:
+        super().__init__(message)
+        self.notice = notice
 
 
 class ReachClient:
@@ -397,6 +413,8 @@ class ReachClient:
             The receipt, whatever its status.
 
         Raises:
+            ApprovalPending: No receipt in time, and the intent waits for a person: wait again
+                with ``wait(exc.notice.intent_id, timeout=...)`` rather than resend it.
             ReceiptTimeout: No receipt in time.
             ReachError: The broker did not accept the intent.
         """
@@ -413,6 +431,9 @@ class ReachClient:
             The receipt.
 
         Raises:
+            ApprovalPending: None arrived in time, and an approval notice came for the intent:
+                it waits for a person (until ``exc.notice.expires_at`` at most); call ``wait``
+                again later rather than resend it.
             ReceiptTimeout: None arrived in time.
             ReachError: The connection to the broker was lost.
         """
@@ -423,6 +444,13 @@ class ReachClient:
                 return receipt
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                notice = self._notices.get(intent_id)
+                if notice is not None:
+                    raise ApprovalPending(
+                        f"no receipt for intent {intent_id} within {timeout:g} s: it waits for approval "
+                        f"{notice.approval_id} until {notice.expires_at}",
+                        notice,
+                    )
                 raise ReceiptTimeout(f"no receipt for intent {intent_id} within {timeout:g} s")
             self._drain(remaining)
 

@@ -11,16 +11,20 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
+import amqp
 import pytest
 import redis
 
-from producers.wire import Receipt
+from connectors.approvals import ApprovalPolicy
+from connectors.spec import ApprovalSpec
+from producers.wire import ErrorCode, Receipt
 from tests.fleet import REDIS_URL
 from workers.observability.audit import Audit
-from workers.router.approvals import Settler, Sweeper
+from workers.router.approvals import Park, Parking, Settler, Sweeper
 from workers.state import keys
 from workers.state.approvals import ApprovalStore, Parked, payload_hash
 from workers.transport.job import Job
+from workers.transport.receipts import ReceiptSink
 
 AGENT = "sweep_bot"
 
@@ -50,9 +54,8 @@ def client() -> Iterator[redis.Redis]:
     connection.delete(keys.approvals_due(), keys.approvals_count())
 
 
-def park(store: ApprovalStore, expires_in_ms: int, amount: int = 900) -> tuple[str, Job]:
-    intent = uuid.uuid4().hex
-    job = Job(
+def make_job(intent: str, deadline: float | None, amount: int = 900) -> Job:
+    return Job(
         intent_id=intent,
         agent_id=AGENT,
         connector="shop",
@@ -60,13 +63,18 @@ def park(store: ApprovalStore, expires_in_ms: int, amount: int = 900) -> tuple[s
         params={"amount": amount},
         idempotency_key=intent,
         reply_to=AGENT,
-        deadline=None,
+        deadline=deadline,
         trace_id=uuid.uuid4().hex,
         traceparent=None,
         format="native",
         received_at=time.time(),
         dispatched_at=time.time(),
     )
+
+
+def park(store: ApprovalStore, expires_in_ms: int, amount: int = 900, deadline: float | None = None) -> tuple[str, Job]:
+    intent = uuid.uuid4().hex
+    job = make_job(intent, deadline, amount)
     result = store.park(
         Parked(
             approval_id=uuid.uuid4().hex,
@@ -156,19 +164,74 @@ def test_a_decision_left_unfinished_is_carried_out_by_the_sweep_once(client: red
     assert store.get(approval_id).state == "approved"  # type: ignore[union-attr]
 
 
-def test_a_changed_parked_job_is_never_dispatched_by_the_sweep(client: redis.Redis) -> None:
+@pytest.mark.parametrize("corrupt", ["changed", "unreadable"])
+def test_a_corrupt_parked_job_is_never_dispatched_and_answered_once(client: redis.Redis, corrupt: str) -> None:
     store = ApprovalStore(client, grace_ms=100)
     approval_id, job = park(store, 60_000)
     record = store.get(approval_id)
     assert record is not None
     assert store.decide(approval_id, "approving", "alice", "", record.payload_hash) == "ok"
-    client.hset(
-        keys.approval(approval_id), "job", job.model_copy(update={"params": {"amount": 90_000}}).model_dump_json()
-    )
+    changed = job.model_copy(update={"params": {"amount": 90_000}}).model_dump_json()
+    client.hset(keys.approval(approval_id), "job", changed if corrupt == "changed" else '{"intent_id": 1')
     time.sleep(0.2)
     outlet = CountingOutlet()
-    assert Sweeper(store, Settler(store, outlet, Audit(None, "test"))).sweep() == 0
+    sweeper = Sweeper(store, Settler(store, outlet, Audit(None, "test")))
+    assert sweeper.sweep() == 1
+    time.sleep(0.2)
+    assert sweeper.sweep() == 0  # answered once, not retried until the record is dropped
     assert outlet.dispatched == []
+    [receipt] = outlet.answered
+    assert receipt.intent_id == job.intent_id and receipt.error is not None
+    assert receipt.error.code == ErrorCode.APPROVAL_DENIED and receipt.error.retryable is False
+    assert receipt.error.details[0]["reason"] == "parked job corrupt"
+    finished = store.get(approval_id)
+    assert finished is not None and finished.state == "failed" and finished.job_json == ""
+    assert client.zscore(keys.approvals_due(), approval_id) is None
+
+
+def test_a_finished_record_keeps_no_parked_job(client: redis.Redis) -> None:
+    store = ApprovalStore(client)
+    settler = Settler(store, CountingOutlet(), Audit(None, "test"))
+    for claim in ("approving", "denying"):
+        approval_id, _ = park(store, 60_000)
+        record = store.get(approval_id)
+        assert record is not None and client.hexists(keys.approval(approval_id), "job")
+        assert store.decide(approval_id, claim, "alice", "", record.payload_hash) == "ok"  # type: ignore[arg-type]
+        settler.settle(store.get(approval_id), claim)  # type: ignore[arg-type]
+        kept = client.hgetall(keys.approval(approval_id))
+        assert b"job" not in kept
+        assert kept[b"hash"] == record.payload_hash.encode() and b"params" in kept  # for `show` and audits
+
+
+def test_an_approval_cut_short_by_the_deadline_ends_deadline_exceeded(client: redis.Redis) -> None:
+    store = ApprovalStore(client)
+    approval_id, job = park(store, 1, deadline=time.time() + 0.001)
+    time.sleep(0.05)
+    outlet = CountingOutlet()
+    assert Sweeper(store, Settler(store, outlet, Audit(None, "test"))).sweep() == 1
+    [receipt] = outlet.answered
+    assert receipt.error is not None and receipt.error.code == ErrorCode.DEADLINE_EXCEEDED
+    assert receipt.error.retryable is False
+    assert store.get(approval_id).state == "expired"  # type: ignore[union-attr]
+
+
+class RefusingPublisher:
+    """The broker refuses every publish (e.g. the agent's reply queue is full, reject-publish)."""
+
+    def publish(self, body: bytes, **kwargs: object) -> None:
+        raise amqp.exceptions.MessageNacked("reject-publish")
+
+
+def test_a_parked_intent_whose_notice_is_refused_stays_parked_and_counted(client: redis.Redis) -> None:
+    store = ApprovalStore(client)
+    intent = uuid.uuid4().hex
+    job = make_job(intent, None)
+    publisher = RefusingPublisher()
+    parking = Parking(store, publisher, ReceiptSink(publisher, client, 60), Audit(None, "test"), 100)  # type: ignore[arg-type]
+    policy = ApprovalPolicy(ApprovalSpec(approvers=["finance"], required=True), None, frozenset({"alice"}), frozenset())
+    parking.park(Park("reach.connector.shop", job, policy, {"amount": 900}, "required"), {"ts": 0, "bytes": 1})
+    [pending] = [r for r in store.entries(1000) if r.intent_id == intent]
+    assert pending.state == "pending" and store.pending_count(AGENT) == 1
 
 
 def test_the_pending_bound_refuses_more_of_one_agent_only(client: redis.Redis) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from producers.client import ReachClient, ReceiptTimeout
+from producers.client import ApprovalPending, ReachClient, ReceiptTimeout
 from producers.wire import ApprovalNotice, ErrorCode, Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
@@ -173,6 +173,7 @@ def test_an_approved_intent_runs_exactly_the_parked_payload_once(
     )
     assert "4111" not in json.dumps(trail)
     assert approvals.get_approval(store, notice.approval_id).state == "approved"  # type: ignore[union-attr]
+    assert not store.hexists(keys.approval(notice.approval_id), "job")  # finished: only hash and redacted params
 
 
 def test_a_denied_intent_never_reaches_the_system(
@@ -180,9 +181,12 @@ def test_a_denied_intent_never_reaches_the_system(
 ) -> None:
     intent = refund(client, "big-denied", 5000)
     notice = parked(client, intent)
-    decision = approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "customer is not eligible")
+    decision = approvals.deny(
+        store, BROKER_URL, notice.approval_id, "alice", "customer is not eligible", receipt_ttl_seconds=600
+    )
     assert (decision.ok, decision.code) == (True, "denied"), decision
     receipt = client.wait(intent, timeout=20)
+    assert 0 < store.ttl(keys.receipt(AGENT, intent)) <= 600  # kept for REACH_RECEIPT_TTL, as the fleet's
     assert receipt.status == "rejected" and receipt.error is not None
     assert receipt.error.code == ErrorCode.APPROVAL_DENIED and receipt.error.retryable is False
     assert "customer is not eligible" in receipt.error.message
@@ -192,6 +196,7 @@ def test_a_denied_intent_never_reaches_the_system(
     assert system.requests(title="big-denied") == []
     denied = [e for e in stages(store, intent) if e["stage"] == "approval_denied"]
     assert len(denied) == 1 and denied[0]["decided_by"] == "alice" and denied[0]["reason"] == "customer is not eligible"
+    assert not store.hexists(keys.approval(notice.approval_id), "job")  # finished: only hash and redacted params
 
 
 def test_owners_and_non_members_cannot_approve(client: ReachClient, system: CountingSystem, store: redis.Redis) -> None:
@@ -199,6 +204,8 @@ def test_owners_and_non_members_cannot_approve(client: ReachClient, system: Coun
     notice = parked(client, intent)
     own = approvals.approve(store, BROKER_URL, notice.approval_id, "bob")  # in finance, but owns the agent
     assert (own.ok, own.code) == (False, "self_approval")
+    shouted = approvals.approve(store, BROKER_URL, notice.approval_id, "BOB")  # names compare case-folded
+    assert (shouted.ok, shouted.code) == (False, "self_approval")
     stranger = approvals.approve(store, BROKER_URL, notice.approval_id, "mallory")
     assert (stranger.ok, stranger.code) == (False, "not_an_approver")
     assert approvals.approve(store, BROKER_URL, "0" * 32, "alice").code == "not_found"
@@ -206,8 +213,40 @@ def test_owners_and_non_members_cannot_approve(client: ReachClient, system: Coun
     no_receipt(client, intent)
     assert system.requests(title="big-self") == []
     assert approvals.get_approval(store, notice.approval_id).state == "pending"  # type: ignore[union-attr]
-    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "cleanup").ok
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "Alice", "cleanup").ok  # alice, case-folded
     assert client.wait(intent, timeout=20).error.code == ErrorCode.APPROVAL_DENIED  # type: ignore[union-attr]
+    wait_for(lambda: not store.hexists(keys.approval(notice.approval_id), "job"), 10, "the denied record kept its job")
+
+
+def test_an_intent_id_that_had_its_receipt_is_not_parked_again(
+    client: ReachClient, system: CountingSystem, store: redis.Redis
+) -> None:
+    intent = f"reused-{uuid.uuid4().hex[:8]}"
+    client.publish("refund", {"title": "big-reused", "amount": "lots"}, intent_id=intent)
+    first = client.wait(intent, timeout=20)
+    assert first.error is not None and first.error.code == ErrorCode.VALIDATION_FAILED
+    # sent again under the same id, now valid and over the threshold: one receipt per intent id
+    client.publish("refund", {"title": "big-reused", "amount": 900}, intent_id=intent)
+    again = client.wait(intent, timeout=20)  # the stored receipt, sent again
+    assert again.error is not None and again.error.code == ErrorCode.VALIDATION_FAILED
+    assert client.notice(intent) is None
+    assert [p for p in approvals.list_pending(store) if p.intent_id == intent] == []
+    assert system.requests(title="big-reused") == []
+
+
+def test_call_says_when_its_intent_waits_for_a_person_and_wait_takes_it_up_later(
+    client: ReachClient, store: redis.Redis
+) -> None:
+    with pytest.raises(ApprovalPending) as pending:
+        client.call("refund", {"title": "big-call", "amount": 950}, timeout=3)
+    notice = pending.value.notice
+    assert notice.approval_id in str(pending.value) and notice.expires_at
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "not now").ok
+    receipt = client.wait(notice.intent_id, timeout=20)  # the same intent, not a second approval
+    assert receipt.error is not None and receipt.error.code == ErrorCode.APPROVAL_DENIED
+    with pytest.raises(ReceiptTimeout) as plain:  # an intent without a notice: a plain timeout
+        client.wait("no-such-intent", timeout=0.3)
+    assert not isinstance(plain.value, ApprovalPending)
 
 
 def test_a_changed_parked_payload_cannot_be_approved(

@@ -4,11 +4,13 @@ budget, over budget is BUDGET_EXCEEDED with when to retry, a failed intent gives
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -33,59 +35,62 @@ def counter() -> RedisBudgets:
     return RedisBudgets(redis.Redis.from_url(REDIS_URL))
 
 
+TAG = "t" * 64  # what the intents of a test are bound to (budget_tag)
+
+
 def fresh() -> str:
     return f"b_{uuid.uuid4().hex[:10]}"
 
 
 def test_amounts_are_summed_until_the_next_one_does_not_fit(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(500)
-    assert counter.reserve(who, "shop", "i1", [Spend(b, 200)]).allowed
-    assert counter.reserve(who, "shop", "i2", [Spend(b, 299.5)]).allowed
-    over = counter.reserve(who, "shop", "i3", [Spend(b, 1)])
-    assert not over.allowed and over.used == 499.5 and over.budget == b
-    assert 3_590_000 < over.retry_after_ms <= 3_600_000  # when i1 leaves the hour
-    assert counter.reserve(who, "shop", "i4", [Spend(b, 0.5)]).allowed  # exactly full fits
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(b, 200)]).allowed
+    assert counter.reserve(who, "shop", "i2", TAG, [Spend(b, 299.5)]).allowed
+    over = counter.reserve(who, "shop", "i3", TAG, [Spend(b, 1)])
+    assert not over.allowed and [(e.budget, e.used) for e in over.over] == [(b, 499.5)]
+    assert 3_590_000 < over.over[0].retry_after_ms <= 3_600_000  # when i1 leaves the hour
+    assert counter.reserve(who, "shop", "i4", TAG, [Spend(b, 0.5)]).allowed  # exactly full fits
 
 
 def test_retry_after_is_when_enough_has_left_the_window(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(10, "3s")
-    assert counter.reserve(who, "shop", "a", [Spend(b, 2)]).allowed
+    assert counter.reserve(who, "shop", "a", TAG, [Spend(b, 2)]).allowed
     time.sleep(1.0)
-    assert counter.reserve(who, "shop", "b", [Spend(b, 8)]).allowed
-    small = counter.reserve(who, "shop", "c", [Spend(b, 2)])  # a's 2 leaving is enough
-    large = counter.reserve(who, "shop", "d", [Spend(b, 5)])  # b's 8 must leave too
+    assert counter.reserve(who, "shop", "b", TAG, [Spend(b, 8)]).allowed
+    small = counter.reserve(who, "shop", "c", TAG, [Spend(b, 2)])  # a's 2 leaving is enough
+    large = counter.reserve(who, "shop", "d", TAG, [Spend(b, 5)])  # b's 8 must leave too
     assert not small.allowed and not large.allowed
-    assert 1_500 < small.retry_after_ms <= 2_000 and 2_500 < large.retry_after_ms <= 3_000
-    time.sleep(small.retry_after_ms / 1000 + 0.05)
-    assert counter.reserve(who, "shop", "c", [Spend(b, 2)]).allowed
+    assert 1_500 < small.over[0].retry_after_ms <= 2_000 and 2_500 < large.over[0].retry_after_ms <= 3_000
+    time.sleep(small.over[0].retry_after_ms / 1000 + 0.05)
+    assert counter.reserve(who, "shop", "c", TAG, [Spend(b, 2)]).allowed
 
 
 def test_all_budgets_of_an_intent_count_it_or_none_does(counter: RedisBudgets) -> None:
     who = fresh()
     daily, hourly = budget(100, "1d"), budget(10, "1h")
-    assert counter.reserve(who, "shop", "i1", [Spend(daily, 8), Spend(hourly, 8)]).allowed
-    over = counter.reserve(who, "shop", "i2", [Spend(daily, 8), Spend(hourly, 8)])
-    assert not over.allowed and over.budget == hourly
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(daily, 8), Spend(hourly, 8)]).allowed
+    over = counter.reserve(who, "shop", "i2", TAG, [Spend(daily, 8), Spend(hourly, 8)])
+    assert not over.allowed and [e.budget for e in over.over] == [hourly]
     # the daily budget did not count i2: 92 more still fit there
-    assert counter.reserve(who, "shop", "i3", [Spend(daily, 92)]).allowed
+    assert counter.reserve(who, "shop", "i3", TAG, [Spend(daily, 92)]).allowed
 
 
 def test_the_same_intent_is_counted_once_and_given_back_once(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(10)
-    assert counter.reserve(who, "shop", "i1", [Spend(b, 6)]).allowed
-    assert counter.reserve(who, "shop", "i1", [Spend(b, 6)]).allowed  # decided again: not twice
-    assert counter.reserve(who, "shop", "i2", [Spend(b, 4)]).allowed
-    assert counter.refund(who, "shop", "i1", [b]) is True
-    assert counter.refund(who, "shop", "i1", [b]) is False  # a redelivered failure gives nothing more
-    assert counter.reserve(who, "shop", "i3", [Spend(b, 6)]).allowed
-    assert not counter.reserve(who, "shop", "i4", [Spend(b, 1)]).allowed
-    assert counter.refund(who, "shop", "never", [b]) is False
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(b, 6)]).allowed
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(b, 6)]).allowed  # decided again: not twice
+    assert counter.reserve(who, "shop", "i2", TAG, [Spend(b, 4)]).allowed
+    assert counter.refund(who, "shop", "i1", TAG, [b]) is True
+    assert counter.refund(who, "shop", "i1", TAG, [b]) is False  # a redelivered failure gives nothing more
+    assert counter.reserve(who, "shop", "i3", TAG, [Spend(b, 6)]).allowed
+    assert not counter.reserve(who, "shop", "i4", TAG, [Spend(b, 1)]).allowed
+    assert counter.refund(who, "shop", "never", TAG, [b]) is False
 
 
 def test_a_forced_intent_counts_past_the_budget(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(10)
-    assert counter.reserve(who, "shop", "i1", [Spend(b, 25)], force=True).allowed
-    assert not counter.reserve(who, "shop", "i2", [Spend(b, 1)]).allowed
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(b, 25)], force=True).allowed
+    assert not counter.reserve(who, "shop", "i2", TAG, [Spend(b, 1)]).allowed
 
 
 def test_two_routers_hammering_one_budget_never_overspend() -> None:
@@ -97,7 +102,7 @@ def test_two_routers_hammering_one_budget_never_overspend() -> None:
     def hammer(n: int) -> None:
         for i in range(25):
             amount = 1 + (n * 7 + i) % 13
-            if counters[n % 2].reserve(who, "shop", f"{n}-{i}", [Spend(b, amount)]).allowed:
+            if counters[n % 2].reserve(who, "shop", f"{n}-{i}", TAG, [Spend(b, amount)]).allowed:
                 with lock:
                     counted.append(amount)
 
@@ -112,17 +117,70 @@ def test_two_routers_hammering_one_budget_never_overspend() -> None:
 def test_an_intent_known_only_by_its_id_is_given_back_once(counter: RedisBudgets) -> None:
     who, daily, hourly = fresh(), budget(10, "1d"), budget(10, "1h")
     client = redis.Redis.from_url(REDIS_URL)
-    assert counter.reserve(who, "shop", "i1", [Spend(daily, 10), Spend(hourly, 10)]).allowed
-    assert release_intent(client, who, "i1") is True  # what a denied approval does
-    assert release_intent(client, who, "i1") is False
-    assert counter.refund(who, "shop", "i1", [daily, hourly]) is False  # nor can the pool give it back again
-    assert counter.reserve(who, "shop", "i2", [Spend(daily, 10), Spend(hourly, 10)]).allowed
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(daily, 10), Spend(hourly, 10)]).allowed
+    assert release_intent(client, who, "i1", TAG) is True  # what a denied approval does
+    assert release_intent(client, who, "i1", TAG) is False
+    assert counter.refund(who, "shop", "i1", TAG, [daily, hourly]) is False  # nor can the pool give it back again
+    assert counter.reserve(who, "shop", "i2", TAG, [Spend(daily, 10), Spend(hourly, 10)]).allowed
 
 
 def test_a_float_total_does_not_drift_past_the_budget(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(1)
-    assert all(counter.reserve(who, "shop", f"i{i}", [Spend(b, 0.1)]).allowed for i in range(10))
-    assert not counter.reserve(who, "shop", "i10", [Spend(b, 0.1)]).allowed
+    assert all(counter.reserve(who, "shop", f"i{i}", TAG, [Spend(b, 0.1)]).allowed for i in range(10))
+    assert not counter.reserve(who, "shop", "i10", TAG, [Spend(b, 0.1)]).allowed
+
+
+def test_a_reused_id_with_another_payload_is_not_counted_and_cannot_give_back_the_first(
+    counter: RedisBudgets,
+) -> None:
+    who, b = fresh(), budget(500)
+    client = redis.Redis.from_url(REDIS_URL)
+    first, other = "a" * 64, "b" * 64
+    assert counter.reserve(who, "shop", "x", first, [Spend(b, 400)]).allowed
+    reused = counter.reserve(who, "shop", "x", other, [Spend(b, 50)])
+    assert not reused.allowed and reused.reused and reused.over == ()
+    # what the reused id's denial, expiry or failure would do: nothing of x's 400 comes back
+    assert release_intent(client, who, "x", other) is False
+    assert counter.refund(who, "shop", "x", other, [b]) is False
+    over = counter.reserve(who, "shop", "y", TAG, [Spend(b, 101)])
+    assert not over.allowed and [e.used for e in over.over] == [400]
+    assert counter.reserve(who, "shop", "x", first, [Spend(b, 400)]).allowed  # decided again: counted once
+    assert release_intent(client, who, "x", first) is True
+    assert counter.reserve(who, "shop", "y", TAG, [Spend(b, 101)]).allowed
+
+
+def test_a_huge_amount_given_back_leaves_what_was_counted(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(500)
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(b, 400)]).allowed
+    assert counter.reserve(who, "shop", "big", TAG, [Spend(b, 1e300)], force=True).allowed
+    assert counter.refund(who, "shop", "big", TAG, [b]) is True
+    # a float running total would be 400 + 1e300 - 1e300 = 0 here
+    over = counter.reserve(who, "shop", "i2", TAG, [Spend(b, 101)])
+    assert not over.allowed and [e.used for e in over.over] == [400]
+
+
+def test_many_decimal_amounts_given_back_leave_exactly_what_is_kept(counter: RedisBudgets) -> None:
+    who, b = fresh(), budget(5000)
+    rng = random.Random(0)  # a running float total was left at 0.07000000000000028 by these
+    amounts = [round(rng.uniform(0.01, 99.99), 2) for _ in range(50)]
+    assert counter.reserve(who, "shop", "kept", TAG, [Spend(b, 0.07)]).allowed
+    for i, amount in enumerate(amounts):
+        assert counter.reserve(who, "shop", f"i{i}", TAG, [Spend(b, amount)]).allowed
+    for i in range(len(amounts)):
+        assert counter.refund(who, "shop", f"i{i}", TAG, [b]) is True
+    over = counter.reserve(who, "shop", "next", TAG, [Spend(b, 4999.95)])
+    assert not over.allowed and [e.used for e in over.over] == [0.07]
+    assert counter.reserve(who, "shop", "next", TAG, [Spend(b, 4999.93)]).allowed
+
+
+def test_every_exceeded_budget_is_reported(counter: RedisBudgets) -> None:
+    # the contract's example: 500 per day (reject) and 100 per 10 minutes (approval)
+    who = fresh()
+    daily, ten = budget(500, "1d"), BudgetSpec(param="amount", max=100, per="10m", on_exceed="approval")
+    assert counter.reserve(who, "shop", "i1", TAG, [Spend(daily, 450), Spend(ten, 90)]).allowed
+    over = counter.reserve(who, "shop", "i2", TAG, [Spend(daily, 60), Spend(ten, 60)])
+    assert not over.allowed and [(e.budget, e.used) for e in over.over] == [(daily, 450), (ten, 90)]
+    assert [e.budget for e in counter.reserve(who, "shop", "i3", TAG, [Spend(daily, 40), Spend(ten, 40)]).over] == [ten]
 
 
 # -- a real fleet: two routers, one pool ---------------------------------------------------
@@ -181,6 +239,14 @@ agent_app:
     - connector: shop
       allowed_actions: [pay]
       budget: {{param: amount, max: 100, per: 1d, on_exceed: approval}}
+      approval: {{when: 'title == "manual"', approvers: [finance]}}
+---
+agent_app:
+  name: reuser
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay, pay_slowly]
+      budget: {{param: amount, max: 500, per: 1d}}
       approval: {{when: 'title == "manual"', approvers: [finance]}}
 ---
 approvers:
@@ -334,3 +400,30 @@ def test_two_hundred_concurrent_intents_through_two_routers_never_overspend(
     assert 490 < paid(system, "crowd") <= 500
     # both routers took part
     assert all(dispatched_by(fleet, name) > before[name] for name in ("router", "router2"))
+
+
+def test_a_reused_intent_id_cannot_park_and_expire_the_first_intents_amount_away(
+    fleet: Fleet, system: CountingSystem
+) -> None:
+    store = redis.Redis.from_url(fleet.redis_url)
+    with agent("reuser") as client:
+        # the first intent is still running (its outcome will be unknown: it stays counted)
+        first = client.publish("shop.pay_slowly", {"title": "slow-reuser-400", "amount": 400})
+        # the same id, an approval-gated payload with a near deadline: once it parked ("counted
+        # before") and its expiry gave back the first intent's 400
+        deadline = time.time() + 1.5
+        client.publish(
+            "shop.pay",
+            {"title": "manual", "amount": 50},
+            intent_id=first,
+            deadline=datetime.fromtimestamp(deadline, UTC),
+        )
+        wait_for(
+            lambda: time.time() > deadline + 2.5 and not [p for p in list_pending(store) if p.intent_id == first],
+            15,
+            "the reused id was settled",
+        )
+        over = pay(client, "reuser", 101)
+        assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
+        assert pay(client, "reuser", 100).status == "succeeded"
+    assert paid(system, "reuser") == 100

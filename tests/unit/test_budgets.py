@@ -23,7 +23,7 @@ from workers.router.intake import RawMessage
 from workers.router.routing import Answer, Dispatch, Router
 from workers.state import budgets as budgets_module
 from workers.state import keys
-from workers.state.budgets import BudgetVerdict, Spend, budget_index, gives_back
+from workers.state.budgets import BudgetVerdict, Exceeded, Spend, budget_index, budget_tag, gives_back
 from workers.transport.receipts import build_receipt
 
 CONNECTOR = """\
@@ -224,16 +224,16 @@ class RecordingCounter:
         self.refunded: list[str] = []
 
     def reserve(
-        self, agent: str, connector: str, intent_id: str, spends: Sequence[Spend], *, force: bool = False
+        self, agent: str, connector: str, intent_id: str, tag: str, spends: Sequence[Spend], *, force: bool = False
     ) -> BudgetVerdict:
         total = sum(s.amount for s in spends)
         if total > self.room:
-            return BudgetVerdict(False, spends[0].budget, 4321, 77.0)
+            return BudgetVerdict(False, (Exceeded(spends[0].budget, 4321, 77.0),))
         self.room -= total
         self.reserved.append((agent, connector, intent_id, [(s.budget.param, s.amount) for s in spends]))
         return BudgetVerdict(True)
 
-    def refund(self, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> bool:
+    def refund(self, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> bool:
         self.refunded.append(intent_id)
         return True
 
@@ -355,4 +355,122 @@ def test_the_contracts_budget_example_validates() -> None:
     assert [(b.max, b.per_ms, b.on_exceed) for b in budget_index(catalog)[("shop_bot", "shop", "refund")]] == [
         (500, 86_400_000, "reject"),
         (100, 600_000, "approval"),
+    ]
+
+
+# -- review fixes: hard caps, several exceeded budgets, reused ids, nullable params ----------
+
+
+class FixedCounter:
+    """A counter that answers one verdict and records the tags it was asked with."""
+
+    def __init__(self, verdict: BudgetVerdict) -> None:
+        self.verdict = verdict
+        self.calls: list[tuple[str, str, bool]] = []
+
+    def reserve(
+        self, agent: str, connector: str, intent_id: str, tag: str, spends: Sequence[Spend], *, force: bool = False
+    ) -> BudgetVerdict:
+        self.calls.append((intent_id, tag, force))
+        return BudgetVerdict(True) if force else self.verdict
+
+    def refund(self, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> bool:
+        return False
+
+
+def contract_catalog() -> Catalog:
+    catalog, problems = catalog_with(
+        "budget:\n"
+        "  - { param: amount, max: 500, per: 1d }\n"
+        "  - { param: amount, max: 100, per: 10m, on_exceed: approval }\n"
+        "approval: { when: 'order == \"manual\"', approvers: [finance] }\n",
+        "---\napprovers:\n  finance: [ann]\n",
+    )
+    assert problems == []
+    return catalog
+
+
+def test_an_amount_over_max_is_refused_even_when_a_person_could_approve() -> None:
+    # a person approving 1e300 would have let it into the window, where it wiped out the total
+    only_approval, problems = catalog_with(
+        "budget: { param: amount, max: 100, per: 10m, on_exceed: approval }\n"
+        "approval: { when: 'order == \"manual\"', approvers: [finance] }\n",
+        "---\napprovers:\n  finance: [ann]\n",
+    )
+    assert problems == []
+    counter = FixedCounter(BudgetVerdict(True))
+    for catalog, amount in [(only_approval, 1e300), (only_approval, 100.5), (contract_catalog(), 400)]:
+        decision = decide(catalog, counter, {"order": "o1", "amount": amount})
+        assert isinstance(decision, Answer) and decision.receipt.error is not None, amount
+        assert decision.receipt.error.code is ErrorCode.VALIDATION_FAILED
+        assert decision.receipt.error.details[0] == {
+            "field": "amount",
+            "code": "max",
+            "message": "must be at most 100",
+        }
+    assert counter.calls == []
+
+
+def test_a_reject_budget_exceeded_is_a_hard_cap_even_when_an_approval_budget_frees_later() -> None:
+    catalog = contract_catalog()
+    daily, ten_minutes = budget_index(catalog)[("bot", "payments", "refund")]
+    # both exceeded; the approval budget (listed first here) frees last
+    verdict = BudgetVerdict(False, (Exceeded(ten_minutes, 500_000, 90.0), Exceeded(daily, 60_000, 450.0)))
+    counter = FixedCounter(verdict)
+    decision = decide(catalog, counter, {"order": "o1", "amount": 60})
+    assert isinstance(decision, Answer) and decision.receipt.error is not None
+    error = decision.receipt.error
+    assert (error.code, error.retry_after_ms) == (ErrorCode.BUDGET_EXCEEDED, 60_000)
+    assert "500 amount per 1d" in error.message
+    assert [force for _, _, force in counter.calls] == [False]  # not counted past the cap for a person
+
+
+def test_only_approval_budgets_exceeded_parks_the_intent_naming_each() -> None:
+    catalog = contract_catalog()
+    _, ten_minutes = budget_index(catalog)[("bot", "payments", "refund")]
+    counter = FixedCounter(BudgetVerdict(False, (Exceeded(ten_minutes, 500_000, 90.0),)))
+    decision = decide(catalog, counter, {"order": "o1", "amount": 60})
+    assert type(decision).__name__ == "Park"
+    assert "over the budget of 100 amount per 10m (90 counted)" in decision.why
+    assert [force for _, _, force in counter.calls] == [False, True]
+
+
+def test_a_reused_intent_id_with_another_payload_is_refused() -> None:
+    counter = FixedCounter(BudgetVerdict(False, reused=True))
+    decision = decide(contract_catalog(), counter, {"order": "o1", "amount": 60})
+    assert isinstance(decision, Answer) and decision.receipt.error is not None
+    assert decision.receipt.status == "rejected"
+    assert decision.receipt.error.code is ErrorCode.INVALID_INTENT
+    assert "reused with a different payload" in decision.receipt.error.message
+
+
+def test_the_router_counts_under_the_tag_that_the_pool_and_approvals_give_back_with(budgeted: Catalog) -> None:
+    counter = FixedCounter(BudgetVerdict(True))
+    decision = decide(budgeted, counter, {"order": "o1", "amount": 60})
+    assert isinstance(decision, Dispatch)
+    job = decision.job
+    tag = budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
+    assert counter.calls == [("i-1", tag, False)]
+    other = decide(budgeted, counter, {"order": "o1", "amount": 61})
+    assert isinstance(other, Dispatch) and counter.calls[-1][1] != tag  # the same id, another payload
+
+
+def test_validate_refuses_a_nullable_budget_param_with_its_line() -> None:
+    import tempfile
+
+    text = CONNECTOR.replace(
+        "amount: { type: number, required: true }", "amount: { type: number, required: true, nullable: true }"
+    ) + (
+        "---\nagent_app:\n  name: bot\n  connector_bindings:\n    - connector: payments\n"
+        "      allowed_actions: [refund]\n"
+        "      budget: {param: amount, max: 5, per: 1d}\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "c.yaml").write_text(text)
+        _, problems = build(load_directory(tmp))
+    assert [(p.line, p.message) for p in problems] == [
+        (
+            text.splitlines().index("      budget: {param: amount, max: 5, per: 1d}") + 1,
+            "budget param 'amount' of refund must not be nullable (budget 1)",
+        )
     ]

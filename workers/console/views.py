@@ -169,7 +169,15 @@ class Fleet:
         """Approve or deny as ``approver`` (the console login, a person of the catalog's groups),
         refused unless the parked payload is still the one the page showed (``shown_hash``)."""
         decide = approvals.approve if approve else approvals.deny
-        return decide(self.client, self.settings.broker_url, approval_id, approver, reason, payload_hash=shown_hash)
+        return decide(
+            self.client,
+            self.settings.broker_url,
+            approval_id,
+            approver,
+            reason,
+            payload_hash=shown_hash,
+            receipt_ttl_seconds=int(self.settings.receipt_ttl_seconds),
+        )
 
     # audit
     def audited(

@@ -40,6 +40,10 @@ MESSAGES_DROPPED = Counter(
     "Messages acked without a receipt because none could be sent (the reason is logged)",
     ["reason"],
 )
+APPROVAL_NOTICES_LOST = Counter(
+    "reach_approval_notices_lost",
+    "approval_pending notices the broker refused (the intent stays parked; its receipt still comes)",
+)
 RECEIPTS_PUBLISHED = Counter("reach_receipts_published", "Receipts published, by status", ["status"])
 DOWNSTREAM_SECONDS = Histogram(
     "reach_downstream_call_seconds",

@@ -36,8 +36,15 @@ from workers.transport.topology import connector_queue
 
 log = logging.getLogger("reach.audit")
 
-RECEIPT_TTL_SECONDS = 24 * 3600  # as REACH_RECEIPT_TTL's default
+RECEIPT_TTL_SECONDS = int(Settings.model_fields["receipt_ttl_seconds"].default)  # REACH_RECEIPT_TTL's default
 REASON_CHARS = 1000
+
+
+def named(person: str, people: list[str]) -> bool:
+    """Whether ``person`` is one of ``people``, case-folded: "Bob" is bob, so an owner cannot
+    approve their own agent's intent by typing their name in another case."""
+    folded = person.casefold()
+    return any(folded == other.casefold() for other in people)
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,9 @@ class PendingApproval:
         return dataclasses.asdict(self)
 
     def may_decide(self, person: str) -> bool:
-        """Whether ``person`` could approve or deny this (what the store checks again on deciding)."""
-        return person in self.people and person not in self.owners
+        """Whether ``person`` could approve or deny this: for showing (``approve``/``deny`` decide
+        from the stored record, not from this copy). Names compare case-folded (``named``)."""
+        return named(person, self.people) and not named(person, self.owners)
 
 
 DecisionCode = Literal[
@@ -133,12 +141,14 @@ def approve(
     reason: str | None = None,
     *,
     payload_hash: str | None = None,
+    receipt_ttl_seconds: int = RECEIPT_TTL_SECONDS,
 ) -> Decision:
     """Approve as ``approver``: the parked job is dispatched to its connector's queue and runs.
 
     ``payload_hash``: the hash the approver was shown; the approval is refused if the parked
-    payload is not that one."""
-    return _decide(client, broker_url, approval_id, approver, reason, "approving", payload_hash)
+    payload is not that one. ``receipt_ttl_seconds``: REACH_RECEIPT_TTL (how long a receipt this
+    sends is kept)."""
+    return _decide(client, broker_url, approval_id, approver, reason, "approving", payload_hash, receipt_ttl_seconds)
 
 
 def deny(
@@ -149,9 +159,10 @@ def deny(
     reason: str | None = None,
     *,
     payload_hash: str | None = None,
+    receipt_ttl_seconds: int = RECEIPT_TTL_SECONDS,
 ) -> Decision:
     """Deny as ``approver``: the agent gets APPROVAL_DENIED with the reason; nothing runs."""
-    return _decide(client, broker_url, approval_id, approver, reason, "denying", payload_hash)
+    return _decide(client, broker_url, approval_id, approver, reason, "denying", payload_hash, receipt_ttl_seconds)
 
 
 def _decide(
@@ -162,6 +173,7 @@ def _decide(
     reason: str | None,
     claim: Literal["approving", "denying"],
     shown_hash: str | None,
+    receipt_ttl_seconds: int = RECEIPT_TTL_SECONDS,
 ) -> Decision:
     verb = "approve" if claim == "approving" else "deny"
     if not isinstance(approver, str) or not PERSON_PATTERN.match(approver):
@@ -176,11 +188,11 @@ def _decide(
     if record.state != "pending":
         by = f" by {record.decided_by}" if record.decided_by else ""
         return Decision(False, "already_decided", f"approval {approval_id} was already decided{by}: {record.state}")
-    if approver in record.owners:
+    if named(approver, record.owners):
         return Decision(
             False, "self_approval", f"{approver} owns agent {record.agent} and may not decide on its intents"
         )
-    if approver not in record.people:
+    if not named(approver, record.people):
         groups = ", ".join(record.approvers)
         return Decision(False, "not_an_approver", f"{approver} is not in the approver groups of this action ({groups})")
     try:
@@ -225,7 +237,7 @@ def _decide(
     )
     claimed = dataclasses.replace(record, state=claim, decided_by=approver, reason=reason)
     try:
-        Settler(store, _outlet(broker_url, client), audit).settle(claimed, claim)
+        Settler(store, _outlet(broker_url, client, receipt_ttl_seconds), audit).settle(claimed, claim)
     except Exception as exc:  # the claim stands: the routers' sweep carries it out after its grace
         log.warning("approval %s: could not %s at once (%s); the router's sweep will", approval_id, verb, exc)
         return Decision(
@@ -269,6 +281,6 @@ def _publishing(broker_url: str) -> tuple[Publisher, JobMessages]:
     return Publisher(producers[connection]), JobMessages(app)
 
 
-def _outlet(broker_url: str, client: redis.Redis) -> PublisherOutlet:
+def _outlet(broker_url: str, client: redis.Redis, receipt_ttl_seconds: int) -> PublisherOutlet:
     publisher, jobs = _publishing(broker_url)
-    return PublisherOutlet(publisher, jobs, ReceiptSink(publisher, client, RECEIPT_TTL_SECONDS))
+    return PublisherOutlet(publisher, jobs, ReceiptSink(publisher, client, receipt_ttl_seconds))

@@ -926,7 +926,15 @@ def _decide_cmd(approve: bool, approval_id: str, person: str, reason: str | None
 
     settings, client = _approvals_client()
     decide = ops.approve if approve else ops.deny
-    decision = decide(client, settings.broker_url, approval_id, person, reason, payload_hash=payload_hash)
+    decision = decide(
+        client,
+        settings.broker_url,
+        approval_id,
+        person,
+        reason,
+        payload_hash=payload_hash,
+        receipt_ttl_seconds=int(settings.receipt_ttl_seconds),
+    )
     click.echo(f"{decision.code}: {decision.message}", err=not decision.ok)
     sys.exit(0 if decision.ok else EXIT_PROBLEMS)
 

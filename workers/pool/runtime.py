@@ -43,7 +43,7 @@ from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
 from workers.state.batcher import Batcher
 from workers.state.breaker import Permit, SharedBreaker
-from workers.state.budgets import budget_index, gives_back, refund_into
+from workers.state.budgets import budget_index, budget_tag, gives_back, refund_into
 from workers.state.control import PoolStatus
 from workers.state.ledger import Begin, Claim, Ledger, params_hash
 from workers.transport.delivery import Delivery, Refused
@@ -172,7 +172,7 @@ class PoolRuntime:
         if redelivered:
             decided = self.sink.stored(job.agent_id, job.intent_id)
             if decided is not None and decided.agent_id == job.agent_id:
-                self._send(decided, job.reply_to, "redelivered")  # (silently skipped if it was sent)
+                self._send(decided, job, "redelivered")  # (silently skipped if it was sent)
                 return
         queue_ms = max(0.0, (started - job.dispatched_at) * 1000)
         metrics.QUEUE_WAIT_SECONDS.labels(connector=self.connector.name).observe(queue_ms / 1000)
@@ -188,7 +188,7 @@ class PoolRuntime:
                     message=(f"pool {self.connector.name} received an intent for {job.connector}.{job.action}"),
                     suggestion="Retry later; operators were told.",
                 ),
-                job.reply_to,
+                job,
                 "misrouted",
             )
             return
@@ -201,7 +201,7 @@ class PoolRuntime:
                     message="the deadline passed while the intent waited in the queue",
                     suggestion="Send a new intent with a later deadline if the action is still wanted.",
                 ),
-                job.reply_to,
+                job,
                 "deadline",
             )
             return
@@ -261,7 +261,7 @@ class PoolRuntime:
                     "intent=%s was answered by its first delivery; this one is acked without a receipt", ctx.intent_id
                 )
                 return
-            self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job.reply_to, "deduplicated")
+            self._send(self._deduplicated(ctx, claim.receipt_json), ctx.job, "deduplicated")
         elif claim.state == "reused":
             self._answer(
                 ctx,
@@ -398,7 +398,7 @@ class PoolRuntime:
 
         # the attempt lines go to stdout in the same batch; the outcome waits for a replica (durable)
         self.batcher.call(decided, lines=lines or None, durable=(ctx.key,))
-        sent_lines, mark = self._sent_record(receipt)
+        sent_lines, mark = self._sent_record(receipt, ctx.job)
         self.sink.publish(receipt, body, ctx.job.reply_to, then=mark)
         if sent_lines:
             self.audit.write_lines(sent_lines)
@@ -485,7 +485,7 @@ class PoolRuntime:
     ) -> Receipt:
         """A receipt decided without calling the system, sent on the general path."""
         receipt = ctx.receipt(code=code, message=message, suggestion=suggestion, **extra)
-        self._send(receipt, ctx.job.reply_to, outcome)
+        self._send(receipt, ctx.job, outcome)
         return receipt
 
     def _deduplicated(self, ctx: JobContext, stored_json: str) -> Receipt:
@@ -546,13 +546,13 @@ class PoolRuntime:
 
     # -- sending and counting --------------------------------------------------------------
 
-    def _send(self, receipt: Receipt, reply_to: str | None, outcome: str) -> None:
+    def _send(self, receipt: Receipt, job: Job, outcome: str) -> None:
         """The general path (rare answers): checks the sent marker itself, then marks the receipt
         sent and writes its audit line (stored before this returns and the job is acked). A
         dispatched job's receipt is marked by the publisher instead (``_finish``)."""
-        if not self.sink.send(receipt, reply_to, mark=False):
+        if not self.sink.send(receipt, job.reply_to, mark=False):
             return
-        lines, mark = self._sent_record(receipt)
+        lines, mark = self._sent_record(receipt, job)
         if lines:
             self.audit.write_lines(lines)
         try:
@@ -561,7 +561,7 @@ class PoolRuntime:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         self._count(receipt, outcome)
 
-    def _sent_record(self, receipt: Receipt) -> tuple[list[str], Callable[[Any], None]]:
+    def _sent_record(self, receipt: Receipt, job: Job) -> tuple[list[str], Callable[[Any], None]]:
         """The receipt's audit line, and the Redis commands that mark it sent and keep that line."""
         error = receipt.error
         lines = self.audit.render(
@@ -596,8 +596,10 @@ class PoolRuntime:
             if lines:
                 self.audit.push_into(pipe, receipt.agent_id, receipt.intent_id, lines)
             if budgets and gives_back(receipt):
-                # it did not take effect: its amount goes back, once (the script deletes its entry)
-                refund_into(pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, budgets)
+                # it did not take effect: its amount goes back, once (the script deletes its entry),
+                # and only if it was counted for this payload (not for another that reused the id)
+                tag = budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
+                refund_into(pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, tag, budgets)
 
         return lines, mark
 

@@ -20,11 +20,12 @@ from typing import Any, Protocol
 
 from connectors.approvals import ApprovalPolicy
 from producers.wire import APPROVAL_PENDING, ApprovalNotice, ErrorCode, Receipt
+from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
 from workers.state.approvals import IN_PROGRESS, ApprovalRecord, ApprovalStore, Parked, payload_hash
-from workers.state.budgets import release_intent
+from workers.state.budgets import budget_tag, release_intent
 from workers.transport.app import JobMessages
-from workers.transport.job import Job, parse_job_json
+from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, build_receipt, iso
 from workers.transport.topology import DISPATCH_EXCHANGE, RECEIPTS_EXCHANGE, connector_queue_name
@@ -35,6 +36,7 @@ SUMMARY_CHARS = 500
 SWEEP_SECONDS = 1.0
 SWEEP_BATCH = 100
 FULL_RETRY_MS = 60_000  # what an agent over its pending-approval bound is told to wait
+CORRUPT_REASON = "parked job corrupt"
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,20 @@ class Settler:
 
     def settle(self, record: ApprovalRecord, claim: str) -> None:
         """Raises when the broker refused: the claim stays, and the sweep carries it out later."""
-        job = parse_job_json(record.job_json)
+        if claim not in IN_PROGRESS:
+            raise ValueError(f"not a claim: {claim!r}")
+        try:
+            job = parse_job_json(record.job_json)
+        except JobDecodeError as exc:  # never readable again: answer now rather than retry until it is dropped
+            self._corrupt(record, claim, f"the parked job cannot be read: {exc.reason}")
+            return
         if claim == "approving":
             # the parked copy, checked against the hash the approver approved
             if payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key) != (
                 record.payload_hash
             ):
-                raise ValueError(f"approval {record.approval_id}: the parked job does not match its hash")
+                self._corrupt(record, claim, "the parked job does not match the hash that was approved")
+                return
             now = time.time()
             self.outlet.dispatch(job.model_copy(update={"dispatched_at": now}))
             self._audit(job, "dispatched", {"ts": round(now, 6), "approval_id": record.approval_id, "from": "approval"})
@@ -121,14 +130,28 @@ class Settler:
                 ),
                 job.reply_to,
             )
-            release_intent(self.store.client, job.agent_id, job.intent_id)  # it never runs: its budget gets it back
+            # it never runs: its budget gets it back
+            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
         elif claim == "expiring":
-            self.outlet.answer(
-                self._receipt(
-                    job,
+            if job.deadline is not None and job.deadline <= max(time.time(), record.expires_ms / 1000):
+                # the intent's deadline (which capped the approval's expiry) has passed: resending cannot help
+                code, message, suggestion = (
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"{job.connector}.{job.action} was not approved before the intent's deadline {iso(job.deadline)}",
+                    "Send a new intent with a later deadline if it is still wanted.",
+                )
+            else:
+                code, message, suggestion = (
                     ErrorCode.APPROVAL_EXPIRED,
                     f"nobody approved {job.connector}.{job.action} before {iso(record.expires_ms / 1000)}",
                     "Send the intent again to ask for approval again, or ask an approver to look sooner.",
+                )
+            self.outlet.answer(
+                self._receipt(
+                    job,
+                    code,
+                    message,
+                    suggestion,
                     [{"field": "(approval)", "code": "expired", "approval_id": record.approval_id}],
                 ),
                 job.reply_to,
@@ -136,10 +159,47 @@ class Settler:
             self._audit(
                 job, "approval_expired", {"approval_id": record.approval_id, "payload_hash": record.payload_hash}
             )
-            release_intent(self.store.client, job.agent_id, job.intent_id)
-        else:
-            raise ValueError(f"not a claim: {claim!r}")
+            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
         self.store.finish(record.approval_id, claim)
+
+    def _corrupt(self, record: ApprovalRecord, claim: str, why: str) -> None:
+        """A parked job that can never be carried out: its one receipt, its budget back, and the
+        record finished as ``failed``. APPROVAL_DENIED (reason "parked job corrupt"), not INTERNAL:
+        the code table makes INTERNAL retryable, and this intent must not be resent as it is."""
+        log.error("approval %s (%s): %s; answering APPROVAL_DENIED", record.approval_id, claim, why)
+        receipt = build_receipt(
+            intent_id=record.intent_id,
+            agent_id=record.agent,
+            action=record.action,
+            connector=record.connector,
+            trace_id=record.trace_id,
+            received_at=record.created_ms / 1000,
+            code=ErrorCode.APPROVAL_DENIED,
+            message=f"{record.connector}.{record.action} was not run: {why} (no person denied it)",
+            suggestion="Tell the operators; send a new intent if it is still wanted.",
+            details=[
+                {"field": "(approval)", "code": "denied", "approval_id": record.approval_id, "reason": CORRUPT_REASON}
+            ],
+        )
+        self.outlet.answer(receipt, record.reply_to or record.agent)
+        common = {"agent": record.agent, "action": record.action, "connector": record.connector}
+        self.audit.events(
+            record.intent_id,
+            [
+                (
+                    "approval_failed",
+                    {**common, "trace_id": record.trace_id, "approval_id": record.approval_id, "why": why},
+                ),
+                (
+                    "receipt",
+                    {**common, "trace_id": record.trace_id, "status": receipt.status, "code": "APPROVAL_DENIED"},
+                ),
+            ],
+            agent=record.agent,
+        )
+        # it never runs; its count is bound to the payload hash (budget_tag is that hash)
+        release_intent(self.store.client, record.agent, record.intent_id, record.payload_hash)
+        self.store.finish(record.approval_id, claim, failed=True)
 
     def _receipt(
         self, job: Job, code: ErrorCode, message: str, suggestion: str, details: list[dict[str, Any]]
@@ -207,7 +267,7 @@ class Parking:
         )
         if result.outcome == "full":
             self.sink.send(self._full(job), job.reply_to)
-            release_intent(self.store.client, job.agent_id, job.intent_id)
+            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
             return
         if result.outcome == "exists":
             # a redelivery of a parked intent: tell the agent again while it still waits
@@ -239,17 +299,30 @@ class Parking:
         )
 
     def _notify(self, job: Job, approval_id: str, expires_ms: int, summary: str) -> None:
+        """Best effort: the intent is parked (and counted) whether or not the agent hears of it;
+        raising here would make the router give up on it and release its budget while the
+        approval stays pending. Its receipt still comes once it is decided or expired."""
         notice = ApprovalNotice(
             intent_id=job.intent_id, approval_id=approval_id, expires_at=iso(expires_ms / 1000), summary=summary
         )
-        self.publisher.publish(
-            notice.to_json(),
-            exchange=RECEIPTS_EXCHANGE,
-            routing_key=job.reply_to,
-            headers={"type": APPROVAL_PENDING},
-            correlation_id=job.intent_id,
-            type=APPROVAL_PENDING,
-        )
+        try:
+            self.publisher.publish(
+                notice.to_json(),
+                exchange=RECEIPTS_EXCHANGE,
+                routing_key=job.reply_to,
+                headers={"type": APPROVAL_PENDING},
+                correlation_id=job.intent_id,
+                type=APPROVAL_PENDING,
+            )
+        except Exception as exc:
+            log.warning(
+                "approval %s: the notice to %s was not delivered (%s: %s); the intent stays parked",
+                approval_id,
+                job.reply_to,
+                type(exc).__name__,
+                str(exc)[:300],
+            )
+            metrics.APPROVAL_NOTICES_LOST.inc()
 
     def _full(self, job: Job) -> Receipt:
         return build_receipt(
@@ -302,7 +375,7 @@ class Sweeper:
             if claim not in IN_PROGRESS:
                 continue
             record = self.store.get(approval_id)
-            if record is None:
+            if record is None or record.state != claim:  # finished meanwhile by the one who decided
                 continue
             try:
                 self.settler.settle(record, claim)
@@ -310,3 +383,8 @@ class Sweeper:
             except Exception as exc:
                 log.warning("could not settle approval %s (%s): %s; retried after its grace", approval_id, claim, exc)
         return settled
+
+
+def _tag(job: Job) -> str:
+    """The tag the router counted the job's budgets under (only that count is given back)."""
+    return budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)

@@ -31,7 +31,7 @@ from workers.router.approvals import Park
 from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
 from workers.router.semantic import Choice, SemanticRouting, candidate_details
 from workers.state.breaker import AlwaysAvailable
-from workers.state.budgets import BudgetCounter, NoBudgets, Spend, budget_index
+from workers.state.budgets import BudgetCounter, NoBudgets, Spend, budget_index, budget_tag
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.transport.job import Job
@@ -244,7 +244,10 @@ class Router:
         over_budget: str | None = None  # why a person must decide (`on_exceed: approval`)
         budgets = self.budget_index.get((agent_id, ref.connector.name, ref.action.action))
         if budgets is not None:  # last: only an intent that is dispatched (or parked) counts
-            spent = self._spend(intent.intent_id, agent_id, ref, params, budgets, refuse)
+            tag = budget_tag(
+                agent_id, ref.connector.name, ref.action.action, params, intent.idempotency_key or intent.intent_id
+            )
+            spent = self._spend(intent.intent_id, tag, agent_id, ref, params, budgets, refuse)
             if isinstance(spent, Answer):
                 return spent
             over_budget = spent
@@ -284,6 +287,7 @@ class Router:
     def _spend(
         self,
         intent_id: str,
+        tag: str,
         agent_id: str,
         ref: ActionRef,
         params: dict[str, Any],
@@ -291,12 +295,13 @@ class Router:
         refuse: Callable[..., Answer],
     ) -> Answer | str | None:
         """Count the intent's amounts against its binding's budgets (docs/contract.md "Value
-        budgets"): None when they fit and are counted; over a budget with ``on_exceed: approval``,
-        why a person must decide (counted too, until the person denies it); else the answer."""
+        budgets"): None when they fit and are counted; over budgets that all say ``on_exceed:
+        approval``, why a person must decide (counted too, until the person denies it); else the
+        answer (one exceeded ``reject`` budget is a hard cap no person may approve past)."""
         spends = []
         for budget in budgets:
             amount = params.get(budget.param)
-            if amount is None:  # null where the field is nullable: nothing is sent, nothing counted
+            if amount is None:  # an optional param left out (a budget's param may not be nullable)
                 continue
             shown = repr(amount)[:40]
             if amount < 0:
@@ -310,7 +315,7 @@ class Router:
                         {"field": budget.param, "code": "min", "message": "must be at least 0 (a budget counts it)"}
                     ],
                 )
-            if amount > budget.max and budget.on_exceed == "reject":
+            if amount > budget.max:  # for every on_exceed: no window could ever hold it
                 return refuse(
                     ErrorCode.VALIDATION_FAILED,
                     f"{budget.param} is {shown}, more than the whole budget of {budget.max:g} per {budget.per}",
@@ -320,29 +325,45 @@ class Router:
                 )
             if amount > 0:
                 spends.append(Spend(budget, amount))
-        verdict = self.budgets.reserve(agent_id, ref.connector.name, intent_id, spends)
+        verdict = self.budgets.reserve(agent_id, ref.connector.name, intent_id, tag, spends)
         if verdict.allowed:
             return None
-        over = verdict.budget
-        assert over is not None
-        if over.on_exceed == "approval" and (agent_id, ref.connector.name, ref.action.action) in self.catalog.approvals:
+        if verdict.reused:
+            # counting it once more, or not at all, would let a reused id spend uncounted or give
+            # back what the intent that first used the id was counted
+            return refuse(
+                ErrorCode.INVALID_INTENT,
+                f"intent id {intent_id[:80]} reused with a different payload",
+                "Send each new intent with a new intent_id.",
+                ref=ref,
+            )
+        hard = [e for e in verdict.over if e.budget.on_exceed == "reject"]
+        gated = (agent_id, ref.connector.name, ref.action.action) in self.catalog.approvals
+        if not hard and gated:
             # held while a person decides: a denial or expiry gives it back (workers/router/approvals.py)
-            self.budgets.reserve(agent_id, ref.connector.name, intent_id, spends, force=True)
-            return f"over the budget of {over.max:g} {over.param} per {over.per} ({verdict.used:g} counted)"
+            self.budgets.reserve(agent_id, ref.connector.name, intent_id, tag, spends, force=True)
+            return "; ".join(
+                f"over the budget of {e.budget.max:g} {e.budget.param} per {e.budget.per} ({e.used:g} counted)"
+                for e in verdict.over
+            )
+        # the reject budget (else any) that frees last says when to retry
+        worst = max(hard or verdict.over, key=lambda e: e.retry_after_ms)
+        over = worst.budget
         return refuse(
             ErrorCode.BUDGET_EXCEEDED,
-            f"budget of {over.max:g} {over.param} per {over.per} on {ref.connector.name}: {verdict.used:g} already "
+            f"budget of {over.max:g} {over.param} per {over.per} on {ref.connector.name}: {worst.used:g} already "
             f"counted, {repr(params[over.param])[:40]} more does not fit",
-            f"Wait {_human_ms(verdict.retry_after_ms)} for the window to free enough, or ask your user.",
+            f"Wait {_human_ms(worst.retry_after_ms)} for the window to free enough, or ask your user.",
             ref=ref,
-            retry_after_ms=verdict.retry_after_ms,
+            retry_after_ms=worst.retry_after_ms,
         )
 
     def release(self, job: Job) -> None:
         """Give back what a dispatch that never happened counted (the router gave up on it)."""
         budgets = self.budget_index.get((job.agent_id, job.connector, job.action))
         if budgets is not None:
-            self.budgets.refund(job.agent_id, job.connector, job.intent_id, budgets)
+            tag = budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
+            self.budgets.refund(job.agent_id, job.connector, job.intent_id, tag, budgets)
 
     def _refuse(
         self,

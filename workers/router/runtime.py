@@ -22,6 +22,7 @@ from workers.observability.tracing import span
 from workers.router.approvals import Park, Parking
 from workers.router.intake import RawMessage, fail_identity, new_trace_id
 from workers.router.routing import Answer, Decision, Dispatch, Router
+from workers.state.budgets import gives_back
 from workers.transport.app import JobMessages
 from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
 from workers.transport.publisher import Publisher
@@ -105,6 +106,19 @@ class RouterRuntime:
             log.error("could not dead-letter intent %s either (%s); dropped", intent_id, again)
             metrics.DEAD_LETTERS_DROPPED.labels(reason="publish_failed").inc()
 
+    def _answered_before(self, decision: Park) -> None:
+        """This intent id already had its receipt (e.g. it was rejected RATE_LIMITED and resent with
+        the same id): one receipt per intent, so it is not parked again (an approval would run it
+        with nobody told, or answer nothing). Its budget is given back and its receipt sent again."""
+        job = decision.job
+        log.info("intent %s of %s already had its receipt; not parked again", job.intent_id, job.agent_id)
+        stored = self.sink.stored(job.agent_id, job.intent_id)
+        if stored is None or gives_back(stored):  # (one that took effect keeps what it was counted)
+            self.router.release(job)
+        if stored is not None and stored.agent_id == job.agent_id:
+            receipt, body = self.sink.encode(stored)
+            self.sink.publish(receipt, body, job.reply_to)
+
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
@@ -113,6 +127,9 @@ class RouterRuntime:
         if isinstance(decision, Park):
             if self.parking is None:
                 raise RuntimeError("this router was started without approvals (no Parking)")
+            if self.sink.already_sent(decision.job.agent_id, decision.intent_id):
+                self._answered_before(decision)
+                return
             self.parking.park(decision, received)
             return
         receipt = decision.receipt

@@ -7,6 +7,7 @@ atomically (each step is one Lua script)::
     pending ──approve──► approving ──dispatched──► approved
             ──deny─────► denying ───receipt sent──► denied
             ──expiry───► expiring ──receipt sent──► expired
+            (a claim whose parked job is corrupt ──receipt sent──► failed)
 
 The middle states are claims: whoever moved the intent there carries the decision out (publishes
 the job or the receipt) and then finishes it. A claim not finished within ``GRACE_MS`` (its
@@ -34,7 +35,7 @@ GRACE_MS = 60_000  # a claim not finished by then is carried out again by the sw
 IN_PROGRESS = ("approving", "denying", "expiring")
 DONE = {"approving": "approved", "denying": "denied", "expiring": "expired"}
 
-State = Literal["pending", "approving", "denying", "expiring", "approved", "denied", "expired"]
+State = Literal["pending", "approving", "denying", "expiring", "approved", "denied", "expired", "failed"]
 
 _NOW = """
 local t = redis.call('TIME')
@@ -121,7 +122,9 @@ return 'skip'
 """
 )
 
-# KEYS[1] record, [2] due; ARGV[1] approval id, [2] from state, [3] to state
+# KEYS[1] record, [2] due; ARGV[1] approval id, [2] from state, [3] to state. The parked job (up to
+# the intent size limit, unredacted) goes: what is kept for `show` and audits is its hash and the
+# redacted params.
 _FINISH = (
     _NOW
     + """
@@ -129,6 +132,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= ARGV[2] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'finished_at', now)
+redis.call('HDEL', KEYS[1], 'job')
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
@@ -323,10 +327,12 @@ class ApprovalStore:
             )
         )
 
-    def finish(self, approval_id: str, claim: str) -> bool:
-        """The claimed decision was carried out: ``approving`` -> ``approved`` and so on."""
+    def finish(self, approval_id: str, claim: str, failed: bool = False) -> bool:
+        """The claimed decision was carried out: ``approving`` -> ``approved`` and so on; ``failed``:
+        it could not be (the parked job was corrupt) and its intent was answered instead."""
         done = self._finish(
-            keys=[keys.approval(approval_id), keys.approvals_due()], args=[approval_id, claim, DONE[claim]]
+            keys=[keys.approval(approval_id), keys.approvals_due()],
+            args=[approval_id, claim, "failed" if failed else DONE[claim]],
         )
         return bool(done)
 

@@ -2,16 +2,18 @@
 
 A binding's ``budget: {param: amount, max: 500, per: 1d}`` keeps, per (agent, connector, param,
 window), a sorted set of the intents counted (scored by the time they were counted) and a hash of
-their amounts with the window's running total. One Lua script forgets what left the window, checks
-every budget of the intent and counts it in all of them, or in none: no race between routers, and
-the clock is Redis's own.
+their amounts. One Lua script forgets what left the window, checks every budget of the intent
+(and reports every one it exceeds) and counts it in all of them, or in none: no race between
+routers, and the clock is Redis's own.
 
-The amount is counted when the router dispatches the intent (every other check passed) and given
-back, once, when its receipt says it did not take effect (``refund_into``, called by the pool), or
-when a person denied it (``release_intent``): the refund deletes the intent's entry, so a second
-refund for the same intent finds nothing. An
-intent counted again under the same id (the router decides it again after a failed publish) is
-counted once.
+Each count is bound to the intent's *tag* (``budget_tag``: the SHA-256 of what it asks, the same
+hash a parked approval keeps). The amount is counted when the router dispatches the intent (every
+other check passed) and given back, once, when its receipt says it did not take effect
+(``refund_into``, called by the pool), or when a person denied it (``release_intent``): only by the
+same id *and* tag — the refund deletes the intent's entry, so a second refund finds nothing. An
+intent counted again under the same id and tag (the router decides it again after a failed
+publish) is counted once; the same id with another tag is refused (``BudgetVerdict.reused``), so a
+reused id can neither pass uncounted nor give back the amount of the intent that first used it.
 """
 
 from __future__ import annotations
@@ -26,30 +28,36 @@ from connectors.catalog import ALL_ACTIONS, Catalog
 from connectors.spec import BudgetSpec
 from producers.wire import Receipt
 from workers.state import keys
+from workers.state.approvals import payload_hash
 from workers.state.client import eval_into, text
 
 __all__ = [
     "BudgetCounter",
     "BudgetIndex",
     "BudgetVerdict",
+    "Exceeded",
     "NoBudgets",
     "RedisBudgets",
     "Spend",
     "budget_index",
+    "budget_tag",
     "gives_back",
     "refund_into",
     "release_intent",
 ]
 
-# In the scripts: '#total' is the hash field of the running total ('#' is in no intent id); at most
-# 1000 entries that left the window are forgotten per call (the rest on the next calls, counted
-# meanwhile: never too little); at most the 1000 oldest are walked to say when enough frees; the
-# keys outlive their newest entry by a minute.
+# In the scripts: at most 1000 entries that left the window are forgotten per call (the rest on
+# the next calls, counted meanwhile: never too little); at most the 1000 oldest are walked to say
+# when enough frees; the keys outlive their newest entry by a minute. What a window holds is summed
+# from its entries on every call (no running total: a float total cancels, 400 + 1e300 - 1e300 is
+# 0, and drifts; the sum is bounded by the entries, each at most the budget's max).
 # KEYS: per budget i, KEYS[2i-1] the counted intents (zset), KEYS[2i] their amounts (hash); last,
-# the intent's record of where it was counted
-# ARGV[1] intent id, ARGV[2] "1" to count without checking (parked past its budget), then per budget:
-# ARGV[3i] window (ms), ARGV[3i+1] max, ARGV[3i+2] amount (text, > 0)
-# returns {1, 0, 0, ""} counted (or counted before), {0, i, retry_after_ms, used} over budget i
+# the intent's record: "<tag> <the keys it was counted in>"
+# ARGV[1] intent id, ARGV[2] "1" to count without checking (parked past its budget), ARGV[3] the
+# intent's tag (budget_tag), then per budget: ARGV[3i+1] window (ms), ARGV[3i+2] max, ARGV[3i+3]
+# amount (text, > 0)
+# returns {1} counted (or counted before under the same tag), {2} the id was counted with another
+# tag, {0, i, retry_after_ms, used, ...} every budget i that the amount does not fit
 _RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -59,32 +67,32 @@ local held = KEYS[#KEYS]
 for i = 1, n do
   local times = KEYS[2 * i - 1]
   local amounts = KEYS[2 * i]
-  local gone = redis.call('ZRANGEBYSCORE', times, '-inf', now - tonumber(ARGV[3 * i]), 'LIMIT', 0, 1000)
+  local gone = redis.call('ZRANGEBYSCORE', times, '-inf', now - tonumber(ARGV[3 * i + 1]), 'LIMIT', 0, 1000)
   for _, member in ipairs(gone) do
-    local amount = redis.call('HGET', amounts, member)
-    if amount then
-      redis.call('HINCRBYFLOAT', amounts, '#total', '-' .. amount)
-      redis.call('HDEL', amounts, member)
-    end
+    redis.call('HDEL', amounts, member)
     redis.call('ZREM', times, member)
   end
-  -- an empty window starts from zero again: no float drift survives it
-  if redis.call('ZCARD', times) == 0 then redis.call('HDEL', amounts, '#total') end
+  redis.call('HDEL', amounts, '#total')  -- the running total of earlier versions
 end
-local first = KEYS[2]
-if redis.call('HEXISTS', first, id) == 1 then return {1, 0, 0, ''} end
+local record = redis.call('GET', held)
+if record then
+  if string.match(record, '^%S+') ~= ARGV[3] then return {2} end
+  local first = KEYS[2]
+  if redis.call('HEXISTS', first, id) == 1 then return {1} end
+end
 if ARGV[2] ~= '1' then
-  local worst, worst_wait, worst_used = 0, -1, '0'
+  local over = {0}
   for i = 1, n do
     local times = KEYS[2 * i - 1]
     local amounts = KEYS[2 * i]
-    local per = tonumber(ARGV[3 * i])
-    local max = tonumber(ARGV[3 * i + 1])
-    local used_text = redis.call('HGET', amounts, '#total') or '0'
-    local used = math.max(0, tonumber(used_text))
+    local per = tonumber(ARGV[3 * i + 1])
+    local max = tonumber(ARGV[3 * i + 2])
+    local amount = tonumber(ARGV[3 * i + 3])
+    local used = 0
+    for _, v in ipairs(redis.call('HVALS', amounts)) do used = used + tonumber(v) end
     -- a relative 1e-12 of slack: decimal amounts summed as binary floats
-    if used + tonumber(ARGV[3 * i + 2]) > max * (1 + 1e-12) then
-      local need = used + tonumber(ARGV[3 * i + 2]) - max
+    if used + amount > max * (1 + 1e-12) then
+      local need = used + amount - max
       local freed, wait = 0, per
       local oldest = redis.call('ZRANGE', times, 0, 999, 'WITHSCORES')
       for j = 1, #oldest, 2 do
@@ -93,48 +101,48 @@ if ARGV[2] ~= '1' then
         if freed >= need then break end
       end
       if wait < 1 then wait = 1 end
-      if wait > worst_wait then worst, worst_wait, worst_used = i, wait, used_text end
+      over[#over + 1] = i
+      over[#over + 1] = wait
+      over[#over + 1] = string.format('%.17g', used)
     end
   end
-  if worst > 0 then return {0, worst, worst_wait, worst_used} end
+  if #over > 1 then return over end
 end
 local longest = 0
-local names = {}
+local names = {ARGV[3]}
 for i = 1, n do
   local times = KEYS[2 * i - 1]
   local amounts = KEYS[2 * i]
-  local keep = tonumber(ARGV[3 * i]) + 60000
+  local keep = tonumber(ARGV[3 * i + 1]) + 60000
   redis.call('ZADD', times, now, id)
-  redis.call('HSET', amounts, id, ARGV[3 * i + 2])
-  redis.call('HINCRBYFLOAT', amounts, '#total', ARGV[3 * i + 2])
+  redis.call('HSET', amounts, id, ARGV[3 * i + 3])
   redis.call('PEXPIRE', times, keep)
   redis.call('PEXPIRE', amounts, keep)
   names[#names + 1] = times
   names[#names + 1] = amounts
   if keep > longest then longest = keep end
 end
--- where the intent was counted, so that what holds only its id can give it back (release_intent)
+-- the tag, and where the intent was counted, so that what holds only its id and tag can give it
+-- back (release_intent)
 redis.call('SET', held, table.concat(names, ' '), 'PX', longest)
-return {1, 0, 0, ''}
+return {1}
 """
 
-# KEYS as _RESERVE; ARGV[1] intent id. Returns 1 if an amount was given back, 0 if none was held
-# (given back before, never counted, or already out of the window)
+# KEYS as _RESERVE; ARGV[1] intent id, ARGV[2] its tag. Returns 1 if an amount was given back, 0 if
+# none was held for that tag (given back before, never counted, out of the window, or counted for
+# another payload that reused the id: that one's amount stays)
 _REFUND = """
 local id = ARGV[1]
-local gave = 0
 local held = KEYS[#KEYS]
+local record = redis.call('GET', held)
+if not record or string.match(record, '^%S+') ~= ARGV[2] then return 0 end
+local gave = 0
 redis.call('DEL', held)
 for i = 1, (#KEYS - 1) / 2 do
   local times = KEYS[2 * i - 1]
   local amounts = KEYS[2 * i]
-  local amount = redis.call('HGET', amounts, id)
-  if amount then
-    redis.call('HDEL', amounts, id)
-    redis.call('ZREM', times, id)
-    redis.call('HINCRBYFLOAT', amounts, '#total', '-' .. amount)
-    gave = 1
-  end
+  if redis.call('HDEL', amounts, id) == 1 then gave = 1 end
+  redis.call('ZREM', times, id)
 end
 return gave
 """
@@ -149,19 +157,39 @@ class Spend:
 
 
 @dataclass(frozen=True)
+class Exceeded:
+    """One budget that an intent's amount does not fit."""
+
+    budget: BudgetSpec
+    retry_after_ms: int  # when enough of its window frees
+    used: float  # what its window holds now
+
+
+@dataclass(frozen=True)
 class BudgetVerdict:
     allowed: bool
-    budget: BudgetSpec | None = None  # the budget exceeded (the one that frees last)
-    retry_after_ms: int = 0
-    used: float = 0.0  # what that budget's window holds now
+    over: tuple[Exceeded, ...] = ()  # every budget exceeded, in the order of the spends
+    reused: bool = False  # the intent id was counted before for another payload (not counted now)
+
+
+def budget_tag(agent: str, connector: str, action: str, params: Any, idempotency_key: str) -> str:
+    """What a count is bound to: the hash of what the intent asks (the approvals' payload hash)."""
+    return payload_hash(agent, connector, action, params, idempotency_key)
 
 
 class BudgetCounter(Protocol):
     def reserve(
-        self, agent: str, connector: str, intent_id: str, spends: Sequence[Spend], *, force: bool = False
+        self,
+        agent: str,
+        connector: str,
+        intent_id: str,
+        tag: str,
+        spends: Sequence[Spend],
+        *,
+        force: bool = False,
     ) -> BudgetVerdict: ...
 
-    def refund(self, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> bool: ...
+    def refund(self, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> bool: ...
 
 
 BudgetIndex = dict[tuple[str, str, str], tuple[BudgetSpec, ...]]
@@ -203,19 +231,21 @@ def _keys(agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSp
     return [*pairs, keys.budget_held(agent, intent_id)]
 
 
-def refund_into(pipe: Any, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> None:
-    """Queue the giving back of ``intent_id``'s amounts on a pipeline (a no-op if given back before)."""
-    eval_into(pipe, _REFUND, _keys(agent, connector, intent_id, budgets), intent_id)
+def refund_into(pipe: Any, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> None:
+    """Queue the giving back of ``intent_id``'s amounts on a pipeline (a no-op if given back
+    before, or if they were counted for another tag)."""
+    eval_into(pipe, _REFUND, _keys(agent, connector, intent_id, budgets), intent_id, tag)
 
 
-def release_intent(client: redis.Redis, agent: str, intent_id: str) -> bool:
-    """Give back what ``intent_id`` was counted, knowing only its id: for an intent that never ran
-    after it was counted (an approval denied or expired, a parking refused). Once, like every refund."""
+def release_intent(client: redis.Redis, agent: str, intent_id: str, tag: str) -> bool:
+    """Give back what ``intent_id`` was counted for ``tag``, knowing only its id and tag: for an
+    intent that never ran after it was counted (an approval denied or expired, a parking refused).
+    Once, like every refund."""
     held = keys.budget_held(agent, intent_id)
-    names = text(client.get(held)).split()
+    names = text(client.get(held)).split()[1:]  # the first is the tag, checked by the script
     if not names:
         return False
-    return bool(client.eval(_REFUND, len(names) + 1, *names, held, intent_id))
+    return bool(client.eval(_REFUND, len(names) + 1, *names, held, intent_id, tag))
 
 
 class RedisBudgets:
@@ -227,33 +257,52 @@ class RedisBudgets:
         self._refund = client.register_script(_REFUND)
 
     def reserve(
-        self, agent: str, connector: str, intent_id: str, spends: Sequence[Spend], *, force: bool = False
+        self,
+        agent: str,
+        connector: str,
+        intent_id: str,
+        tag: str,
+        spends: Sequence[Spend],
+        *,
+        force: bool = False,
     ) -> BudgetVerdict:
-        """Count ``intent_id`` in every budget of ``spends`` if all have room (``force``: even if
-        not — an intent parked for a person past its budget is counted while it waits)."""
+        """Count ``intent_id`` (bound to ``tag``) in every budget of ``spends`` if all have room
+        (``force``: even if not — an intent parked for a person past its budget is counted while
+        it waits)."""
         if not spends:
             return BudgetVerdict(True)
-        args: list[Any] = [intent_id, "1" if force else "0"]
+        args: list[Any] = [intent_id, "1" if force else "0", tag]
         for spend in spends:
             args += [spend.budget.per_ms, repr(float(spend.budget.max)), _amount_text(spend.amount)]
-        allowed, index, wait, used = self._reserve(
-            keys=_keys(agent, connector, intent_id, [s.budget for s in spends]), args=args
-        )
-        if allowed:
+        answer = self._reserve(keys=_keys(agent, connector, intent_id, [s.budget for s in spends]), args=args)
+        if int(answer[0]) == 1:
             return BudgetVerdict(True)
-        return BudgetVerdict(False, spends[int(index) - 1].budget, int(wait), float(text(used) or 0))
+        if int(answer[0]) == 2:
+            return BudgetVerdict(False, reused=True)
+        over = tuple(
+            Exceeded(spends[int(answer[j]) - 1].budget, int(answer[j + 1]), float(text(answer[j + 2]) or 0))
+            for j in range(1, len(answer), 3)
+        )
+        return BudgetVerdict(False, over)
 
-    def refund(self, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> bool:
-        return bool(self._refund(keys=_keys(agent, connector, intent_id, budgets), args=[intent_id]))
+    def refund(self, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> bool:
+        return bool(self._refund(keys=_keys(agent, connector, intent_id, budgets), args=[intent_id, tag]))
 
 
 class NoBudgets:
     """For tools and tests that route without Redis: nothing is counted."""
 
     def reserve(
-        self, agent: str, connector: str, intent_id: str, spends: Sequence[Spend], *, force: bool = False
+        self,
+        agent: str,
+        connector: str,
+        intent_id: str,
+        tag: str,
+        spends: Sequence[Spend],
+        *,
+        force: bool = False,
     ) -> BudgetVerdict:
         return BudgetVerdict(True)
 
-    def refund(self, agent: str, connector: str, intent_id: str, budgets: Sequence[BudgetSpec]) -> bool:
+    def refund(self, agent: str, connector: str, intent_id: str, tag: str, budgets: Sequence[BudgetSpec]) -> bool:
         return False
