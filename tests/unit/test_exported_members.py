@@ -7,6 +7,7 @@ import producers
 
 def test_public_surface_is_exactly_the_curated_names() -> None:
     assert sorted(producers.__all__) == [
+        "ApprovalPending",
         "ErrorCode",
         "ErrorInfo",
         "Execution",
