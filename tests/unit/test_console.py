@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from workers.console.app import create_app
 from workers.console.users import UsersFile, UsersFileError, check_login, hash_password, parse_users, verify_password
-from workers.console.views import Page
+from workers.console.views import Page, SearchBusy
 from workers.ops.cli import main
 from workers.ops.fleet import ConnectorStatus
 from workers.settings import Settings
@@ -61,6 +61,7 @@ class RecordingFleet:
         self.decisions: list[tuple[str, bool, str, str | None, str | None]] = []
         self.replays: list[str | None] = []
         self.pending_rows: list[Pending] = [Pending()]
+        self.search_busy = False
         self.audit: list[dict[str, Any]] = []
 
     def status(self) -> Page:
@@ -82,6 +83,8 @@ class RecordingFleet:
         return ([message_id or "m1"], [])
 
     def trace(self, intent_id: str, agent: str | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
+        if agent is None and self.search_busy:
+            raise SearchBusy(intent_id)
         return "shop_bot", [], [{"offset_ms": "0.0", "stage": "received", "details": "<script>x</script>"}]
 
     def pending(self) -> Page:
@@ -280,6 +283,17 @@ def test_an_approver_outside_the_approvals_groups_or_owning_the_agent_sees_no_bu
     client, _ = logged_in(users_file, fleet, "alice")
     html = client.get("/approvals/live").text
     assert "Approve" not in html and "not an owner of shop_bot" in html
+
+
+def test_a_second_agent_search_while_one_runs_is_turned_away_but_a_lookup_by_agent_is_not(
+    users_file: Path, fleet: RecordingFleet
+) -> None:
+    client, _ = logged_in(users_file, fleet, "vera")
+    fleet.search_busy = True
+    html = client.get("/trace", params={"intent_id": "i-1"}).text
+    assert "another search for an intent&#39;s agent is running" in html and "<table" not in html
+    html = client.get("/trace", params={"intent_id": "i-1", "agent": "shop_bot"}).text
+    assert '<table id="trace">' in html
 
 
 def test_page_input_is_escaped_and_bounded(users_file: Path, fleet: RecordingFleet) -> None:

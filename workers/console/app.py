@@ -39,7 +39,7 @@ from workers.console.security import (
     same_origin,
 )
 from workers.console.users import Role, User, UsersFile, check_login
-from workers.console.views import MAX_REASON_CHARS, NAME, OPAQUE_ID, Fleet, pretty_params
+from workers.console.views import MAX_REASON_CHARS, NAME, OPAQUE_ID, Fleet, SearchBusy, pretty_params
 from workers.settings import Settings
 
 MAX_FORM_BYTES = 16 * 1024
@@ -269,6 +269,10 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
                 try:
                     found, choices, rows = fleet.trace(intent_id, agent)
                     result.update(agent=found, choices=choices, rows=rows)
+                except SearchBusy:
+                    result["error"] = (
+                        "another search for an intent's agent is running: give the agent, or try again in a moment"
+                    )
                 except redis.RedisError as exc:
                     result["error"] = f"Redis did not answer: {exc}"
         return render(request, "trace.html", user, page="trace", live=None, result=result)

@@ -53,6 +53,10 @@ class Page:
     error: str = ""
 
 
+class SearchBusy(Exception):
+    """Another search for an intent's agent (a SCAN) is running in this console."""
+
+
 class Fleet:
     """The fleet as the console sees it: one Redis client, the broker URL, the catalog's connectors."""
 
@@ -70,6 +74,8 @@ class Fleet:
         # lists reach.dlq (taking its letters unacked for a moment) while it replays from it
         self._cache: dict[str, tuple[float, Page]] = {}
         self._dlq_lock = threading.Lock()
+        # a search for an intent's agent SCANs up to 1M keys: one at a time per console process
+        self._search_lock = threading.Lock()
 
     def _cached(self, key: str, ttl: float, load: Callable[[], Page]) -> Page:
         now = time.monotonic()
@@ -133,7 +139,12 @@ class Fleet:
     def trace(self, intent_id: str, agent: str | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
         """(the agent, the agents to choose from when several, the stages) of one intent."""
         if agent is None:
-            agents = trace_agents(self.client, intent_id)
+            if not self._search_lock.acquire(blocking=False):
+                raise SearchBusy(intent_id)
+            try:
+                agents = trace_agents(self.client, intent_id)
+            finally:
+                self._search_lock.release()
             if len(agents) != 1:
                 return None, agents, []
             agent = agents[0]
