@@ -49,7 +49,7 @@ from workers.state.ledger import Begin, Claim, Ledger, params_hash
 from workers.transport.delivery import Delivery, Refused
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt, iso
+from workers.transport.receipts import ReceiptSink, iso, job_receipt
 from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, connector_queue_name
 
 log = logging.getLogger("reach.pool")
@@ -113,21 +113,6 @@ class JobContext:
 
     def receipt(self, **outcome: Any) -> Receipt:
         return job_receipt(self.job, self.queue_ms, **outcome)
-
-
-def job_receipt(job: Job, queue_ms: float, **outcome: Any) -> Receipt:
-    """The receipt for ``job`` with ``outcome`` (``build_receipt``'s code, message, data, ...)."""
-    return build_receipt(
-        intent_id=job.intent_id,
-        agent_id=job.agent_id,
-        action=job.action,
-        connector=job.connector,
-        trace_id=job.trace_id,
-        received_at=job.received_at,
-        queue_ms=queue_ms,
-        routing=job.routing,
-        **outcome,
-    )
 
 
 class PoolRuntime:

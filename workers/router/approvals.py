@@ -27,7 +27,7 @@ from workers.state.budgets import budget_tag, release_intent
 from workers.transport.app import JobMessages
 from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt, iso
+from workers.transport.receipts import ReceiptSink, build_receipt, iso, job_receipt
 from workers.transport.topology import DISPATCH_EXCHANGE, RECEIPTS_EXCHANGE, connector_queue_name
 
 log = logging.getLogger("reach.approvals")
@@ -204,19 +204,7 @@ class Settler:
     def _receipt(
         self, job: Job, code: ErrorCode, message: str, suggestion: str, details: list[dict[str, Any]]
     ) -> Receipt:
-        receipt = build_receipt(
-            intent_id=job.intent_id,
-            agent_id=job.agent_id,
-            action=job.action,
-            connector=job.connector,
-            trace_id=job.trace_id,
-            received_at=job.received_at,
-            code=code,
-            message=message,
-            suggestion=suggestion,
-            details=details,
-            routing=job.routing,
-        )
+        receipt = job_receipt(job, code=code, message=message, suggestion=suggestion, details=details)
         self._audit(job, "receipt", {"status": receipt.status, "code": code.value})
         return receipt
 

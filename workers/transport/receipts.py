@@ -12,6 +12,7 @@ import redis
 
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from workers.state import keys
+from workers.transport.job import Job
 from workers.transport.publisher import Publisher
 from workers.transport.topology import RECEIPTS_EXCHANGE
 
@@ -74,6 +75,21 @@ def build_receipt(
             deduplicated=deduplicated,
             routing=routing,
         ),
+    )
+
+
+def job_receipt(job: Job, queue_ms: float | None = None, **outcome: Any) -> Receipt:
+    """The receipt for ``job`` with ``outcome`` (``build_receipt``'s code, message, data, ...)."""
+    return build_receipt(
+        intent_id=job.intent_id,
+        agent_id=job.agent_id,
+        action=job.action,
+        connector=job.connector,
+        trace_id=job.trace_id,
+        received_at=job.received_at,
+        queue_ms=queue_ms,
+        routing=job.routing,
+        **outcome,
     )
 
 
