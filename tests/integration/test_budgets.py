@@ -409,6 +409,9 @@ def test_a_reused_intent_id_cannot_park_and_expire_the_first_intents_amount_away
     with agent("reuser") as client:
         # the first intent is still running (its outcome will be unknown: it stays counted)
         first = client.publish("shop.pay_slowly", {"title": "slow-reuser-400", "amount": 400})
+        # (counted and dispatched before the reuse is published: two routers could otherwise take
+        # the reuse first, and then the first intent is the duplicate)
+        wait_for(lambda: system.requests(title="slow-reuser-400"), 15, "the first intent never reached the system")
         # the same id, an approval-gated payload with a near deadline: once it parked ("counted
         # before") and its expiry gave back the first intent's 400
         deadline = time.time() + 1.5
