@@ -159,15 +159,19 @@ class Receipt(BaseModel):
     error: ErrorInfo | None = None
     execution: Execution
 
-    def to_json(self) -> bytes:
+    def to_doc(self) -> dict[str, Any]:
+        """The receipt as the JSON document the wire carries."""
         # retry_after_ms appears only when set, as the contract writes it with a "?"
         doc = self.model_dump(mode="json")
         if doc["error"] is not None and doc["error"].get("retry_after_ms") is None:
             doc["error"].pop("retry_after_ms", None)
         if doc["execution"].get("routing") is None:
             doc["execution"].pop("routing", None)
+        return doc
+
+    def to_json(self) -> bytes:
         # ASCII escapes: a lone surrogate in a system's answer must not make the receipt unsendable
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return json.dumps(self.to_doc(), separators=(",", ":")).encode()
 
 
 APPROVAL_PENDING: Literal["approval_pending"] = (

@@ -45,7 +45,7 @@ def from_receipt(receipt: Receipt, check_output: OutputCheck | None = None) -> t
         receipt: The fleet's one receipt for the intent.
         check_output: The check of the called tool's declared output, if it has one.
     """
-    meta = {RECEIPT_META_KEY: json.loads(receipt.to_json())}
+    meta = {RECEIPT_META_KEY: receipt.to_doc()}
     if receipt.status != "succeeded":
         return _error(_failure_text(receipt), meta)
     data = receipt.data if isinstance(receipt.data, dict) else {"result": receipt.data}

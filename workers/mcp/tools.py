@@ -89,6 +89,8 @@ def output_check(validator: Draft202012Validator) -> Callable[[dict[str, Any]], 
     where and why not (short: it ends up in the text the model reads)."""
 
     def check(data: dict[str, Any]) -> str | None:
+        if validator.is_valid(data):  # the usual case, without collecting errors to rank
+            return None
         error = best_match(validator.iter_errors(data))
         if error is None:
             return None
