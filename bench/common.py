@@ -292,8 +292,11 @@ def start_private_redis(procs: Procs) -> tuple[str, int]:
     raise RuntimeError("private redis-server did not start")
 
 
-def start_downstream(procs: Procs, name: str = "downstream", slow_seconds: float = 2.0) -> tuple[str, int]:
-    proc = procs.start(name, [PYTHON, str(BENCH / "downstream.py"), "0", "--slow", str(slow_seconds)], stdout_pipe=True)
+def start_downstream(
+    procs: Procs, name: str = "downstream", slow_seconds: float = 2.0, slow_jitter: float = 0.0
+) -> tuple[str, int]:
+    argv = [PYTHON, str(BENCH / "downstream.py"), "0", "--slow", str(slow_seconds), "--slow-jitter", str(slow_jitter)]
+    proc = procs.start(name, argv, stdout_pipe=True)
     line = proc.popen.stdout.readline().decode()  # type: ignore[union-attr]
     if not line.startswith("READY"):
         raise RuntimeError(f"downstream did not start: {line!r} {proc.log_text()[-2000:]}")

@@ -418,6 +418,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"  per additional connector, worst group: {mem['per_additional_mb_max']} MB (target <= {TARGET_MEMORY_MB})"
         )
+    jitter = f" +- {meta['config']['slow_jitter']:g} s" if meta["config"].get("slow_jitter") else ""
     for key, title in (("paired", "at the same time, from two agents"), ("isolation", "phases interleaved")):
         iso = results.get(key)
         if not iso:
@@ -425,7 +426,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append(
             f"{key}: fast connector at paced {iso['rate']}/s, {title} ({iso['n']} intents a phase, {iso['reps']} repetitions "
-            f"pooled); slow neighbour 2 s per call, backlog {iso['backlog']}"
+            f"pooled); slow neighbour 2 s per call{jitter}, backlog {iso['backlog']}"
         )
         rows = [
             [arm, fmt(a["p50_ms"], 2), fmt(a["p99_ms"], 2), " / ".join(str(v) for v in a["rep_p99_ms"])]
@@ -447,11 +448,18 @@ def main() -> int:
     parser.add_argument("--only", default="memory,isolation,paired", help="memory, isolation, paired (comma-separated)")
     parser.add_argument("--reps", type=int, help="repetitions of the isolation phases")
     parser.add_argument("--backlog-independence", action="store_true", help="also a 10,000-intent backlog")
+    parser.add_argument(
+        "--slow-jitter",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a control: each slow call takes 2 s +- up to S (uniform), so the slow connector's calls do not end together",
+    )
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--output", default=str(RESULTS / "pool_groups.json"))
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
-    cfg = dict(CONFIGS[mode])
+    cfg = dict(CONFIGS[mode], slow_jitter=args.slow_jitter)
     if args.reps:
         cfg["reps"] = args.reps
     sections = set(args.only.split(","))
@@ -475,7 +483,7 @@ def main() -> int:
         run.broker_url = vhost.url
         redis_url, _ = start_private_redis(run.procs)
         fast_url, _ = start_downstream(run.procs)
-        slow_url, _ = start_downstream(run.procs, name="downstream-slow")
+        slow_url, _ = start_downstream(run.procs, name="downstream-slow", slow_jitter=args.slow_jitter)
         text, members = group_catalog(fast_url, slow_url, max(cfg["sizes"]))
         catalog_dir = catalogs.write(work / "catalog", text)
         run.fleet = fleet = ReachFleet(run.procs, catalog_dir, vhost.url, redis_url)

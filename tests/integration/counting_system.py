@@ -8,7 +8,8 @@ twice. A request carrying a key already executed answers the stored item without
 (checked after the delay, under the lock, so concurrent duplicates are deduplicated too).
 ``GET /items/{id}`` (any other GET) is an idempotent read, ``GET /health`` answers
 ``health_status``, ``GET /_stats`` the calls answered so far (``{"requests": n, "slow": m}``).
-A path under ``/slow/`` answers after ``slow_seconds`` (a system that takes its time).
+A path under ``/slow/`` answers after ``slow_seconds`` (a system that takes its time), give or take up
+to ``slow_jitter``.
 
 Faults are set on ``state``: ``delay`` (seconds before answering, so writes are in flight),
 ``fail_status``/``fail_count`` (answer that status, with ``Retry-After: retry_after`` when set,
@@ -16,12 +17,13 @@ instead of executing), and ``on_request`` (called with each recorded request bef
 e.g. to kill a pool while its request is in flight). ``in_flight`` counts requests being served.
 
 In process (tests): ``CountingSystem().start()``; as a process of its own (bench/downstream.py):
-``python tests/integration/counting_system.py [PORT] [--slow SECONDS]`` prints ``READY <port>``.
+``python tests/integration/counting_system.py [PORT] [--slow SECONDS] [--slow-jitter SECONDS]`` prints ``READY <port>``.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import urllib.parse
@@ -49,6 +51,7 @@ class CountingState:
         self.retry_after: str | None = None
         self.health_status = 200
         self.slow_seconds = 2.0
+        self.slow_jitter = 0.0  # each /slow/ call takes slow_seconds +- up to this (uniform)
         self.keep_requests = True  # False in a benchmark: only the counts are kept
         self.answered = self.slow_answered = 0
         self.on_request: Callable[[dict[str, Any]], None] | None = None
@@ -87,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
             st.in_flight += 1
             hook, delay = st.on_request, st.delay
             if path.startswith("/slow/"):
-                delay += st.slow_seconds
+                delay += st.slow_seconds + (random.uniform(-st.slow_jitter, st.slow_jitter) if st.slow_jitter else 0.0)
             fail = st.fail_status if st.fail_count > 0 else 0
             if fail:
                 st.fail_count -= 1
@@ -202,9 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="the fake downstream of the tests and the benchmarks")
     parser.add_argument("port", nargs="?", type=int, default=0)
     parser.add_argument("--slow", type=float, default=2.0, help="seconds a call under /slow/ takes")
+    parser.add_argument("--slow-jitter", type=float, default=0.0, help="+- this many seconds, uniform, per slow call")
     args = parser.parse_args(argv)
     system = CountingSystem(args.port)
     system.state.slow_seconds = args.slow
+    system.state.slow_jitter = min(args.slow_jitter, args.slow)
     system.state.keep_requests = False
     print(f"READY {system.port}", flush=True)
     sys.stdout.flush()
