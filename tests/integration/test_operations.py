@@ -125,6 +125,7 @@ TRACED, PLAIN = "ops_tickets", "ops_plain"  # pool with the console span exporte
 POOLS = (TRACED, PLAIN)
 CREATE, QUERY = f"{TRACED}.create_ticket", f"{TRACED}.query_ticket"
 ALLOWED_LABELS = {"__name__", "job", "instance", "connector", "action", "code", "outcome", "format", "status", "le"}
+ALLOWED_LABELS |= {"kept", "reason"}  # the dead-letter counters' (bounded: docs/operations.md, Metrics)
 HEX_ID = re.compile(r"^[0-9a-f]{16,}$")
 
 
@@ -506,6 +507,9 @@ def test_every_dashboard_expression_returns_data_from_prometheus(
         "Connector health",
         "Retries",
         "Actions by outcome",
+        "Pool saturation",
+        "Paused",
+        "Dead letters",
     } <= titles
     for panel in panels:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
@@ -516,6 +520,46 @@ def test_every_dashboard_expression_returns_data_from_prometheus(
     assert client.call(CREATE, {"title": "no description"}, timeout=20).error.code == "VALIDATION_FAILED"
     tickets.state.fail_status, tickets.state.fail_count = 503, 1
     assert client.call(QUERY, {"tid": tid}, timeout=20).execution.attempts == 2
+    # and for *Dead letters*: junk the router keeps until its sender is past its invalid allowance
+    # (REACH_AGENT_INVALID_RATE, 20/s: then it keeps none), and a message on a pool's queue that is not a job
+    purge(DLQ.name)
+    flooder = f"ops_junk_{RUN}"  # not in the catalog: its allowance is its own, and no other test's
+    junk_ids = [f"junk-flood-{n}-{RUN}" for n in range(60)]
+    with agent(flooder) as junk_client:
+        # no confirm per message: the 60 go out at once, faster than any box refills the allowance
+        # (each still gets its receipt below, or the test fails)
+        with Connection(BROKER_URL) as conn:
+            producer = conn.Producer()
+            for junk_id in junk_ids:
+                producer.publish(
+                    b"{junk",
+                    exchange=INTENTS_EXCHANGE,
+                    routing_key="intent",
+                    message_id=junk_id,
+                    headers={"agent_id": flooder},
+                    content_type="application/json",
+                    content_encoding="binary",
+                )
+            producer.publish(
+                b"not a job",
+                exchange=DEFAULT_EXCHANGE,
+                routing_key=connector_queue(TRACED).name,
+                message_id=f"nojob-{RUN}",
+                content_type="application/json",
+                content_encoding="binary",
+            )
+        codes = [r.error.code for r in wait_receipts(junk_client, junk_ids).values() if r.error]
+    kept = codes.count("INVALID_INTENT")
+    assert len(codes) == 60 and kept >= 20 and codes.count("RATE_LIMITED") == 60 - kept > 0, codes
+    # the router's letters come after their receipts: once all are there none is left to arrive later
+    wait_for(dlq_depth, 20, f"reach.dlq did not get {kept} + 1 dead letters", until=lambda n: n == kept + 1)
+    purge(DLQ.name)
+    # the pool counts the letter it wrote, as the router counts its own
+    wait_for(
+        lambda: direct_sum(direct_scrape(fleet, (TRACED,)), "reach_dead_letters_total", ("kept",)).get(("full",), 0),
+        10,
+        f"{TRACED} did not count the dead letter it wrote",
+    )
 
     used = {m for p in panels for t in p["targets"] for m in re.findall(r"\b(reach_[a-z_]+)", t["expr"])}
     exposed = wait_for(

@@ -508,19 +508,22 @@ class PoolRuntime:
             "x-reach-agent-id": _short(str(job.get("agent_id") or "")),
             "x-reach-connector": self.connector.name,
         }
+        kept = "full"
         if safe_params != params:
             headers[REDACTED_HEADER] = "true"  # `reach dlq replay` must not send the marker downstream
-        self._letter(json.dumps(dict(job, params=safe_params), default=str).encode(), intent_id, headers)
+            kept = "redacted"
+        self._letter(json.dumps(dict(job, params=safe_params), default=str).encode(), intent_id, headers, kept)
 
     def dead_letter_raw(self, message: Delivery, reason: str) -> None:
         """A message on this pool's queue that is not a job: kept in reach.dlq as it came."""
         # no x-reach-connector: `reach dlq replay` sends letters with one back to that pool as jobs
         queue = connector_queue_name(self.connector.name)
         headers = {"x-reach-reason": f"{reason} (found on {queue})"[:1000], "x-reach-queue": queue}
-        self._letter(message.body, _short(message.message_id or ""), headers)
+        self._letter(message.body, _short(message.message_id or ""), headers, "full")
 
-    def _letter(self, body: bytes, message_id: str, headers: dict[str, Any]) -> None:
-        """Publish one dead letter; a full reach.dlq refuses it, which is counted, not retried."""
+    def _letter(self, body: bytes, message_id: str, headers: dict[str, Any], kept: str) -> None:
+        """Publish one dead letter (counted by how much of it was ``kept``); a full reach.dlq
+        refuses it, which is counted, not retried."""
         try:
             self.publisher.publish(
                 body, exchange=DEFAULT_EXCHANGE, routing_key=DLQ.name, message_id=message_id, headers=headers
@@ -528,6 +531,8 @@ class PoolRuntime:
         except Refused:
             log.warning("reach.dlq is full; dead letter %s dropped (%s)", message_id, headers["x-reach-reason"][:200])
             metrics.DEAD_LETTERS_DROPPED.labels(reason="dlq_full").inc()
+            return
+        metrics.DEAD_LETTERS.labels(kept=kept).inc()
 
     # -- sending and counting --------------------------------------------------------------
 
