@@ -351,6 +351,7 @@ def test_reply_to_over_255_bytes_is_answered_once_to_the_agent_and_never_loops(
         dumps(intent(AGENT, CREATE, {"title": f"reply-{case}"}, intent_id=intent_id, reply_to=reply_to)), intent_id
     )
     tap.wait_for(intent_id, 15)
+    wait_until(lambda: dlq_depth() >= 1, 5)  # the router dead-letters only after it has answered
     dlq_after, log_after = dlq_depth(), log_path.stat().st_size
     depths = watch_dlq(5)
     tap.drain(0.5)

@@ -1077,7 +1077,8 @@ def test_dlq_list_shows_reason_agent_time_and_a_redacted_preview_without_removin
 
     listed = reach(fleet, "dlq", "list")
     assert listed.returncode == 0, listed.stderr
-    assert dlq_depth() == 3  # listing removes nothing
+    # listing removes nothing (a quorum queue takes the returned letters back a moment after the CLI exits)
+    wait_for(lambda: dlq_depth() == 3, 10, "`reach dlq list` removed dead letters")
     header, _, *rows = listed.stdout.splitlines()
     assert header.split() == ["message", "id", "received", "agent", "connector", "reason", "preview"]
     by_id = {row.split()[0]: row for row in rows}
@@ -1096,6 +1097,7 @@ def test_dlq_list_shows_reason_agent_time_and_a_redacted_preview_without_removin
     wait_for(lambda: dlq_depth() == 3, 10, "listing in-process removed dead letters")
     assert reach(fleet, "dlq", "list").stdout == listed.stdout  # and again: same letters, same order
     assert tickets.requests() == []
+    wait_for(lambda: dlq_depth() == 3, 10, "the listed letters did not return before the next test purges")
 
 
 @pytest.mark.parametrize("shape", ["router", "pool"])
@@ -1142,12 +1144,14 @@ def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(
     wait_for(lambda: dlq_depth() == 2, 10, "the dead letters are not there")
 
     missing = reach(fleet, "dlq", "replay", "--id", f"nothing-{RUN}")
-    assert missing.returncode == 1 and "not found" in missing.stdout and dlq_depth() == 2
+    assert missing.returncode == 1 and "not found" in missing.stdout
+    # it took both and returned them unacked: a quorum queue has them back a moment later
+    wait_for(lambda: dlq_depth() == 2, 10, "a replay that found nothing removed dead letters")
 
     replayed = reach(fleet, "dlq", "replay", "--id", intent_id)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert "replayed 1 dead letter" in replayed.stdout
-    assert dlq_depth() == 1  # only that one left the queue
+    wait_for(lambda: dlq_depth() == 1, 10, "the bystander did not return to reach.dlq")  # only that one left the queue
     again = client.wait(intent_id, timeout=20)
     assert again.success and again.execution.deduplicated is True
     assert again.data == first.data
@@ -1155,6 +1159,7 @@ def test_dlq_replay_of_an_executed_intent_does_not_execute_it_twice(
     assert len(tickets.requests("POST")) == 1  # the idempotency key was kept: no second ticket
     assert dlq_depth() == 1
     assert [line.split()[0] for line in reach(fleet, "dlq", "list").stdout.splitlines()[2:]] == [bystander]
+    wait_for(lambda: dlq_depth() == 1, 10, "the listed letter did not return before the next test purges")
 
 
 def pool_letter(intent_id: str, connector: str, params: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
@@ -1209,11 +1214,15 @@ def test_dlq_replay_keeps_a_letter_whose_sensitive_params_were_redacted(
     assert "replayed 1 dead letter(s); 1 kept in reach.dlq" in done.stdout and "not found" not in done.stdout
     # the other letter was replayed as before
     assert client.wait(clean_id, timeout=20).success
-    # the redacted one stays, and asking for it by id says the same, not "not found"
+    # the redacted one stays (returned unacked: a quorum queue has it back a moment later), and asking
+    # for it by id says the same, not "not found"
+    wait_for(lambda: dlq_depth() == 1, 10, "the kept letter did not return to reach.dlq")
     assert [letter.message_id for letter in list_dead_letters(BROKER_URL)] == [redacted_id]
+    wait_for(lambda: dlq_depth() == 1, 10, "listing in-process removed the kept letter")
     by_id = reach(fleet, "dlq", "replay", "--id", redacted_id)
     assert by_id.returncode == 1 and f"not replayed {redacted_id}:" in by_id.stdout
     assert "replayed 0 dead letter(s); 1 kept in reach.dlq" in by_id.stdout and "not found" not in by_id.stdout
+    wait_for(lambda: dlq_depth() == 1, 10, "the replay by id did not return the kept letter")
     assert [letter.message_id for letter in list_dead_letters(BROKER_URL)] == [redacted_id]
     assert [r for r in client.receipts(timeout=1.0) if r.intent_id == redacted_id] == []
     assert len(tickets.requests("POST")) == 1  # only the clean letter's ticket
@@ -1260,8 +1269,8 @@ def test_dlq_replay_sends_a_pool_job_as_the_router_does_and_it_runs_once(
             assert params["title"] not in json.dumps(wire_headers, default=str)
             (job,), kwargs, _ = json.loads(message.body)
             assert job == json.loads(body) and kwargs == {}
-            channel.close()  # unacked: back to the queue for the pool
-        assert queue_depth(queue) == (1, 0)
+            channel.close()  # unacked: back to the queue for the pool (a quorum queue: a moment later)
+        wait_for(lambda: queue_depth(queue) == (1, 0), 10, "the job taken unacked did not return to the paused queue")
     finally:
         assert reach(fleet, "resume", PLAIN).returncode == 0
     receipt = client.wait(intent_id, timeout=30)

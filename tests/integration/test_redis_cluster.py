@@ -179,7 +179,7 @@ def test_a_record_is_judged_by_a_heartbeat_on_another_node(cluster: LocalCluster
     assert live.claim(record, h, "i-2", "a-2").state == "in_progress"
     dead.mark_sending(record)
     dead_beat._stop.set()  # the holder "dies": its heartbeat is no longer renewed
-    time.sleep(0.5)
+    time.sleep(1.0)  # over three times the heartbeat's ttl: a renewal already under way has expired too
     orphaned = live.claim(record, h, "i-1", "a-3")
     assert orphaned.state == "orphaned" and orphaned.holder_intent == "i-1" and live.was_sending(record)
     assert live.take_over(record, "i-1", "a-3") and live.claim(record, h, "i-9", "a-4").state == "in_progress"
