@@ -5,7 +5,8 @@ and ``notes``, a counting downstream, and ``reach console`` as a process of its 
 What a person does on the page is what is asserted: an approver's click lets exactly the parked
 payload reach the downstream once; a denial never reaches it; a viewer has no buttons and the
 browser's own POSTs for it are refused; an operator's POST without the CSRF token is refused;
-pause/resume change the pools' state; a new approval appears without a reload. With
+pause/resume change the pools' state; a new approval appears without a reload; after a logout a
+copy of the session cookie is refused. With
 REACH_CONSOLE_SCREENSHOTS=DIR the main pages are saved there (docs/console/ holds the ones in the docs).
 """
 
@@ -34,6 +35,7 @@ from tests.integration.browser import chromium
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
 from workers.console.users import hash_password
+from workers.settings import Settings
 from workers.state import keys
 from workers.state.control import is_paused
 from workers.transport.topology import DEFAULT_EXCHANGE, DLQ, connector_queue
@@ -236,20 +238,30 @@ def test_an_approver_approves_a_parked_refund_and_the_downstream_gets_exactly_it
     receipt = shop.wait(intent_id, timeout=30)
     assert receipt.success, receipt
     wait_for(lambda: intent_id not in pending(browser), 10, "the decided approval stayed on the page")
-    assert "approved" in browser.find_element(By.ID, "flash").text
+    wait_for(lambda: "approved" in browser.find_element(By.ID, "flash").text, 10, "no 'approved' message")
     time.sleep(1)  # a second execution, if any, would have happened by now
     calls = downstream.requests("POST", title=title)
     assert len(calls) == 1
     assert calls[0]["body"] == {"title": title, "amount": 900, "card": SECRET_CARD}  # the parked payload, as sent
-    audit = [json.loads(line) for line in fleet.log("console").splitlines() if '"stage":"console"' in line]
-    assert any(e["user"] == "alice" and e["action"] == "approve" and e["intent_id"] == intent_id for e in audit)
+
+    def approved_by_alice() -> bool:
+        audit = [json.loads(line) for line in fleet.log("console").splitlines() if '"stage":"console"' in line]
+        return any(e["user"] == "alice" and e["action"] == "approve" and e["intent_id"] == intent_id for e in audit)
+
+    wait_for(approved_by_alice, 10, "the console's audit line for the approval")  # (its log is flushed by lines)
 
     # the decision is in the intent's trace, found from the page
     browser.get(f"{fleet.console_url}/trace")  # type: ignore[attr-defined]
     browser.find_element(By.ID, "intent-id").send_keys(intent_id)
     browser.find_element(By.ID, "trace-button").click()
-    stages = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#trace td.stage")]
-    assert "console" in stages and "receipt" in stages, stages
+
+    def stages() -> list[str]:
+        try:
+            return [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#trace td.stage")]
+        except StaleElementReferenceException:  # the result page was still loading
+            return []
+
+    wait_for(lambda: {"console", "receipt"} <= set(stages()), 10, "the trace did not show the decision and receipt")
     screenshot(browser, "trace")
 
 
@@ -351,3 +363,25 @@ def test_a_dead_letter_is_listed_and_replayed_from_the_page(
     assert len(downstream.requests("POST", title=title)) == 1
     wait_for(lambda: queue_depth(DLQ.name)[0] == 0, 10, "the replayed letter is still in reach.dlq")
     wait_for(lambda: browser.find_elements(By.ID, "no-dead-letters"), 15, "the page still lists the letter")
+
+
+def test_logging_out_in_the_browser_makes_a_copy_of_its_cookie_worthless(fleet: Fleet, browser: WebDriver) -> None:
+    """The session cookie is signed, not stored: the logout is recorded in Redis, so a copy taken
+    before it (a stolen cookie) is refused afterwards, by this console and by any other replica."""
+    import httpx
+
+    base: str = fleet.console_url  # type: ignore[attr-defined]
+    log_in(browser, fleet, "olga")
+    cookie = browser.get_cookie("reach_console")
+    assert cookie is not None
+    with httpx.Client(base_url=base, cookies={"reach_console": cookie["value"]}, follow_redirects=False) as copy:
+        assert copy.get("/fleet").status_code == 200  # the copy works while the session lasts
+        browser.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        wait_for(lambda: browser.find_elements(By.ID, "login-button"), 10, "the logout did not reach the login page")
+        answer = copy.get("/fleet")
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+        assert copy.get("/fleet/live").status_code == 401
+    store = redis.Redis.from_url(REDIS_URL)
+    ended = list(store.scan_iter(match=keys.console_session_ended("*"), count=1000))
+    # remembered only while the session could still have been used
+    assert ended and all(0 < store.ttl(key) <= Settings().console_session_ttl_seconds + 1 for key in ended)

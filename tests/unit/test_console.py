@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
@@ -63,6 +64,9 @@ class RecordingFleet:
         self.pending_rows: list[Pending] = [Pending()]
         self.search_busy = False
         self.audit: list[dict[str, Any]] = []
+        self.ended: dict[str, float] = {}  # session id -> seconds it is remembered
+        self.redis_down = False
+        self.ending_fails = False
 
     def status(self) -> Page:
         return Page(
@@ -99,6 +103,16 @@ class RecordingFleet:
 
     def audited(self, user: str, role: str, action: str, **fields: Any) -> None:
         self.audit.append({"user": user, "role": role, "action": action, **fields})
+
+    def end_session(self, session_id: str, seconds_left: float) -> None:
+        if self.redis_down or self.ending_fails:
+            raise redis.ConnectionError("Redis is down")
+        self.ended[session_id] = seconds_left
+
+    def session_ended(self, session_id: str) -> bool:
+        if self.redis_down:
+            raise redis.ConnectionError("Redis is down")
+        return session_id in self.ended
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +324,41 @@ def test_logging_out_ends_the_session(users_file: Path, fleet: RecordingFleet) -
     client, token = logged_in(users_file, fleet, "vera")
     assert client.post("/logout", headers={"Origin": ORIGIN}, data={"csrf_token": token}).status_code == 303
     assert client.get("/fleet").status_code == 303
+
+
+def test_a_copy_of_the_cookie_is_worthless_after_logout(users_file: Path, fleet: RecordingFleet) -> None:
+    """The cookie is signed, not stored: without a record of the logout, a stolen copy would stay
+    valid for the session's whole TTL."""
+    client, token = logged_in(users_file, fleet, "olga")
+    stolen = dict(client.cookies)
+    assert client.post("/logout", headers={"Origin": ORIGIN}, data={"csrf_token": token}).status_code == 303
+    (ended_for,) = fleet.ended.values()
+    assert 0 < ended_for <= Settings().console_session_ttl_seconds
+    thief = console(users_file, fleet)
+    thief.cookies.update(stolen)
+    assert thief.get("/fleet").status_code == 303 and thief.get("/fleet/live").status_code == 401
+    assert (
+        thief.post("/fleet/payments/pause", headers={"Origin": ORIGIN}, data={"csrf_token": token}).status_code == 401
+    )
+    assert fleet.paused == {}
+    # a session that never logged out is untouched
+    other, _ = logged_in(users_file, fleet, "vera")
+    assert other.get("/fleet").status_code == 200
+
+
+def test_without_redis_a_session_is_refused_and_a_logout_says_it_did_not_happen(
+    users_file: Path, fleet: RecordingFleet
+) -> None:
+    client, token = logged_in(users_file, fleet, "vera")
+    fleet.redis_down = True  # whether the session was logged out cannot be told: it is refused, not trusted
+    assert client.get("/fleet").status_code == 303 and client.get("/fleet/live").status_code == 401
+    fleet.redis_down = False
+    assert client.get("/fleet").status_code == 200
+    fleet.ending_fails = True
+    answer = client.post("/logout", headers={"Origin": ORIGIN}, data={"csrf_token": token})
+    assert answer.status_code == 503 and "not logged out" in answer.json()["message"]
+    assert fleet.audit[-1]["action"] == "logout" and fleet.audit[-1]["result"] == "failed"
+    assert client.get("/fleet").status_code == 200  # still logged in, as the answer said
 
 
 def test_hash_password_prints_a_hash_the_console_accepts() -> None:

@@ -8,6 +8,7 @@ Every state change, allowed or refused, is one line of the audit trail with the 
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -42,6 +43,8 @@ from workers.console.users import Role, User, UsersFile, check_login
 from workers.console.views import MAX_REASON_CHARS, NAME, OPAQUE_ID, Fleet, SearchBusy, pretty_params
 from workers.settings import Settings
 
+log = logging.getLogger("reach.console")
+
 MAX_FORM_BYTES = 16 * 1024
 PAYLOAD_HASH = re.compile(r"^[0-9a-f]{64}$")  # the SHA-256 (hex) of the payload the approver was shown
 SESSION_COOKIE = "reach_console"
@@ -69,9 +72,17 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
     limiter = LoginLimiter(rate.count, rate.period_ms / 1000)
 
     def current_user(request: Request) -> User | None:
-        name = request.session.get("user")
+        name, session_id = request.session.get("user"), request.session.get("sid")
         started = request.session.get("at", 0)
-        if not isinstance(name, str) or time.time() - float(started) > settings.console_session_ttl_seconds:
+        if not isinstance(name, str) or not isinstance(session_id, str) or not isinstance(started, (int, float)):
+            return None
+        if time.time() - started > settings.console_session_ttl_seconds:
+            return None
+        try:
+            if fleet.session_ended(session_id):  # logged out: a copy of the cookie is worth nothing
+                return None
+        except redis.RedisError as exc:
+            log.warning("console: cannot tell whether session %s was logged out (%s); refusing it", session_id, exc)
             return None
         return users.users().get(name)  # a user removed from the file is logged out at once
 
@@ -171,7 +182,9 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
             return RedirectResponse("/login", status_code=303)
         limiter.succeeded(f"user:{name}")
         request.session.clear()  # a fresh session, and a fresh CSRF token, for the logged-in user
-        request.session.update(user=user.name, at=time.time(), csrf=secrets.token_urlsafe(32))
+        request.session.update(
+            user=user.name, at=time.time(), sid=secrets.token_urlsafe(16), csrf=secrets.token_urlsafe(32)
+        )
         fleet.audited(user.name, user.role.name, "login", result="ok", address=client)
         return RedirectResponse(_local(data.get("next")) or "/fleet", status_code=303)
 
@@ -180,6 +193,12 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
             user, _ = await authorize(request, Role.viewer, "logout", "-")
         except Refused as exc:
             return refused(request, exc)
+        left = settings.console_session_ttl_seconds - (time.time() - request.session["at"])
+        try:
+            fleet.end_session(request.session["sid"], left)
+        except redis.RedisError as exc:
+            fleet.audited(user.name, user.role.name, "logout", result="failed", why=f"Redis did not answer: {exc}")
+            return JSONResponse({"ok": False, "message": f"not logged out: Redis did not answer: {exc}"}, 503)
         fleet.audited(user.name, user.role.name, "logout", result="ok")
         request.session.clear()
         return RedirectResponse("/login", status_code=303)

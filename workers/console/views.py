@@ -32,6 +32,7 @@ from workers.ops.fleet import (
     was_redacted,
 )
 from workers.settings import Settings
+from workers.state import keys
 from workers.state.control import set_paused
 from workers.transport.app import JobMessages, create_app
 from workers.transport.topology import connector_queue
@@ -189,6 +190,14 @@ class Fleet:
             payload_hash=shown_hash,
             receipt_ttl_seconds=int(self.settings.receipt_ttl_seconds),
         )
+
+    # sessions: the cookie is signed, not stored; a logout is remembered here so that every
+    # replica refuses a copy of the cookie until it would have expired anyway
+    def end_session(self, session_id: str, seconds_left: float) -> None:
+        self.client.set(keys.console_session_ended(session_id), b"1", ex=max(1, int(seconds_left) + 1))
+
+    def session_ended(self, session_id: str) -> bool:
+        return bool(self.client.exists(keys.console_session_ended(session_id)))
 
     # audit
     def audited(

@@ -52,6 +52,7 @@ Keyed by process or by what the catalog says (no agent's input reaches them; unt
 
     reach:alive:<worker_id>                           string  a worker process's heartbeat
     reach:embedding:<model>:<sha256 of the text>      string  an action text's embedding (float32, little-endian)
+    reach:console-ended:<session_id>                  string  a console session logged out (until it would expire)
 
 The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
@@ -209,6 +210,12 @@ def connector_of(key: str | bytes) -> str | None:
         if text.startswith(prefix) and len(tag) > 2 and tag[0] == "{" and tag[-1] == "}":
             return tag[1:-1]
     return None
+
+
+def console_session_ended(session_id: str) -> str:
+    """A console session that was logged out: its cookie is refused by every console replica until
+    the session would have expired anyway (the id is the console's own, random)."""
+    return f"{PREFIX}console-ended:{session_id}"
 
 
 def embedding(model_and_digest: str) -> str:
