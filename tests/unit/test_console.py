@@ -54,6 +54,32 @@ class Pending:
         return person in self.people and person not in self.owners
 
 
+class MemoryLoginLimiter:
+    """The console's login limiter (workers.console.security.LoginLimiter, in Redis) as a stand-in
+    in memory: failures per key in a sliding window (tests/integration/test_console_limiter.py
+    holds the real one to the same behaviour)."""
+
+    def __init__(self, limit: int, window_seconds: float) -> None:
+        self.limit, self.window = limit, window_seconds
+        self.failures: dict[str, list[float]] = {}
+
+    def retry_after(self, *names: str) -> float:
+        now, wait = time.monotonic(), 0.0
+        for name in names:
+            times = [t for t in self.failures.get(name, []) if now - t < self.window]
+            self.failures[name] = times
+            if len(times) >= self.limit:
+                wait = max(wait, self.window - (now - times[-self.limit]))
+        return wait
+
+    def failed(self, *names: str) -> None:
+        for name in names:
+            self.failures.setdefault(name, []).append(time.monotonic())
+
+    def succeeded(self, name: str) -> None:
+        self.failures.pop(name, None)
+
+
 class RecordingFleet:
     """What the pages read, fixed; what they change, recorded."""
 
@@ -103,6 +129,9 @@ class RecordingFleet:
 
     def audited(self, user: str, role: str, action: str, **fields: Any) -> None:
         self.audit.append({"user": user, "role": role, "action": action, **fields})
+
+    def login_limiter(self, limit: int, window_seconds: float) -> MemoryLoginLimiter:
+        return MemoryLoginLimiter(limit, window_seconds)
 
     def end_session(self, session_id: str, seconds_left: float) -> None:
         if self.redis_down or self.ending_fails:

@@ -34,7 +34,6 @@ from connectors.rates import parse_rate
 from workers.console.security import (
     CSRF_FIELD,
     CSRF_HEADER,
-    LoginLimiter,
     csrf_ok,
     csrf_token,
     same_origin,
@@ -69,7 +68,7 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
     env.filters["params"] = pretty_params
     templates = Jinja2Templates(env=env)
     rate = parse_rate(settings.console_login_rate)
-    limiter = LoginLimiter(rate.count, rate.period_ms / 1000)
+    limiter = fleet.login_limiter(rate.count, rate.period_ms / 1000)
 
     def current_user(request: Request) -> User | None:
         name, session_id = request.session.get("user"), request.session.get("sid")
@@ -167,7 +166,11 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         name, password = _field(data, "name")[:64], _field(data, "password")
         if not same_origin(request, settings.console_public_url) or not csrf_ok(request, _field(data, CSRF_FIELD)):
             return PlainTextResponse("refused: reload the login page and try again", status_code=403)
-        wait = limiter.retry_after(f"user:{name}", f"addr:{client}")
+        try:
+            wait = limiter.retry_after(f"user:{name}", f"addr:{client}")
+        except redis.RedisError as exc:  # failed logins cannot be counted: no guessing meanwhile
+            fleet.audited(name or "-", "-", "login", result="refused", why=f"Redis did not answer: {exc}")
+            return PlainTextResponse("login unavailable: Redis did not answer; try again shortly", status_code=503)
         if wait > 0:
             fleet.audited(name or "-", "-", "login", result="refused", why="too many failed logins", address=client)
             response = render(request, "login.html", None, page="login", live=None, next=_local(data.get("next")))
@@ -176,11 +179,17 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
             return response
         user = await run_in_threadpool(check_login, users.users(), name, password)  # scrypt: ~50 ms of CPU
         if user is None:
-            limiter.failed(f"user:{name}", f"addr:{client}")
+            try:
+                limiter.failed(f"user:{name}", f"addr:{client}")
+            except redis.RedisError as exc:
+                log.warning("console: a failed login of %r was not counted: %s", name, exc)
             fleet.audited(name or "-", "-", "login", result="failed", address=client)
             request.session["flash"] = {"ok": False, "message": "wrong name or password"}
             return RedirectResponse("/login", status_code=303)
-        limiter.succeeded(f"user:{name}")
+        try:
+            limiter.succeeded(f"user:{name}")
+        except redis.RedisError as exc:  # its earlier failures just stay counted until they expire
+            log.warning("console: failed logins of %r not cleared: %s", name, exc)
         request.session.clear()  # a fresh session, and a fresh CSRF token, for the logged-in user
         request.session.update(
             user=user.name, at=time.time(), sid=secrets.token_urlsafe(16), csrf=secrets.token_urlsafe(32)

@@ -2,21 +2,24 @@
 the role, and the login rate limit.
 
 The session is Starlette's signed cookie (HttpOnly, SameSite=Strict, Secure when configured); it
-holds the login name, the login time and a random CSRF token, never the role (read from the users
-file at each request). A state change must carry the token (form field ``csrf_token`` or header
+holds the login name, the login time, a random session id and a random CSRF token, never the role
+(read from the users file at each request); a logout is recorded in Redis under the session id
+(``workers.console.views.Fleet.end_session``), so a copy of the cookie dies with it. A state change must carry the token (form field ``csrf_token`` or header
 ``X-CSRF-Token``) and come from the console's own origin (``Origin``, else ``Referer``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
-import threading
 import time
-from collections import OrderedDict, deque
 from urllib.parse import urlsplit
 
+import redis
 from starlette.requests import Request
+
+from workers.state import keys
 
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
@@ -58,44 +61,50 @@ def same_origin(request: Request, public_url: str | None) -> bool:
 
 
 class LoginLimiter:
-    """Failed logins counted per key (a user name, a client address) in a sliding window, in this
-    process's memory; a key past ``limit`` failures is refused until the oldest leaves the window.
+    """Failed logins counted per key (a user name, a client address) over a sliding window, in Redis,
+    so every console replica counts the same failures; a key past ``limit`` failures is refused until
+    the oldest leaves the window.
 
-    Bounded: at most ``max_keys`` keys are tracked, the least recently failed dropped first.
+    Keys are digests of what was typed (a name, an address), so a caller's text never becomes a
+    Redis key; each holds at most ``limit`` timestamps and expires with its window.
     """
 
-    def __init__(self, limit: int, window_seconds: float, max_keys: int = 10_000) -> None:
+    def __init__(self, client: redis.Redis, limit: int, window_seconds: float) -> None:
+        self._client = client
         self._limit = limit
-        self._window = window_seconds
-        self._max_keys = max_keys
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._window_ms = max(1, int(window_seconds * 1000))
 
-    def retry_after(self, *keys: str) -> float:
-        """Seconds until any of ``keys`` may try again (0: now)."""
-        now = time.monotonic()
-        wait = 0.0
-        with self._lock:
-            for key in keys:
-                times = self._failures.get(key)
-                if times is None:
-                    continue
-                while times and now - times[0] >= self._window:
-                    times.popleft()
-                if len(times) >= self._limit:
-                    wait = max(wait, self._window - (now - times[0]))
-        return wait
+    @staticmethod
+    def _key(key: str) -> str:
+        return keys.console_login_failures(hashlib.sha256(key.encode()).hexdigest())
 
-    def failed(self, *keys: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in keys:
-                times = self._failures.pop(key, None) or deque(maxlen=self._limit)
-                times.append(now)
-                self._failures[key] = times
-            while len(self._failures) > self._max_keys:
-                self._failures.popitem(last=False)
+    def retry_after(self, *names: str) -> float:
+        """Seconds until any of ``names`` may try again (0: now).
 
-    def succeeded(self, key: str) -> None:
-        with self._lock:
-            self._failures.pop(key, None)
+        Raises:
+            redis.RedisError: Redis did not answer (the caller refuses the login).
+        """
+        now = int(time.time() * 1000)
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.zremrangebyscore(self._key(name), 0, now - self._window_ms)
+            pipe.zrange(self._key(name), 0, -1, withscores=True)
+        wait_ms = 0
+        for times in pipe.execute()[1::2]:
+            if len(times) >= self._limit:
+                oldest = int(times[-self._limit][1])  # the oldest of the newest ``limit`` failures
+                wait_ms = max(wait_ms, oldest + self._window_ms - now)
+        return wait_ms / 1000
+
+    def failed(self, *names: str) -> None:
+        now = int(time.time() * 1000)
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            key = self._key(name)
+            pipe.zadd(key, {secrets.token_hex(8): now})
+            pipe.zremrangebyrank(key, 0, -(self._limit + 1))  # only the newest ``limit`` count
+            pipe.pexpire(key, self._window_ms)
+        pipe.execute()
+
+    def succeeded(self, name: str) -> None:
+        self._client.delete(self._key(name))

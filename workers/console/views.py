@@ -19,6 +19,7 @@ import redis
 
 from connectors.catalog import build
 from connectors.loader import load_directory
+from workers.console.security import LoginLimiter
 from workers.observability.audit import Audit, read_trace, trace_agents
 from workers.ops import approvals
 from workers.ops.approvals import Decision, PendingApproval
@@ -190,6 +191,9 @@ class Fleet:
             payload_hash=shown_hash,
             receipt_ttl_seconds=int(self.settings.receipt_ttl_seconds),
         )
+
+    def login_limiter(self, limit: int, window_seconds: float) -> LoginLimiter:
+        return LoginLimiter(self.client, limit, window_seconds)
 
     # sessions: the cookie is signed, not stored; a logout is remembered here so that every
     # replica refuses a copy of the cookie until it would have expired anyway

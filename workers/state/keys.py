@@ -53,6 +53,7 @@ Keyed by process or by what the catalog says (no agent's input reaches them; unt
     reach:alive:<worker_id>                           string  a worker process's heartbeat
     reach:embedding:<model>:<sha256 of the text>      string  an action text's embedding (float32, little-endian)
     reach:console-ended:<session_id>                  string  a console session logged out (until it would expire)
+    reach:console-login:<sha256 of a name or address> zset    failed console logins in the window (the limiter)
 
 The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
@@ -216,6 +217,12 @@ def console_session_ended(session_id: str) -> str:
     """A console session that was logged out: its cookie is refused by every console replica until
     the session would have expired anyway (the id is the console's own, random)."""
     return f"{PREFIX}console-ended:{session_id}"
+
+
+def console_login_failures(digest: str) -> str:
+    """Failed console logins of one user name or client address (its digest: typed text never
+    becomes a key), shared by every console replica."""
+    return f"{PREFIX}console-login:{digest}"
 
 
 def embedding(model_and_digest: str) -> str:
