@@ -351,9 +351,19 @@ def test_a_dead_letter_is_listed_and_replayed_from_the_page(
             message_id=intent_id,
             headers=headers,
         )
+    wait_for(lambda: queue_depth(DLQ.name)[0] == 1, 10, "the letter did not reach reach.dlq")
     log_in(browser, fleet, "olga", "/dead-letters")
     letter = f'tr.letter[data-message-id="{intent_id}"]'
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, letter), 15, "the dead letter is not listed")
+
+    def listed() -> bool:
+        return bool(browser.find_elements(By.CSS_SELECTOR, letter))
+
+    deadline = time.monotonic() + 30  # the page polls every 5 s
+    while not listed():
+        if time.monotonic() > deadline:  # say what the page showed instead
+            shown = browser.execute_script("return document.getElementById('live').innerText")
+            raise AssertionError(f"dead letter not listed; reach.dlq holds {queue_depth(DLQ.name)}; page: {shown!r}")
+        time.sleep(0.1)
     assert "simulated" in on_live(browser, lambda: browser.find_element(By.CSS_SELECTOR, letter).text)
     screenshot(browser, "dead-letters")
     assert downstream.requests(title=title) == []
