@@ -22,6 +22,7 @@ from tests.waiting import wait_for
 from workers.observability.audit import read_trace
 from workers.ops import approvals
 from workers.state import keys
+from workers.state.approvals import ApprovalStore
 
 AGENT = "approval_bot"
 CONNECTOR = "approval_shop"
@@ -356,3 +357,34 @@ def test_the_cli_lists_shows_and_decides(client: ReachClient, system: CountingSy
     ]
     missing = runner.invoke(main, ["approvals", "show", "f" * 32], env=env)
     assert missing.exit_code == 1
+
+
+def router_metric(fleet: Fleet, name: str) -> float:
+    """``name``'s value (summed over its labels) on the router's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics_port('router')}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_the_router_shows_what_was_parked_and_what_waits(client: ReachClient, fleet: Fleet, store: redis.Redis) -> None:
+    waiting = ApprovalStore(store)
+    parked_before = router_metric(fleet, "reach_approvals_parked_total")
+    intent = refund(client, "big-metrics", 5000)
+    notice = parked(client, intent)
+    assert router_metric(fleet, "reach_approvals_parked_total") == parked_before + 1
+
+    def shown_and_true() -> float | None:  # (earlier tests' approvals may expire meanwhile: read both again)
+        truth = waiting.pending_total()
+        return truth if router_metric(fleet, "reach_approvals_pending") == truth else None
+
+    pending = wait_for(shown_and_true, 10, "reach_approvals_pending is not the fleet's count", until=lambda n: n)
+    assert approvals.deny(store, BROKER_URL, notice.approval_id, "alice", "metrics test", receipt_ttl_seconds=600).ok
+    assert client.wait(intent, timeout=20).error.code == ErrorCode.APPROVAL_DENIED  # type: ignore[union-attr]
+    after = wait_for(
+        shown_and_true, 10, "reach_approvals_pending is not the fleet's count", until=lambda n: n is not None
+    )
+    assert after <= pending - 1

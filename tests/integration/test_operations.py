@@ -454,6 +454,8 @@ def test_promtool_check_metrics_passes_on_every_endpoint(fleet: Fleet, prometheu
         "reach_dead_letters_dropped",
         "reach_messages_dropped",
         "reach_approval_notices_lost",
+        "reach_approvals_parked",
+        "reach_approvals_pending",
         "reach_pool_threads",
         "reach_pool_in_flight",
         "reach_pool_paused",

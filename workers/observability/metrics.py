@@ -40,6 +40,9 @@ MESSAGES_DROPPED = Counter(
     "Messages acked without a receipt because none could be sent (the reason is logged)",
     ["reason"],
 )
+APPROVALS_PARKED = Counter("reach_approvals_parked", "Intents parked to wait for a person's approval", ["connector"])
+# read from Redis at each scrape, by every router alike: take max() over routers, not sum()
+APPROVALS_PENDING = Gauge("reach_approvals_pending", "Intents waiting for a person's approval, fleet-wide")
 APPROVAL_NOTICES_LOST = Counter(
     "reach_approval_notices_lost",
     "approval_pending notices the broker refused (the intent stays parked; its receipt still comes)",

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import signals
 
 from connectors.adapters.base import AdapterOptions
@@ -137,6 +138,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     # intents that wait for a person; the sweep runs in every router (beat is optional)
     approvals = ApprovalStore(redis_client)
     Sweeper(approvals, Settler(approvals, PublisherOutlet(publisher, JobMessages(app), sink), audit)).start()
+    metrics.APPROVALS_PENDING.set_function(lambda: _or_nan(approvals.pending_total))
     runtime = RouterRuntime(
         router,
         JobMessages(app),
@@ -231,6 +233,14 @@ def group_name(members: Sequence[Member], name: str | None = None) -> str:
         return members[0].connector
     joined = "+".join(m.connector for m in members)
     return joined if len(joined) <= 100 else f"{members[0].connector}+{len(members) - 1}"
+
+
+def _or_nan(read: Callable[[], float]) -> float:
+    """A gauge read from Redis at scrape time: NaN when Redis does not answer (the scrape still works)."""
+    try:
+        return read()
+    except redis.RedisError:
+        return float("nan")
 
 
 def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], name: str | None = None) -> None:

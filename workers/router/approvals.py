@@ -263,6 +263,7 @@ class Parking:
             if record is not None and record.state == "pending":
                 self._notify(job, record.approval_id, record.expires_ms, record.summary)
             return
+        metrics.APPROVALS_PARKED.labels(connector=job.connector).inc()
         self._notify(job, result.approval_id, result.expires_ms, summary)
         common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
         self.audit.events(

@@ -339,6 +339,10 @@ class ApprovalStore:
     def pending_count(self, agent: str) -> int:
         return int(self._client.hget(keys.approvals_count(), agent) or 0)
 
+    def pending_total(self) -> int:
+        """Intents waiting for a decision, over every agent."""
+        return sum(int(v) for v in self._client.hvals(keys.approvals_count()))
+
 
 def _plausible(approval_id: str) -> bool:
     """Approval ids are the fleet's own (32 hex digits); anything else is not looked up."""
