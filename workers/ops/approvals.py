@@ -27,7 +27,7 @@ from connectors.spec import PERSON_PATTERN
 from workers.observability.audit import Audit
 from workers.router.approvals import PublisherOutlet, Settler
 from workers.settings import Settings
-from workers.state.approvals import ApprovalRecord, ApprovalStore, payload_hash
+from workers.state.approvals import ApprovalRecord, ApprovalStore
 from workers.transport.app import JobMessages, create_app
 from workers.transport.job import JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
@@ -201,9 +201,7 @@ def _decide(
         return Decision(False, "hash_mismatch", f"the parked job cannot be read: {exc.reason}")
     if shown_hash is not None and shown_hash != record.payload_hash:
         return Decision(False, "hash_mismatch", "the parked payload is not the one shown; look at it again")
-    if claim == "approving" and (
-        payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key) != record.payload_hash
-    ):
+    if claim == "approving" and job.payload_hash() != record.payload_hash:
         return Decision(False, "hash_mismatch", "the parked payload does not match its hash; it is not run")
     outcome = store.decide(approval_id, claim, approver, reason, record.payload_hash)
     if outcome == "expired":

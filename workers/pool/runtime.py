@@ -43,7 +43,7 @@ from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
 from workers.state.batcher import Batcher
 from workers.state.breaker import Permit, SharedBreaker
-from workers.state.budgets import budget_index, budget_tag, gives_back, refund_into
+from workers.state.budgets import budget_index, gives_back, refund_into
 from workers.state.control import PoolStatus
 from workers.state.ledger import Begin, Claim, Ledger, params_hash
 from workers.transport.delivery import Delivery, Refused
@@ -588,8 +588,9 @@ class PoolRuntime:
             if budgets and gives_back(receipt):
                 # it did not take effect: its amount goes back, once (the script deletes its entry),
                 # and only if it was counted for this payload (not for another that reused the id)
-                tag = budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
-                refund_into(pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, tag, budgets)
+                refund_into(
+                    pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, job.payload_hash(), budgets
+                )
 
         return lines, mark
 

@@ -22,8 +22,8 @@ from connectors.approvals import ApprovalPolicy
 from producers.wire import APPROVAL_PENDING, ApprovalNotice, ErrorCode, Receipt
 from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
-from workers.state.approvals import IN_PROGRESS, ApprovalRecord, ApprovalStore, Parked, payload_hash
-from workers.state.budgets import budget_tag, release_intent
+from workers.state.approvals import IN_PROGRESS, ApprovalRecord, ApprovalStore, Parked
+from workers.state.budgets import release_intent
 from workers.transport.app import JobMessages
 from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
@@ -110,9 +110,7 @@ class Settler:
             return
         if claim == "approving":
             # the parked copy, checked against the hash the approver approved
-            if payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key) != (
-                record.payload_hash
-            ):
+            if job.payload_hash() != record.payload_hash:
                 self._corrupt(record, claim, "the parked job does not match the hash that was approved")
                 return
             now = time.time()
@@ -131,7 +129,7 @@ class Settler:
                 job.reply_to,
             )
             # it never runs: its budget gets it back
-            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
+            release_intent(self.store.client, job.agent_id, job.intent_id, job.payload_hash())
         elif claim == "expiring":
             if job.deadline is not None and job.deadline <= max(time.time(), record.expires_ms / 1000):
                 # the intent's deadline (which capped the approval's expiry) has passed: resending cannot help
@@ -159,7 +157,7 @@ class Settler:
             self._audit(
                 job, "approval_expired", {"approval_id": record.approval_id, "payload_hash": record.payload_hash}
             )
-            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
+            release_intent(self.store.client, job.agent_id, job.intent_id, job.payload_hash())
         self.store.finish(record.approval_id, claim)
 
     def _corrupt(self, record: ApprovalRecord, claim: str, why: str) -> None:
@@ -231,7 +229,7 @@ class Parking:
         expires_in = int(decision.policy.spec.expires * 1000)
         if deadline_ms is not None:
             expires_in = max(1, min(expires_in, deadline_ms))  # nothing may start after the deadline anyway
-        hash_ = payload_hash(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
+        hash_ = job.payload_hash()
         summary = summary_of(job, decision.redacted_params, decision.why)
         result = self.store.park(
             Parked(
@@ -255,7 +253,7 @@ class Parking:
         )
         if result.outcome == "full":
             self.sink.send(self._full(job), job.reply_to)
-            release_intent(self.store.client, job.agent_id, job.intent_id, _tag(job))
+            release_intent(self.store.client, job.agent_id, job.intent_id, hash_)  # (its budget tag)
             return
         if result.outcome == "exists":
             # a redelivery of a parked intent: tell the agent again while it still waits
@@ -372,8 +370,3 @@ class Sweeper:
             except Exception as exc:
                 log.warning("could not settle approval %s (%s): %s; retried after its grace", approval_id, claim, exc)
         return settled
-
-
-def _tag(job: Job) -> str:
-    """The tag the router counted the job's budgets under (only that count is given back)."""
-    return budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)

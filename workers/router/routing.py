@@ -362,8 +362,7 @@ class Router:
         """Give back what a dispatch that never happened counted (the router gave up on it)."""
         budgets = self.budget_index.get((job.agent_id, job.connector, job.action))
         if budgets is not None:
-            tag = budget_tag(job.agent_id, job.connector, job.action, job.params, job.idempotency_key)
-            self.budgets.refund(job.agent_id, job.connector, job.intent_id, tag, budgets)
+            self.budgets.refund(job.agent_id, job.connector, job.intent_id, job.payload_hash(), budgets)
 
     def _refuse(
         self,

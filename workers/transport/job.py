@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.state.approvals import payload_hash
+
 JOB_VERSION: Literal[1] = 1
 
 
@@ -43,6 +45,11 @@ class Job(BaseModel):
     # how semantic routing chose the connector (workers/router/semantic.py), for the receipt's
     # execution.routing; None (and left out of the JSON) when the action named one connector
     routing: dict[str, Any] | None = None
+
+    def payload_hash(self) -> str:
+        """The hash of what this job asks: what a parked approval is bound to, and the tag its
+        budgets were counted under (``workers.state.budgets.budget_tag``)."""
+        return payload_hash(self.agent_id, self.connector, self.action, self.params, self.idempotency_key)
 
 
 class JobDecodeError(ValueError):
