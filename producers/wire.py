@@ -174,9 +174,8 @@ class Receipt(BaseModel):
         return json.dumps(self.to_doc(), separators=(",", ":")).encode()
 
 
-APPROVAL_PENDING: Literal["approval_pending"] = (
-    "approval_pending"  # the AMQP ``type`` of a notice (not a receipt) on reach.receipts
-)
+# the AMQP ``type`` of a notice (not a receipt) on reach.receipts
+APPROVAL_PENDING: Literal["approval_pending"] = "approval_pending"
 
 
 class ApprovalNotice(BaseModel):
