@@ -220,6 +220,13 @@ agent_app:
       budget: {{param: amount, max: 100, per: 1d}}
 ---
 agent_app:
+  name: retrier
+  connector_bindings:
+    - connector: shop
+      allowed_actions: [pay]
+      budget: {{param: amount, max: 500, per: 1h}}
+---
+agent_app:
   name: roller
   connector_bindings:
     - connector: shop
@@ -309,6 +316,21 @@ def test_a_failed_intent_gives_its_amount_back(fleet: Fleet, system: CountingSys
         assert over.error is not None and over.error.code is ErrorCode.BUDGET_EXCEEDED
         assert pay(client, "refunder", 20).status == "succeeded"
     assert paid(system, "refunder") == 100
+
+
+def test_an_agent_that_retries_as_soon_as_it_reads_the_failure_finds_the_amount_back(
+    fleet: Fleet, system: CountingSystem
+) -> None:
+    # the amount goes back before the failed receipt is published, so there is no moment in which
+    # the failure is visible and the amount still counted (the budget is 500 an hour)
+    with agent("retrier") as client:
+        for _ in range(20):
+            # both fail downstream (409), so nothing is ever paid and each must find the 400 back
+            system.state.fail_status, system.state.fail_count = 409, 2
+            for _attempt in range(2):
+                receipt = pay(client, "retrier", 400)
+                assert receipt.error is not None and receipt.error.code is ErrorCode.DOWNSTREAM_CONFLICT, receipt
+    assert paid(system, "retrier") == 0
 
 
 def test_the_window_rolls(fleet: Fleet, system: CountingSystem) -> None:

@@ -369,6 +369,7 @@ class PoolRuntime:
             )
         )
         lines = self.audit.render(ctx.intent_id, stages, level=self._audit_level(ctx.agent_id))
+        refund = self._refund(receipt, ctx.job)
 
         def decided(pipe: Any) -> None:
             if gate is not None:
@@ -380,6 +381,8 @@ class PoolRuntime:
             if lines:
                 self.audit.push_into(pipe, ctx.agent_id, ctx.intent_id, lines)
             self.sink.store_into(pipe, receipt, body)
+            if refund is not None:
+                refund(pipe)
 
         # the attempt lines go to stdout in the same batch; the outcome waits for a replica (durable)
         self.batcher.call(decided, lines=lines or None, durable=(ctx.key,))
@@ -540,6 +543,12 @@ class PoolRuntime:
         """The general path (rare answers): checks the sent marker itself, then marks the receipt
         sent and writes its audit line (stored before this returns and the job is acked). A
         dispatched job's receipt is marked by the publisher instead (``_finish``)."""
+        refund = self._refund(receipt, job)
+        if refund is not None:
+            try:
+                self.batcher.call(refund)
+            except redis.RedisError as exc:
+                log.error("could not give back intent %s's budget: %s", receipt.intent_id, exc)
         if not self.sink.send(receipt, job.reply_to, mark=False):
             return
         lines, mark = self._sent_record(receipt, job)
@@ -576,8 +585,6 @@ class PoolRuntime:
             level=self._audit_level(receipt.agent_id or ""),
         )
 
-        budgets = self.budgets.get((receipt.agent_id or "", receipt.action or "")) if self.budgets else None
-
         def mark(pipe: Any) -> None:
             # the delivery count guards against a job that kills its pool before it is answered;
             # once the receipt is out, a redelivery stops at the sent mark (checked first)
@@ -585,14 +592,24 @@ class PoolRuntime:
             self.sink.mark_sent_into(pipe, receipt)
             if lines:
                 self.audit.push_into(pipe, receipt.agent_id, receipt.intent_id, lines)
-            if budgets and gives_back(receipt):
-                # it did not take effect: its amount goes back, once (the script deletes its entry),
-                # and only if it was counted for this payload (not for another that reused the id)
-                refund_into(
-                    pipe, receipt.agent_id or "", self.connector.name, receipt.intent_id, job.payload_hash(), budgets
-                )
 
         return lines, mark
+
+    def _refund(self, receipt: Receipt, job: Job) -> Callable[[Any], None] | None:
+        """The commands that give a failed intent's amount back, or None when nothing goes back.
+        They run before its receipt is published: an agent that reads the failure and tries again
+        must find the amount already returned. Once (the script deletes the intent's entry, so a
+        redelivery finds nothing), and only if it was counted for this payload (not for another
+        that reused the id)."""
+        budgets = self.budgets.get((receipt.agent_id or "", receipt.action or "")) if self.budgets else None
+        if not budgets or not gives_back(receipt):
+            return None
+        agent, connector, tag = receipt.agent_id or "", self.connector.name, job.payload_hash()
+
+        def refund(pipe: Any) -> None:
+            refund_into(pipe, agent, connector, receipt.intent_id, tag, budgets)
+
+        return refund
 
     def _audit_level(self, agent_id: str) -> str:
         binding = self.catalog.binding(agent_id, self.connector.name)

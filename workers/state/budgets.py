@@ -9,7 +9,7 @@ routers, and the clock is Redis's own.
 Each count is bound to the intent's *tag* (``budget_tag``: the SHA-256 of what it asks, the same
 hash a parked approval keeps). The amount is counted when the router dispatches the intent (every
 other check passed) and given back, once, when its receipt says it did not take effect
-(``refund_into``, called by the pool), or when a person denied it (``release_intent``): only by the
+(``refund_into``, called by the pool before it publishes the receipt), or when a person denied it (``release_intent``): only by the
 same id *and* tag — the refund deletes the intent's entry, so a second refund finds nothing. An
 intent counted again under the same id and tag (the router decides it again after a failed
 publish) is counted once; the same id with another tag is refused (``BudgetVerdict.reused``), so a
