@@ -68,6 +68,68 @@ INTENTS_EXCHANGE = Exchange(INTENTS_EXCHANGE_NAME, type="direct", durable=True, 
 RECEIPTS_EXCHANGE = Exchange(RECEIPTS_EXCHANGE_NAME, type="topic", durable=True, auto_delete=False)
 
 
+def intent_body(
+    agent_id: str,
+    action: str,
+    params: dict[str, Any] | None,
+    *,
+    intent_id: str,
+    idempotency_key: str | None = None,
+    reply_to: str | None = None,
+    deadline: datetime | str | None = None,
+    context: dict[str, Any] | None = None,
+    traceparent: str | None = None,
+) -> bytes:
+    """A native intent's JSON body, checked against the contract first.
+
+    Raises:
+        ValueError: The intent is malformed (the router would reject it anyway).
+    """
+    doc: dict[str, Any] = {
+        "intent_id": intent_id,
+        "agent_id": agent_id,
+        "action": action,
+        "params": {} if params is None else params,
+    }
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise ValueError("deadline must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        deadline = deadline.isoformat()
+    optional = {
+        "idempotency_key": idempotency_key,
+        "reply_to": reply_to,
+        "deadline": deadline,
+        "context": context,
+        "traceparent": traceparent,
+    }
+    doc.update((k, v) for k, v in optional.items() if v is not None)
+    # fail here rather than with an INVALID_INTENT receipt later
+    try:
+        Intent.model_validate(doc)
+    except ValidationError as exc:
+        raise ValueError(f"invalid intent: {exc}") from exc
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def read_reply(body: bytes, content_type: str | None, message_type: str | None) -> Receipt | ApprovalNotice:
+    """What arrived on a receipt queue: a receipt, or an approval notice (AMQP ``type``
+    ``approval_pending``: the intent waits for a person, its receipt comes later).
+
+    Raises:
+        ValueError: Not JSON, or not a receipt or notice (to be ignored, not taken for one).
+    """
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ValueError(f"content type {kind!r}: only JSON is accepted")
+    try:
+        if message_type == APPROVAL_PENDING:
+            return ApprovalNotice.model_validate_json(body)
+        return Receipt.model_validate_json(body)
+    except ValidationError as exc:
+        what = "approval notice" if message_type == APPROVAL_PENDING else "receipt"
+        raise ValueError(f"a malformed {what}: {exc}") from exc
+
+
 class ReachError(Exception):
     """The broker refused or lost something, or a receipt reports that an intent did not succeed.
 
@@ -355,30 +417,17 @@ class ReachClient:
             ReachError: The broker did not accept the intent; it was not delivered.
         """
         intent_id = intent_id if intent_id is not None else uuid.uuid4().hex
-        doc: dict[str, Any] = {
-            "intent_id": intent_id,
-            "agent_id": self.agent_id,
-            "action": action,
-            "params": {} if params is None else params,
-        }
-        if isinstance(deadline, datetime):
-            if deadline.tzinfo is None:
-                raise ValueError("deadline must be timezone-aware (e.g. datetime.now(timezone.utc))")
-            deadline = deadline.isoformat()
-        optional = {
-            "idempotency_key": idempotency_key,
-            "reply_to": self.reply_to,
-            "deadline": deadline,
-            "context": context,
-            "traceparent": traceparent,
-        }
-        doc.update((k, v) for k, v in optional.items() if v is not None)
-        # fail here rather than with an INVALID_INTENT receipt later
-        try:
-            Intent.model_validate(doc)
-        except ValidationError as exc:
-            raise ValueError(f"invalid intent: {exc}") from exc
-        body = json.dumps(doc, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        body = intent_body(
+            self.agent_id,
+            action,
+            params,
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            reply_to=self.reply_to,
+            deadline=deadline,
+            context=context,
+            traceparent=traceparent,
+        )
         self._publish(body, headers={"agent_id": self.agent_id}, message_id=intent_id)
         return intent_id
 
@@ -600,18 +649,15 @@ class ReachClient:
         self._returned.append(str(exc))
 
     def _on_message(self, message: Message) -> None:
-        content_type = (message.content_type or "application/json").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            log.warning("ignoring a receipt with content type %r: only JSON is accepted", content_type)
-            return
-        if message.properties.get("type") == APPROVAL_PENDING:
-            self._on_notice(message.body)
-            return
         try:
-            receipt = Receipt.model_validate_json(message.body)
-        except ValidationError as exc:
-            log.warning("ignoring a malformed receipt on %s: %s", self.queue_name, exc)
+            reply = read_reply(message.body, message.content_type, message.properties.get("type"))
+        except ValueError as exc:
+            log.warning("ignoring a message on %s: %s", self.queue_name, exc)
             return
+        if isinstance(reply, ApprovalNotice):
+            self._on_notice(reply)
+            return
+        receipt = reply
         if self._drop_duplicates:
             # the fleet publishes a stored receipt again when a pool died after the broker
             # confirmed it and before recording that it had: the very same receipt
@@ -633,13 +679,8 @@ class ReachClient:
                 self._seen.popitem(last=False)
         self._buffer.append(receipt)
 
-    def _on_notice(self, body: bytes) -> None:
+    def _on_notice(self, notice: ApprovalNotice) -> None:
         """An approval notice: kept and handed to ``on_notice``, never taken for the receipt."""
-        try:
-            notice = ApprovalNotice.model_validate_json(body)
-        except ValidationError as exc:
-            log.warning("ignoring a malformed approval notice on %s: %s", self.queue_name, exc)
-            return
         self._notices[notice.intent_id] = notice
         if len(self._notices) > KEPT_NOTICES:
             self._notices.popitem(last=False)

@@ -185,7 +185,7 @@ class Settings(EnvironSettings):
         60, validation_alias="REACH_MCP_WAIT", description="how long a tools/call waits for its receipt"
     )
     mcp_clients_per_agent: int = Field(
-        4, ge=1, le=64, description="broker connections per agent, so tools/call it may run at once"
+        4, ge=1, le=64, description="tools/call of one agent that run at once (the next wait)"
     )
 
     # the operator web page, `reach console` (docs/operations.md "Console")

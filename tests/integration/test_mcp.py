@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import anyio
+import anyio.to_thread
 import httpx
 import jwt
 import mcp_types as types
@@ -538,7 +540,7 @@ def test_over_stdio_an_agent_named_without_its_own_login_gets_nothing_done(
 
     result = mcp.run(scenario)
     text = text_of(result)
-    assert result.is_error and text.startswith("NOT SENT: cannot reach the broker") and "ACCESS_REFUSED" in text
+    assert result.is_error and text.startswith(f"NOT SENT: cannot bind {ALPHA}'s receipts") and "ACCESS_REFUSED" in text
     assert result.meta is None
     assert downstream.requests() == []
 
@@ -556,3 +558,44 @@ def test_calls_are_counted_by_outcome_with_their_latency(mcp: Sessions, downstre
     assert facade.metric("reach_mcp_requests_total", method="tools/call", outcome="rejected") == rejected + 1
     assert facade.metric("reach_mcp_requests_total", method="tools/list", outcome="ok") == listed + 1
     assert facade.metric("reach_mcp_tool_call_seconds_count") == timed + 2
+
+
+def close_facade_connections() -> None:
+    """Have the broker close the HTTP facade's connections (as a node going away would)."""
+    subprocess.run(
+        ["rabbitmqctl", "-q", "close_all_user_connections", FACADE, "test: the facade's connection closed"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_lost_broker_connection_fails_the_waiting_call_at_once_and_the_next_call_connects_again(
+    mcp: Sessions, downstream: CountingSystem
+) -> None:
+    slow, after = f"cut-{RUN}", f"after-cut-{RUN}"
+    assert not mcp.call_tool("http", ALPHA, GET, {"iid": "IT-1"}).is_error  # the facade is connected
+
+    async def cut_while_waiting() -> types.CallToolResult:
+        client = mcp("http", ALPHA)
+        async with anyio.create_task_group() as tg:
+            result: list[types.CallToolResult] = []
+
+            async def call() -> None:
+                result.append(await client.call_tool(SLOW, {"title": slow}))
+
+            tg.start_soon(call)
+            # the downstream holds the call for 3 s: cut the connection while the facade waits
+            while not downstream.requests(title=slow):
+                await anyio.sleep(0.05)
+            await anyio.to_thread.run_sync(close_facade_connections)
+        return result[0]
+
+    cut = mcp.run(cut_while_waiting)
+    text = text_of(cut)
+    # told when the connection went (not with the receipt 2 s later, nor after the 20 s wait)
+    assert cut.is_error and "lost the broker connection while waiting" in text, text
+    again = mcp.call_tool("http", ALPHA, CREATE, {"title": after})
+    assert not again.is_error, text_of(again)
+    assert receipt_of(again)["status"] == "succeeded"
+    assert len(downstream.requests(title=slow)) == 1 and len(downstream.requests(title=after)) == 1

@@ -8,7 +8,7 @@ facade", docs/contract.md §7)::
     tools.py        the catalog as MCP tools: the agent's own actions, hints, output schemas
     results.py      a receipt (or a call that got none) as an MCP tool result
     tokens.py       who is calling over HTTP: JWTs and static per-agent bearer tokens
-    clients.py      long-lived ReachClients, a few per agent, each used by one call at a time
+    clients.py      the facade's asyncio broker link: every agent's intents out, their receipts in
     metrics.py      the facade's Prometheus metrics
     server.py       the MCP server (the SDK's lowlevel Server): its handlers, and the stdio transport
     stdio.py        stdin and stdout served by the event loop rather than by worker threads

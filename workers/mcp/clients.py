@@ -1,45 +1,60 @@
-"""Long-lived ReachClients, a few per agent, each used by one ``tools/call`` at a time.
+"""The facade's broker link: one asyncio AMQP connection (aiormq) that publishes every agent's
+intents and takes in their receipts, on the facade's own event loop.
 
-A :class:`~producers.client.ReachClient` is not thread-safe (one connection carries its
-publishes and its receipts) and its calls block, so the facade keeps up to
-REACH_MCP_CLIENTS_PER_AGENT of them per agent, made when first needed and kept for the next
-call, and runs each call (publish, then wait for the receipt) in one worker thread
-(``anyio.to_thread``) while the event loop serves other requests. A call waits for a free client
-of its agent; one agent's slow calls never take another agent's clients.
+A call costs no thread: the intent is published and confirmed, and its receipt arrives, on the
+loop that serves the MCP request (the kombu ``ReachClient`` blocks, and handing each call to a
+worker thread and back was most of what the facade added to a call's latency).
 
-Each client binds its own receipt key ``<agent>.mcp.<32 hex digits>`` as ``reply_to``, so it
-receives only the receipts of the intents it published itself, never those of the agent's other
-clients. A client that fails (a broker error, no receipt in time) is closed, not reused: a late
-receipt would otherwise wait in its buffer for ever. An idle client whose connection died is
-noticed at the next publish, which is sent once more from a new client with the same intent id
-and idempotency key (the fleet answers a repeat of a key from its ledger, so nothing runs twice).
+Receipts come back on one exclusive, server-named queue per connection, bound once per agent
+with the key ``<agent>.mcp.<32 hex digits>`` (the digits drawn once per facade process), which
+each intent names as its ``reply_to``. A receipt is handed to the call waiting for its intent id, and only if
+it is that call's agent's; anything else (a repeat, a receipt after its call gave up) is dropped,
+so nothing is buffered. Each agent has REACH_MCP_CLIENTS_PER_AGENT calls at once; one agent's
+slow calls never hold another's.
+
+Publishing and consuming use two channels: a refused publish (a facade login without the
+``impersonator`` tag setting ``user_id``) closes only the publishing channel, which is opened
+again for the next call. When the connection is lost, every waiting call fails at once
+(``Undelivered``, published) and the next call connects again, to the next node of a cluster's
+URL list; a publish the lost connection did not confirm is sent once more on the new one with the
+same intent id and idempotency key (the fleet answers a repeat of a key from its ledger).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiormq
 import anyio
-import anyio.from_thread
-import anyio.to_thread
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
 
-from producers.client import ReachClient, ReachError, ReceiptTimeout
-from producers.wire import Receipt
+from producers.client import intent_body, read_reply
+from producers.settings import broker_urls
+from producers.wire import (
+    AGENT_ID_PATTERN,
+    INTENT_ROUTING_KEY,
+    INTENTS_EXCHANGE_NAME,
+    RECEIPTS_EXCHANGE_NAME,
+    ApprovalNotice,
+    Receipt,
+)
 
 log = logging.getLogger("reach.mcp")
 
 REPLY_KEY_INFIX = ".mcp."
-# the receipt keys the facade's clients bind: the facade's broker user may read exactly these
+# the receipt keys the facade binds: the facade's broker user may read exactly these
 REPLY_KEY_PATTERN = r"[a-z][a-z0-9_]{0,62}\.mcp\.[0-9a-f]{32}"
 
 
-def reply_key(agent: str) -> str:
-    """A receipt routing key of ``agent``'s own that no other client binds."""
-    return f"{agent}{REPLY_KEY_INFIX}{uuid.uuid4().hex}"
+def reply_key(agent: str, suffix: str) -> str:
+    """The receipt routing key of ``agent``'s calls through the facade whose digits are ``suffix``."""
+    return f"{agent}{REPLY_KEY_INFIX}{suffix}"
 
 
 class Undelivered(Exception):
@@ -64,28 +79,56 @@ class Call:
     wait: float  # seconds to wait for the receipt
 
 
-class AgentClients:
-    """The clients of every agent the facade acts for."""
+@dataclass
+class _Waiter:
+    """A call waiting for its receipt (and the approval notice, if one came)."""
 
-    def __init__(
-        self, broker_url: str, *, per_agent: int, set_user_id: bool, threads: int, connect_timeout: float = 10.0
-    ) -> None:
+    agent: str
+    receipt: asyncio.Future[Receipt]
+    notice: ApprovalNotice | None = None
+    link: _Link | None = None  # the connection its intent went out on
+
+
+@dataclass
+class _Link:
+    """One connection: its channels, its receipt queue and the agents bound to it."""
+
+    connection: aiormq.abc.AbstractConnection
+    consuming: aiormq.abc.AbstractChannel
+    queue: str
+    publishing: aiormq.abc.AbstractChannel | None = None
+    bound: set[str] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # opening a channel, binding an agent
+
+    @property
+    def lost(self) -> bool:
+        return self.connection.is_closed
+
+
+class AgentClients:
+    """The calls of every agent the facade acts for, over one broker connection."""
+
+    def __init__(self, broker_url: str, *, per_agent: int, set_user_id: bool, connect_timeout: float = 10.0) -> None:
         """
         Args:
-            broker_url: The facade's broker login.
-            per_agent: Clients (connections, so calls at once) per agent.
+            broker_url: The facade's broker login (a cluster's nodes: several URLs split by ``;``).
+            per_agent: Calls at once per agent.
             set_user_id: Publish with AMQP ``user_id`` = the agent: the broker then vouches for the
                 identity (the facade's login needs the ``impersonator`` tag, unless it is the agent).
-            threads: Worker threads for the blocking calls, over all agents.
             connect_timeout: Seconds to connect, and to wait for each publish's confirm.
         """
-        self._url = broker_url
+        self._urls = broker_urls(broker_url)
+        if not self._urls:
+            raise ValueError("broker_url names no broker")
+        self._node = 0  # the URL tried first
         self._per_agent = per_agent
         self._set_user_id = set_user_id
-        self._connect_timeout = connect_timeout
-        self._limiter = anyio.CapacityLimiter(threads)
+        self._timeout = connect_timeout
         self._slots: dict[str, anyio.Semaphore] = {}
-        self._idle: dict[str, list[ReachClient]] = {}
+        self._suffix = uuid.uuid4().hex
+        self._waiting: dict[str, _Waiter] = {}
+        self._link: _Link | None = None
+        self._connecting = asyncio.Lock()
 
     async def call(self, call: Call, on_published: Callable[[], Coroutine[Any, Any, None]] | None = None) -> Receipt:
         """Publish the intent and return its receipt; ``on_published`` runs once the broker has it.
@@ -94,97 +137,87 @@ class AgentClients:
             ValueError: The intent is malformed; nothing was sent.
             Undelivered: No receipt: not published, or none within ``call.wait`` seconds.
         """
-        slot = self._slots.setdefault(call.agent, anyio.Semaphore(self._per_agent))
-        async with slot:
-            idle = self._idle.setdefault(call.agent, [])
-            client = idle.pop() if idle else None
-            # one thread hop for the whole call; it never raises, so the client always comes back here,
-            # even when the request is cancelled meanwhile (the thread cannot be; the call ends within call.wait)
-            with anyio.CancelScope(shield=True):
-                result, keep = await anyio.to_thread.run_sync(
-                    self._run, call, client, on_published, limiter=self._limiter
-                )
-            if keep is not None:
-                idle.append(keep)
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def aclose(self) -> None:
-        """Close every idle client (at shutdown)."""
-        idle, self._idle = self._idle, {}
-        for clients in idle.values():
-            for client in clients:
-                await anyio.to_thread.run_sync(client.close, limiter=self._limiter)
-
-    # -- in the worker thread ---------------------------------------------------------------------
-
-    def _run(
-        self, call: Call, client: ReachClient | None, on_published: Callable[[], Coroutine[Any, Any, None]] | None
-    ) -> tuple[Receipt | Exception, ReachClient | None]:
-        """(the receipt or the error to raise, the client to keep for the next call)."""
-        reused = client is not None
-        try:
-            if client is None:
-                client = self._connect(call.agent)
-            try:
-                self._publish(client, call)
-            except ReachError as exc:
-                if not reused:
-                    raise Undelivered(self._why(exc), published=None) from exc
-                log.info("an idle broker connection of %s failed (%s); sending from a new one", call.agent, exc)
-                client.close()
-                client = None
-                client = self._connect(call.agent)
-                try:
-                    self._publish(client, call)
-                except ReachError as again:
-                    raise Undelivered(self._why(again), published=None) from again
-            if on_published is not None:
-                anyio.from_thread.run(on_published)
-            try:
-                return client.wait(call.intent_id, timeout=call.wait), client
-            except ReceiptTimeout as exc:
-                # an approval notice is not a receipt: the intent waits for a person, say so
-                notice = client.notice(call.intent_id)
-                waiting = (
-                    f"; it waits for a person's approval {notice.approval_id} until {notice.expires_at}"
-                    if notice is not None
-                    else ""
-                )
-                raise Undelivered(f"no receipt within {call.wait:g} s{waiting}", published=True) from exc
-            except ReachError as exc:
-                raise Undelivered(f"lost the broker connection while waiting: {exc}", published=True) from exc
-        except ValueError as exc:
-            return exc, client  # the intent was wrong, not the client
-        except Exception as exc:
-            if client is not None:
-                client.close()
-            return exc, None
-
-    def _connect(self, agent: str) -> ReachClient:
-        try:
-            return ReachClient(
-                agent,
-                self._url,
-                reply_to=reply_key(agent),
-                connect_timeout=self._connect_timeout,
-                user_id=agent if self._set_user_id else None,
-            )
-        except (ReachError, OSError) as exc:
-            raise Undelivered(f"cannot reach the broker: {exc}", published=False) from exc
-
-    @staticmethod
-    def _publish(client: ReachClient, call: Call) -> None:
-        client.publish(
+        if not AGENT_ID_PATTERN.match(call.agent):
+            raise ValueError(f"agent {call.agent!r} is not an agent name")
+        body = intent_body(
+            call.agent,
             call.action,
             call.params,
             intent_id=call.intent_id,
             idempotency_key=call.idempotency_key,
+            reply_to=reply_key(call.agent, self._suffix),
             traceparent=call.traceparent,
         )
+        slot = self._slots.setdefault(call.agent, anyio.Semaphore(self._per_agent))
+        async with slot:
+            waiter = _Waiter(call.agent, asyncio.get_running_loop().create_future())
+            self._waiting[call.intent_id] = waiter
+            try:
+                await self._publish(call, body, waiter)
+                if on_published is not None:
+                    await on_published()
+                return await self._receipt(call, waiter)
+            finally:
+                if self._waiting.get(call.intent_id) is waiter:
+                    del self._waiting[call.intent_id]
 
-    def _why(self, exc: ReachError) -> str:
+    async def aclose(self) -> None:
+        """Close the connection (at shutdown); the broker deletes its receipt queue."""
+        link, self._link = self._link, None
+        if link is not None and not link.lost:
+            try:
+                await link.connection.close()
+            except Exception as exc:  # noqa: BLE001 - it is going away either way
+                log.debug("closing the broker connection failed: %s", exc)
+
+    # -- publishing -------------------------------------------------------------------------------
+
+    async def _publish(self, call: Call, body: bytes, waiter: _Waiter) -> None:
+        """Publish ``call``'s intent and wait for the broker's confirm; once more on a new
+        connection if the one it went out on was lost before confirming it."""
+        for attempt in (1, 2):
+            link = waiter.link = await self._ready(call.agent)
+            try:
+                channel = await self._publishing(link)
+                await channel.basic_publish(
+                    body,
+                    exchange=INTENTS_EXCHANGE_NAME,
+                    routing_key=INTENT_ROUTING_KEY,
+                    properties=spec.Basic.Properties(
+                        content_type="application/json",
+                        content_encoding="utf-8",
+                        delivery_mode=2,
+                        headers={"agent_id": call.agent},
+                        message_id=call.intent_id,
+                        user_id=call.agent if self._set_user_id else None,
+                    ),
+                    mandatory=True,
+                    timeout=self._timeout,
+                )
+                return
+            except aiormq.exceptions.PublishError as exc:
+                raise Undelivered(
+                    f"the intent was not routed: no queue is bound to exchange {INTENTS_EXCHANGE_NAME!r} "
+                    f"with key {INTENT_ROUTING_KEY!r}; is the fleet set up (reach setup, reach router)?",
+                    published=False,
+                ) from exc
+            except aiormq.exceptions.DeliveryError as exc:
+                raise Undelivered("the broker refused the intent (nack); it was not queued", published=False) from exc
+            except TimeoutError as exc:
+                raise Undelivered(
+                    f"the broker did not confirm the intent within {self._timeout:g} s; it may or may not be queued",
+                    published=None,
+                ) from exc
+            except aiormq.exceptions.ChannelClosed as exc:
+                # the broker closed the publishing channel over this message: it was not queued
+                raise Undelivered(self._refused(exc), published=False) from exc
+            except (aiormq.exceptions.AMQPConnectionError, ConnectionError) as exc:
+                self._drop(link, exc)
+                if attempt == 2:
+                    raise Undelivered(f"lost the broker connection while publishing: {exc}", published=None) from exc
+                log.info("the broker connection failed while publishing (%s); sending from a new one", exc)
+
+    def _refused(self, exc: Exception) -> str:
         text = str(exc)
         if "user_id" in text and self._set_user_id:
             log.error(
@@ -193,3 +226,161 @@ class AgentClients:
                 text,
             )
         return f"the broker did not take the intent: {text}"
+
+    # -- receipts ---------------------------------------------------------------------------------
+
+    async def _receipt(self, call: Call, waiter: _Waiter) -> Receipt:
+        with anyio.move_on_after(call.wait):
+            return await waiter.receipt
+        notice = waiter.notice
+        # an approval notice is not a receipt: the intent waits for a person, say so
+        waiting = (
+            f"; it waits for a person's approval {notice.approval_id} until {notice.expires_at}"
+            if notice is not None
+            else ""
+        )
+        raise Undelivered(f"no receipt within {call.wait:g} s{waiting}", published=True)
+
+    async def _on_reply(self, message: DeliveredMessage) -> None:
+        """A message on the receipt queue: the waiting call's receipt or notice, or dropped."""
+        properties = message.header.properties
+        try:
+            reply = read_reply(message.body, properties.content_type, properties.message_type)
+        except ValueError as exc:
+            log.warning("ignoring a message on the facade's receipt queue: %s", exc)
+            return
+        waiter = self._waiting.get(reply.intent_id)
+        # only through the waiting agent's own binding: the routing key says whose intent it answers
+        if waiter is None or waiter.receipt.done() or message.routing_key != reply_key(waiter.agent, self._suffix):
+            log.debug("no call waits for this %s of intent %s; dropped", type(reply).__name__, reply.intent_id)
+            return
+        if isinstance(reply, ApprovalNotice):
+            waiter.notice = reply
+        else:
+            waiter.receipt.set_result(reply)
+
+    # -- the connection ---------------------------------------------------------------------------
+
+    async def _ready(self, agent: str) -> _Link:
+        """A live connection whose receipt queue is bound for ``agent``."""
+        link = self._link
+        if link is None or link.lost:
+            async with self._connecting:
+                link = self._link
+                if link is None or link.lost:
+                    link = self._link = await self._connect()
+        if agent not in link.bound:
+            async with link.lock:
+                if agent not in link.bound:
+                    await self._bind(link, agent)
+                    link.bound.add(agent)
+        return link
+
+    async def _bind(self, link: _Link, agent: str) -> None:
+        """Bind ``agent``'s receipt key to the link's queue, on a channel of its own: a refused
+        binding closes that channel, not the one the other agents' receipts arrive on."""
+        try:
+            with anyio.fail_after(self._timeout):
+                channel = await link.connection.channel(publisher_confirms=False)
+                try:
+                    await channel.queue_bind(
+                        link.queue, RECEIPTS_EXCHANGE_NAME, routing_key=reply_key(agent, self._suffix)
+                    )
+                finally:
+                    if not channel.is_closed:
+                        await channel.close()
+        except aiormq.exceptions.AMQPChannelError as exc:
+            raise Undelivered(f"cannot bind {agent}'s receipts: {exc}", published=False) from exc
+        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+            self._drop(link, exc)
+            raise Undelivered(f"cannot bind {agent}'s receipts: {exc}", published=False) from exc
+
+    async def _connect(self) -> _Link:
+        """Connect to the first node that answers (from the one after the last lost), check the
+        fleet's exchanges, declare the receipt queue and consume it."""
+        errors = []
+        for _ in self._urls:
+            url = self._urls[self._node]
+            try:
+                with anyio.fail_after(self._timeout):
+                    connection = aiormq.Connection(url, client_properties={"connection_name": "reach mcp"})
+                    await connection.connect()
+            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+                errors.append(f"{_safe(url)}: {exc or type(exc).__name__}")
+                self._node = (self._node + 1) % len(self._urls)
+                continue
+            try:
+                return await self._open(connection)
+            except BaseException:
+                await _close(connection)
+                raise
+        raise Undelivered(f"cannot reach the broker: {'; '.join(errors)}", published=False)
+
+    async def _open(self, connection: aiormq.abc.AbstractConnection) -> _Link:
+        try:
+            with anyio.fail_after(self._timeout):
+                channel = await connection.channel(publisher_confirms=False)
+                # passive: needs no permission, and never creates the fleet's exchanges
+                for name in (INTENTS_EXCHANGE_NAME, RECEIPTS_EXCHANGE_NAME):
+                    await channel.exchange_declare(name, passive=True)
+                # exclusive (so classic on every broker: a quorum queue cannot be exclusive)
+                declared = await channel.queue_declare("", exclusive=True, auto_delete=True, durable=False)
+                link = _Link(connection, channel, str(declared.queue))
+                await channel.basic_consume(link.queue, self._on_reply, no_ack=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise Undelivered(
+                "the fleet's exchanges do not exist on this broker; run `reach setup` or start `reach router`",
+                published=False,
+            ) from exc
+        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+            raise Undelivered(f"cannot set up with the broker: {exc}", published=False) from exc
+        connection.closing.add_done_callback(lambda done: self._lost(link, done))
+        return link
+
+    async def _publishing(self, link: _Link) -> aiormq.abc.AbstractChannel:
+        """The link's publishing channel (confirm mode, returns raised), opened again if the
+        broker closed it."""
+        channel = link.publishing
+        if channel is None or channel.is_closed:
+            async with link.lock:
+                channel = link.publishing
+                if channel is None or channel.is_closed:
+                    with anyio.fail_after(self._timeout):
+                        channel = link.publishing = await link.connection.channel(
+                            publisher_confirms=True, on_return_raises=True
+                        )
+        return channel
+
+    def _drop(self, link: _Link, why: BaseException) -> None:
+        """Give up ``link`` (the next call connects again, to the next node)."""
+        if self._link is link:
+            self._link = None
+            self._node = (self._node + 1) % len(self._urls)
+            log.warning("lost the broker connection (%s); the next call connects again", why)
+        if not link.lost:
+            asyncio.get_running_loop().create_task(_close(link.connection))
+
+    def _lost(self, link: _Link, closing: asyncio.Future[Any]) -> None:
+        """The connection closed: every call waiting on it learns now, not at its timeout."""
+        if self._link is link:
+            self._link = None
+            self._node = (self._node + 1) % len(self._urls)
+        why = None if closing.cancelled() else closing.exception()
+        for waiter in self._waiting.values():
+            if waiter.link is link and not waiter.receipt.done():
+                waiter.receipt.set_exception(
+                    Undelivered(f"lost the broker connection while waiting: {why or 'closed'}", published=True)
+                )
+
+
+async def _close(connection: aiormq.abc.AbstractConnection) -> None:
+    try:
+        await connection.close()
+    except Exception as exc:  # noqa: BLE001 - it is going away either way
+        log.debug("closing a broker connection failed: %s", exc)
+
+
+def _safe(url: str) -> str:
+    """A broker URL without its password, for messages."""
+    head, sep, tail = url.partition("@")
+    return f"{head.split(':')[0]}://…@{tail}" if sep else url

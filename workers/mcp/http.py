@@ -53,13 +53,13 @@ from workers.mcp import tokens
 from workers.mcp.clients import AgentClients
 from workers.mcp.exchange import SingleExchange
 from workers.mcp.metrics import CountRefusals
-from workers.mcp.server import ENVELOPE_BYTES, MAX_THREADS, Facade, build_server
+from workers.mcp.server import ENVELOPE_BYTES, Facade, build_server
 from workers.observability import probes
 from workers.settings import Settings
 
 log = logging.getLogger("reach.mcp")
 
-MAX_CONNECTIONS = 4 * MAX_THREADS  # open connections and tasks of one facade process
+MAX_CONNECTIONS = 1024  # open HTTP connections and tasks of one facade process
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # answers a plain request (its parsed body, the body, its protocol version) and says so, or leaves it
 Direct = Callable[[Any, bytes, str, Scope, Send], Awaitable[bool]]
@@ -145,13 +145,7 @@ def http_app(settings: Settings, catalog: Catalog, host: str, port: int) -> ASGI
     parts = urlsplit(url)
     key = settings.mcp_jwt_key.get_secret_value() if settings.mcp_jwt_key is not None else None
     verifier = tokens.verifier(url, settings.mcp_tokens_file, key, settings.mcp_jwt_algorithm, settings.mcp_issuer_url)
-    per_agent = settings.mcp_clients_per_agent
-    clients = AgentClients(
-        settings.broker_url,
-        per_agent=per_agent,
-        set_user_id=True,
-        threads=min(MAX_THREADS, per_agent * max(1, len(catalog.agents))),
-    )
+    clients = AgentClients(settings.broker_url, per_agent=settings.mcp_clients_per_agent, set_user_id=True)
     facade = Facade(catalog, clients, settings, agent_from_token)
     server = build_server(facade)
     max_body = settings.max_intent_bytes + ENVELOPE_BYTES

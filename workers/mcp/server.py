@@ -43,7 +43,6 @@ from workers.settings import Settings
 log = logging.getLogger("reach.mcp")
 
 PROGRESS_EVERY = 1.0  # seconds between progress notifications while a call waits
-MAX_THREADS = 256  # blocking calls at once over all agents (each waits for one receipt)
 ENVELOPE_BYTES = 64 * 1024  # the JSON-RPC request around the arguments, past REACH_MAX_INTENT_BYTES
 INSTRUCTIONS = (
     "Each tool is an action on a business system, checked by agent-reach before it runs. A result "
@@ -226,8 +225,7 @@ def run_stdio(settings: Settings, catalog: Catalog, agent: str) -> None:
             broker_login(settings.broker_url),
             agent,
         )
-    per_agent = settings.mcp_clients_per_agent
-    clients = AgentClients(settings.broker_url, per_agent=per_agent, set_user_id=own_login, threads=per_agent)
+    clients = AgentClients(settings.broker_url, per_agent=settings.mcp_clients_per_agent, set_user_id=own_login)
     facade = Facade(catalog, clients, settings, lambda _ctx: agent)
     server = build_server(facade)
     probes.serve(settings.metrics_port)
