@@ -190,10 +190,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of the three blocks (default 5)")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s blocks")
     parser.add_argument("--before", type=Path, help="a checkout to start a second HTTP facade from (http-before)")
+    parser.add_argument(
+        "--variants", help=f"comma-separated subset of {','.join(VARIANTS)} (direct is always run: the baseline)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.reps, args.seconds = 1, 4.0
     variants = VARIANTS + (("http-before", "stdio-before") if args.before else ())
+    if args.variants:
+        chosen = {"direct", *args.variants.split(",")}
+        unknown = chosen - set(variants)
+        if unknown:
+            parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
+        variants = tuple(v for v in variants if v in chosen)
 
     from anyio.from_thread import start_blocking_portal
 
@@ -406,11 +415,14 @@ def main() -> int:
         header = ["variant", "calls", "p50", "p99", "added p50", "added p99", "facade ms", "caller CPU", "facade CPU"]
         print(table(header, rows))
         for variant in ("http", "http-lean"):
+            if variant not in summary:
+                continue
             added = summary[variant]["added_p50"]
             met = added is not None and added <= 3.0
             print(f"target: {variant} added p50 <= 3 ms: {fmt(added, 2)} ms -> {'met' if met else 'NOT met'}")
-        sdk_cost = [h["p50"] - lean_["p50"] for h, lean_ in zip(figures["http"], figures["http-lean"])]
-        print(f"the SDK client's own cost (http p50 - http-lean p50, median): {fmt(median(sdk_cost), 2)} ms")
+        if "http" in figures and "http-lean" in figures:
+            sdk_cost = [h["p50"] - lean_["p50"] for h, lean_ in zip(figures["http"], figures["http-lean"])]
+            print(f"the SDK client's own cost (http p50 - http-lean p50, median): {fmt(median(sdk_cost), 2)} ms")
         calib_end, load_end = calibrate(), loadavg()
         print(f"calibration {calib_start} -> {calib_end} ms; load average {load_start} -> {load_end}")
         RESULTS.mkdir(exist_ok=True)

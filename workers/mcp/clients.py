@@ -177,6 +177,8 @@ class AgentClients:
         connection if the one it went out on was lost before confirming it."""
         for attempt in (1, 2):
             link = waiter.link = await self._ready(call.agent)
+            if waiter.receipt.done():  # failed with the connection lost under the first attempt
+                waiter.receipt = asyncio.get_running_loop().create_future()
             try:
                 channel = await self._publishing(link)
                 await channel.basic_publish(
