@@ -10,6 +10,7 @@ the counting system, so a test can say what really happened there.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -37,12 +38,13 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.fleet import Fleet, free_port, isolated_urls
+from tests.fleet import Fleet, free_port, isolated_urls, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
 from workers.mcp.broker_user import create_facade_user, delete_facade_user
 from workers.mcp.tokens import digest
 from workers.ops.agents import create_agent_user, delete_agent_user, vhost_of
+from workers.transport.topology import connector_queue
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = uuid.uuid4().hex[:8]
@@ -570,32 +572,70 @@ def close_facade_connections() -> None:
     )
 
 
+def reach_cli(fleet: Fleet, *args: str) -> None:
+    """The `reach` CLI as an operator runs it, with the fleet's environment."""
+    subprocess.run(
+        [sys.executable, "-m", "workers.ops.cli", *args],
+        env=fleet.env,
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 def test_a_lost_broker_connection_fails_the_waiting_call_at_once_and_the_next_call_connects_again(
     mcp: Sessions, downstream: CountingSystem
 ) -> None:
-    slow, after = f"cut-{RUN}", f"after-cut-{RUN}"
+    held, after = f"held-{RUN}", f"after-cut-{RUN}"
+    queue = connector_queue(CONNECTOR).name
     assert not mcp.call_tool("http", ALPHA, GET, {"iid": "IT-1"}).is_error  # the facade is connected
+    # the connector paused: the call's intent waits in its queue, so no receipt can come before the cut
+    reach_cli(mcp.fleet, "pause", CONNECTOR)
+    try:
+        wait_for(
+            lambda: queue_depth(queue, mcp.fleet.broker_url)[1],
+            10,
+            "the pool to stop consuming",
+            until=lambda n: n == 0,
+        )
 
-    async def cut_while_waiting() -> types.CallToolResult:
-        client = mcp("http", ALPHA)
-        async with anyio.create_task_group() as tg:
+        async def cut_while_waiting() -> types.CallToolResult:
+            client = mcp("http", ALPHA)
             result: list[types.CallToolResult] = []
 
             async def call() -> None:
-                result.append(await client.call_tool(SLOW, {"title": slow}))
+                result.append(await client.call_tool(CREATE, {"title": held}))
 
-            tg.start_soon(call)
-            # the downstream holds the call for 3 s: cut the connection while the facade waits
-            while not downstream.requests(title=slow):
-                await anyio.sleep(0.05)
-            await anyio.to_thread.run_sync(close_facade_connections)
-        return result[0]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                while (await anyio.to_thread.run_sync(queue_depth, queue, mcp.fleet.broker_url))[0] < 1:
+                    await anyio.sleep(0.05)
+                await anyio.to_thread.run_sync(close_facade_connections)
+            return result[0]
 
-    cut = mcp.run(cut_while_waiting)
+        cut = mcp.run(cut_while_waiting)
+    finally:
+        reach_cli(mcp.fleet, "resume", CONNECTOR)
     text = text_of(cut)
-    # told when the connection went (not with the receipt 2 s later, nor after the 20 s wait)
+    # told when the connection went (not after the 20 s wait), with the key to call again with
     assert cut.is_error and "lost the broker connection while waiting" in text, text
     again = mcp.call_tool("http", ALPHA, CREATE, {"title": after})
     assert not again.is_error, text_of(again)
     assert receipt_of(again)["status"] == "succeeded"
-    assert len(downstream.requests(title=slow)) == 1 and len(downstream.requests(title=after)) == 1
+    # the intent that was waiting ran once, after the resume; its receipt went to a queue that is gone
+    wait_for(lambda: len(downstream.requests(title=held)), 20, "the held intent to run", until=lambda n: n == 1)
+    assert len(downstream.requests(title=after)) == 1
+    # calling again with the key the answer named gives that intent's outcome, without running it twice
+    key = re.search(r'"idempotency_key": "([0-9a-f]{32})"', text)
+    assert key is not None, text
+    repeats: list[types.CallToolResult] = []
+
+    def answered() -> bool:  # CONNECTOR_UNAVAILABLE while the held intent still finishes: ask again
+        repeats.append(mcp.call_tool("http", ALPHA, CREATE, {"title": held}, meta={"idempotency_key": key.group(1)}))
+        return not repeats[-1].is_error
+
+    wait_for(answered, 20, "the held intent's outcome under its key", every=0.5)
+    repeat = repeats[-1]
+    assert receipt_of(repeat)["execution"]["deduplicated"] is True
+    assert len(downstream.requests(title=held)) == 1
