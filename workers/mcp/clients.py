@@ -90,6 +90,15 @@ class _Waiter:
 
 
 @dataclass
+class _Sent:
+    """Whether a call's intent may have reached the broker: ``writing`` while an attempt is under
+    way, ``earlier`` once an attempt was cut off by a lost connection or channel."""
+
+    earlier: bool = False
+    writing: bool = False
+
+
+@dataclass
 class _Link:
     """One connection: its channels, its receipt queue and the agents bound to it."""
 
@@ -128,10 +137,12 @@ class AgentClients:
         self._suffix = uuid.uuid4().hex
         self._waiting: dict[str, _Waiter] = {}
         self._link: _Link | None = None
-        self._connecting = asyncio.Lock()
+        self._attempt: asyncio.Future[_Link] | None = None  # the connect every waiting call shares
+        self._closed = False
 
     async def call(self, call: Call, on_published: Callable[[], Coroutine[Any, Any, None]] | None = None) -> Receipt:
         """Publish the intent and return its receipt; ``on_published`` runs once the broker has it.
+        Everything, connecting and publishing included, ends within ``call.wait`` seconds.
 
         Raises:
             ValueError: The intent is malformed; nothing was sent.
@@ -148,39 +159,60 @@ class AgentClients:
             reply_to=reply_key(call.agent, self._suffix),
             traceparent=call.traceparent,
         )
+        if self._closed:
+            raise Undelivered("the facade is shutting down", published=False)
+        deadline = anyio.current_time() + call.wait
         slot = self._slots.setdefault(call.agent, anyio.Semaphore(self._per_agent))
         async with slot:
             waiter = _Waiter(call.agent, asyncio.get_running_loop().create_future())
             self._waiting[call.intent_id] = waiter
             try:
-                await self._publish(call, body, waiter)
+                await self._publish_by(deadline, call, body, waiter)
                 if on_published is not None:
                     await on_published()
-                return await self._receipt(call, waiter)
+                return await self._receipt(deadline, call, waiter)
             finally:
                 if self._waiting.get(call.intent_id) is waiter:
                     del self._waiting[call.intent_id]
+                _retrieve(waiter.receipt)
 
     async def aclose(self) -> None:
-        """Close the connection (at shutdown); the broker deletes its receipt queue."""
+        """Close the connection (at shutdown); the broker deletes its receipt queue. Later calls
+        are refused."""
+        self._closed = True
         link, self._link = self._link, None
         if link is not None and not link.lost:
-            try:
-                await link.connection.close()
-            except Exception as exc:  # noqa: BLE001 - it is going away either way
-                log.debug("closing the broker connection failed: %s", exc)
+            await _close(link.connection)
 
     # -- publishing -------------------------------------------------------------------------------
 
-    async def _publish(self, call: Call, body: bytes, waiter: _Waiter) -> None:
+    async def _publish_by(self, deadline: float, call: Call, body: bytes, waiter: _Waiter) -> None:
+        """``_publish`` within what is left of the call's time."""
+        sent = _Sent()
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                await self._publish(call, body, waiter, sent)
+        except TimeoutError as exc:
+            maybe = sent.earlier or sent.writing
+            raise Undelivered(
+                f"could not publish the intent within {call.wait:g} s", published=None if maybe else False
+            ) from exc
+        except Undelivered as exc:
+            if sent.earlier and exc.published is False:
+                exc.published = None  # the first attempt, lost with its connection, may have reached the broker
+            raise
+
+    async def _publish(self, call: Call, body: bytes, waiter: _Waiter, sent: _Sent) -> None:
         """Publish ``call``'s intent and wait for the broker's confirm; once more on a new
         connection if the one it went out on was lost before confirming it."""
         for attempt in (1, 2):
             link = waiter.link = await self._ready(call.agent)
             if waiter.receipt.done():  # failed with the connection lost under the first attempt
+                _retrieve(waiter.receipt)
                 waiter.receipt = asyncio.get_running_loop().create_future()
+            channel = await self._publishing(link)
             try:
-                channel = await self._publishing(link)
+                sent.writing = True
                 await channel.basic_publish(
                     body,
                     exchange=INTENTS_EXCHANGE_NAME,
@@ -211,10 +243,18 @@ class AgentClients:
                     published=None,
                 ) from exc
             except aiormq.exceptions.ChannelClosed as exc:
-                # the broker closed the publishing channel over this message: it was not queued
-                raise Undelivered(self._refused(exc), published=False) from exc
-            except (aiormq.exceptions.AMQPConnectionError, ConnectionError) as exc:
-                self._drop(link, exc)
+                # the broker closed the shared publishing channel: over this message only if it
+                # names this agent's user_id; any other unconfirmed publish may have been queued
+                refused = self._set_user_id and f"user_id property set to '{call.agent}'" in str(exc)
+                raise Undelivered(self._refused(exc), published=False if refused else None) from exc
+            except (aiormq.exceptions.AMQPConnectionError, ConnectionError, RuntimeError) as exc:
+                # RuntimeError: aiormq's word for a channel or connection that closed under the call
+                if link.lost:
+                    self._drop(link, exc)
+                elif not isinstance(exc, aiormq.exceptions.ChannelInvalidStateError):
+                    raise
+                # (else the publishing channel closed under this call, over another's message: a new one)
+                sent.earlier, sent.writing = sent.earlier or sent.writing, False
                 if attempt == 2:
                     raise Undelivered(f"lost the broker connection while publishing: {exc}", published=None) from exc
                 log.info("the broker connection failed while publishing (%s); sending from a new one", exc)
@@ -231,8 +271,8 @@ class AgentClients:
 
     # -- receipts ---------------------------------------------------------------------------------
 
-    async def _receipt(self, call: Call, waiter: _Waiter) -> Receipt:
-        with anyio.move_on_after(call.wait):
+    async def _receipt(self, deadline: float, call: Call, waiter: _Waiter) -> Receipt:
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
             return await waiter.receipt
         notice = waiter.notice
         # an approval notice is not a receipt: the intent waits for a person, say so
@@ -267,10 +307,13 @@ class AgentClients:
         """A live connection whose receipt queue is bound for ``agent``."""
         link = self._link
         if link is None or link.lost:
-            async with self._connecting:
-                link = self._link
-                if link is None or link.lost:
-                    link = self._link = await self._connect()
+            if self._closed:
+                raise Undelivered("the facade is shutting down", published=False)
+            # one attempt at a time, shared by every call that needs it (not one after another)
+            if self._attempt is None or self._attempt.done():
+                self._attempt = asyncio.ensure_future(self._connect())
+                self._attempt.add_done_callback(_retrieve)
+            link = await asyncio.shield(self._attempt)
         if agent not in link.bound:
             async with link.lock:
                 if agent not in link.bound:
@@ -293,14 +336,15 @@ class AgentClients:
                         await channel.close()
         except aiormq.exceptions.AMQPChannelError as exc:
             raise Undelivered(f"cannot bind {agent}'s receipts: {exc}", published=False) from exc
-        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+        except (TimeoutError, aiormq.exceptions.AMQPError, OSError, RuntimeError) as exc:
+            # RuntimeError: the connection closed meanwhile
             self._drop(link, exc)
             raise Undelivered(f"cannot bind {agent}'s receipts: {exc}", published=False) from exc
 
     async def _connect(self) -> _Link:
-        """Connect to the first node that answers (from the one after the last lost), check the
-        fleet's exchanges, declare the receipt queue and consume it."""
-        errors = []
+        """Connect to the first node that answers and is set up (from the one after the last
+        lost), check the fleet's exchanges, declare the receipt queue and consume it."""
+        failures: list[tuple[str, Exception]] = []
         for _ in self._urls:
             url = self._urls[self._node]
             try:
@@ -308,15 +352,25 @@ class AgentClients:
                     connection = aiormq.Connection(url, client_properties={"connection_name": "reach mcp"})
                     await connection.connect()
             except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
-                errors.append(f"{_safe(url)}: {exc or type(exc).__name__}")
+                failures.append((url, exc))
                 self._node = (self._node + 1) % len(self._urls)
                 continue
             try:
-                return await self._open(connection)
+                link = await self._open(connection)
+            except Undelivered as exc:
+                await _close(connection)
+                failures.append((url, exc))
+                self._node = (self._node + 1) % len(self._urls)
+                continue
             except BaseException:
                 await _close(connection)
                 raise
-        raise Undelivered(f"cannot reach the broker: {'; '.join(errors)}", published=False)
+            self._link = link
+            return link
+        if len(failures) == 1 and isinstance(failures[0][1], Undelivered):
+            raise failures[0][1]  # one node, reached but not set up: its own words
+        why = "; ".join(f"{_safe(url)}: {str(exc) or type(exc).__name__}" for url, exc in failures)
+        raise Undelivered(f"cannot reach the broker: {why}", published=False)
 
     async def _open(self, connection: aiormq.abc.AbstractConnection) -> _Link:
         try:
@@ -334,23 +388,27 @@ class AgentClients:
                 "the fleet's exchanges do not exist on this broker; run `reach setup` or start `reach router`",
                 published=False,
             ) from exc
-        except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as exc:
+        except (TimeoutError, aiormq.exceptions.AMQPError, OSError, RuntimeError) as exc:
             raise Undelivered(f"cannot set up with the broker: {exc}", published=False) from exc
         connection.closing.add_done_callback(lambda done: self._lost(link, done))
         return link
 
     async def _publishing(self, link: _Link) -> aiormq.abc.AbstractChannel:
         """The link's publishing channel (confirm mode, returns raised), opened again if the
-        broker closed it."""
+        broker closed it. Nothing is sent if this fails."""
         channel = link.publishing
         if channel is None or channel.is_closed:
             async with link.lock:
                 channel = link.publishing
                 if channel is None or channel.is_closed:
-                    with anyio.fail_after(self._timeout):
-                        channel = link.publishing = await link.connection.channel(
-                            publisher_confirms=True, on_return_raises=True
-                        )
+                    try:
+                        with anyio.fail_after(self._timeout):
+                            channel = link.publishing = await link.connection.channel(
+                                publisher_confirms=True, on_return_raises=True
+                            )
+                    except (TimeoutError, aiormq.exceptions.AMQPError, OSError, RuntimeError) as exc:
+                        self._drop(link, exc)
+                        raise Undelivered(f"cannot open a publishing channel: {exc}", published=False) from exc
         return channel
 
     def _drop(self, link: _Link, why: BaseException) -> None:
@@ -368,18 +426,27 @@ class AgentClients:
             self._link = None
             self._node = (self._node + 1) % len(self._urls)
         why = None if closing.cancelled() else closing.exception()
+        text = (str(why) or type(why).__name__) if why is not None else "closed"
         for waiter in self._waiting.values():
             if waiter.link is link and not waiter.receipt.done():
                 waiter.receipt.set_exception(
-                    Undelivered(f"lost the broker connection while waiting: {why or 'closed'}", published=True)
+                    Undelivered(f"lost the broker connection while waiting: {text}", published=True)
                 )
 
 
 async def _close(connection: aiormq.abc.AbstractConnection) -> None:
+    """Close ``connection``; what waits on it fails as a lost connection (aiormq's default,
+    CancelledError, would cancel the calls' tasks instead of answering them)."""
     try:
-        await connection.close()
+        await connection.close(aiormq.exceptions.ConnectionClosed(320, "closed by the facade"))
     except Exception as exc:  # noqa: BLE001 - it is going away either way
         log.debug("closing a broker connection failed: %s", exc)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a failed future's exception as seen (asyncio logs those nobody read)."""
+    if future.done() and not future.cancelled():
+        future.exception()
 
 
 def _safe(url: str) -> str:
