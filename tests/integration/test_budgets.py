@@ -52,6 +52,21 @@ def test_amounts_are_summed_until_the_next_one_does_not_fit(counter: RedisBudget
     assert counter.reserve(who, "shop", "i4", TAG, [Spend(b, 0.5)]).allowed  # exactly full fits
 
 
+def test_a_repeat_counted_longer_ago_than_outcomes_are_kept_is_not_waved_through() -> None:
+    """Within the pools' idempotency horizon a repeated intent is counted once (the pool answers it
+    from its ledger); past it the pool would run it again, so the repeat is not taken as counted."""
+    counter = RedisBudgets(redis.Redis.from_url(REDIS_URL), repeat_within_ms=400)
+    who, b = fresh(), budget(500, "1d")
+    assert counter.reserve(who, "shop", "x", TAG, [Spend(b, 300)]).allowed
+    assert counter.reserve(who, "shop", "x", TAG, [Spend(b, 300)]).allowed  # a repeat: counted once
+    assert counter.reserve(who, "shop", "y", TAG, [Spend(b, 200)]).allowed  # 300 + 200: it was once
+    time.sleep(0.6)
+    stale = counter.reserve(who, "shop", "x", TAG, [Spend(b, 300)])
+    assert not stale.allowed and stale.stale and not stale.reused and stale.over == ()
+    # and the window still holds x once: nothing more fits
+    assert counter.reserve(who, "shop", "z", TAG, [Spend(b, 1)]).over[0].used == 500
+
+
 def test_retry_after_is_when_enough_has_left_the_window(counter: RedisBudgets) -> None:
     who, b = fresh(), budget(10, "3s")
     assert counter.reserve(who, "shop", "a", TAG, [Spend(b, 2)]).allowed

@@ -131,7 +131,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         require_user_id=settings.require_user_id,
         semantic=semantic,
         semantic_rate=parse_rate(settings.semantic_rate),
-        budgets=RedisBudgets(redis_client),
+        budgets=RedisBudgets(redis_client, repeat_within_ms=int(settings.idempotency_ttl_seconds * 1000)),
     )
     batcher = Batcher(redis_client)
     audit = Audit(redis_client, "router", batcher=batcher)

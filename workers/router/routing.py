@@ -337,6 +337,14 @@ class Router:
                 "Send each new intent with a new intent_id.",
                 ref=ref,
             )
+        if verdict.stale:
+            # its outcome is no longer kept: it would run again, and a repeat is not counted again
+            return refuse(
+                ErrorCode.INVALID_INTENT,
+                f"intent id {intent_id[:80]} was used longer ago than its outcome is kept",
+                "Send each new intent with a new intent_id.",
+                ref=ref,
+            )
         hard = [e for e in verdict.over if e.budget.on_exceed == "reject"]
         gated = (agent_id, ref.connector.name, ref.action.action) in self.catalog.approvals
         if not hard and gated:

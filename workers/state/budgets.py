@@ -55,9 +55,11 @@ __all__ = [
 # the intent's record: "<tag> <the keys it was counted in>"
 # ARGV[1] intent id, ARGV[2] "1" to count without checking (parked past its budget), ARGV[3] the
 # intent's tag (budget_tag), then per budget: ARGV[3i+1] window (ms), ARGV[3i+2] max, ARGV[3i+3]
-# amount (text, > 0)
+# amount (text, > 0); last, ARGV[3n+4] how long (ms) a repeat of a counted intent is one (0: always)
 # returns {1} counted (or counted before under the same tag), {2} the id was counted with another
-# tag, {0, i, retry_after_ms, used, ...} every budget i that the amount does not fit
+# tag, {3} counted under the same tag longer ago than a repeat can be (its outcome is forgotten, so
+# it would run again uncounted), {0, i, retry_after_ms, used, ...} every budget i that the amount does
+# not fit
 _RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -78,7 +80,12 @@ local record = redis.call('GET', held)
 if record then
   if string.match(record, '^%S+') ~= ARGV[3] then return {2} end
   local first = KEYS[2]
-  if redis.call('HEXISTS', first, id) == 1 then return {1} end
+  if redis.call('HEXISTS', first, id) == 1 then
+    local horizon = tonumber(ARGV[3 * n + 4]) or 0
+    local counted = tonumber(redis.call('ZSCORE', KEYS[1], id) or now)
+    if horizon > 0 and now - counted > horizon then return {3} end
+    return {1}
+  end
 end
 if ARGV[2] ~= '1' then
   local over = {0}
@@ -170,6 +177,7 @@ class BudgetVerdict:
     allowed: bool
     over: tuple[Exceeded, ...] = ()  # every budget exceeded, in the order of the spends
     reused: bool = False  # the intent id was counted before for another payload (not counted now)
+    stale: bool = False  # counted for this payload longer ago than a repeat is answered (not counted now)
 
 
 def budget_tag(agent: str, connector: str, action: str, params: Any, idempotency_key: str) -> str:
@@ -251,8 +259,12 @@ def release_intent(client: redis.Redis, agent: str, intent_id: str, tag: str) ->
 class RedisBudgets:
     """The running fleet's budgets (the router reserves, the pool gives back)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, repeat_within_ms: int = 0) -> None:
+        """``repeat_within_ms``: how long the pools answer a repeated intent from their ledger
+        (REACH_IDEMPOTENCY_TTL). An intent counted longer ago would run again, so its repeat is not
+        waved through as already counted (0: no limit)."""
         self._client = client
+        self._repeat_within_ms = repeat_within_ms
         self._reserve = client.register_script(_RESERVE)
         self._refund = client.register_script(_REFUND)
 
@@ -274,11 +286,14 @@ class RedisBudgets:
         args: list[Any] = [intent_id, "1" if force else "0", tag]
         for spend in spends:
             args += [spend.budget.per_ms, repr(float(spend.budget.max)), _amount_text(spend.amount)]
+        args.append(self._repeat_within_ms)
         answer = self._reserve(keys=_keys(agent, connector, intent_id, [s.budget for s in spends]), args=args)
         if int(answer[0]) == 1:
             return BudgetVerdict(True)
         if int(answer[0]) == 2:
             return BudgetVerdict(False, reused=True)
+        if int(answer[0]) == 3:
+            return BudgetVerdict(False, stale=True)
         over = tuple(
             Exceeded(spends[int(answer[j]) - 1].budget, int(answer[j + 1]), float(text(answer[j + 2]) or 0))
             for j in range(1, len(answer), 3)
