@@ -49,7 +49,9 @@ def system() -> Iterator[CountingSystem]:
 
 @pytest.fixture(scope="module")
 def fleet(system: CountingSystem) -> Iterator[Fleet]:
-    with Fleet(CATALOG.format(url=system.url), pools=["shop"], env={"REACH_IDEMPOTENCY_TTL": "2s", "REACH_RECEIPT_TTL": "2s"}) as running:
+    with Fleet(
+        CATALOG.format(url=system.url), pools=["shop"], env={"REACH_IDEMPOTENCY_TTL": "2s", "REACH_RECEIPT_TTL": "2s"}
+    ) as running:
         yield running
 
 
