@@ -79,10 +79,11 @@ end
 local record = redis.call('GET', held)
 if record then
   if string.match(record, '^%S+') ~= ARGV[3] then return {2} end
+  local first_times = KEYS[1]
   local first = KEYS[2]
   if redis.call('HEXISTS', first, id) == 1 then
     local horizon = tonumber(ARGV[3 * n + 4]) or 0
-    local counted = tonumber(redis.call('ZSCORE', KEYS[1], id) or now)
+    local counted = tonumber(redis.call('ZSCORE', first_times, id) or now)
     if horizon > 0 and now - counted > horizon then return {3} end
     return {1}
   end
