@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tests.waiting import wait_for
-from workers.ops.processes import free_port
+from workers.ops.processes import free_ports
 
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 # run by the watchdog: once the test process (argv[1]) is gone, SIGTERM then SIGKILL every process
@@ -118,8 +118,9 @@ class RabbitCluster:
         cookie.chmod(0o400)
         (self.root / "enabled_plugins").write_text("[].\n")
         token = uuid.uuid4().hex[:6]
+        ports = free_ports(2 * size)  # distinct: an AMQP port equal to a dist port fails the boot
         self.nodes = [
-            Node(f"reach{i}-{token}@localhost", free_port(), free_port(), self.root / f"reach{i}")
+            Node(f"reach{i}-{token}@localhost", ports[2 * i - 2], ports[2 * i - 1], self.root / f"reach{i}")
             for i in range(1, size + 1)
         ]
         self._ctl = _tool("rabbitmqctl")

@@ -7,6 +7,7 @@ goes with it); nothing here signals a process it did not start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -27,6 +28,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every socket stays bound until all are picked, so the kernel
+    cannot hand the same port out twice (two ``free_port()`` calls can return the same one)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 @dataclass
