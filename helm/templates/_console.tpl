@@ -1,6 +1,7 @@
 {{/*
 The operator console (`reach console`): its checks and its environment. It reads Redis and the
-broker as the fleet does (commonEnv) and its users from a Secret of their own.
+broker as the fleet does (commonEnv) and its users from a Secret of their own. It loads the
+catalog too, so it gets the adapter files' variables (paths only, as the router and the MCP facade).
 */}}
 
 {{- define "agent-reach.consoleValidate" -}}
@@ -23,6 +24,9 @@ broker as the fleet does (commonEnv) and its users from a Secret of their own.
 {{- define "agent-reach.consoleEnv" -}}
 {{- $c := .Values.console }}
 {{ include "agent-reach.commonEnv" . }}
+{{- with include "agent-reach.fileEnv" . }}
+{{ . }}
+{{- end }}
 - name: REACH_CONSOLE_HOST
   value: "0.0.0.0"
 - name: REACH_CONSOLE_PORT

@@ -441,7 +441,7 @@ and different contents fail the release. Returns YAML {files: [...]}.
 
 {{/*
 The variables adapter files set (paths, never contents), for processes that load the catalog
-without calling systems (router, mcp): `wsdl: ${VAR}` must expand there too.
+without calling systems (router, mcp, console): `wsdl: ${VAR}` must expand there too.
 */}}
 {{- define "agent-reach.fileEnv" -}}
 {{- /* each variable once; which pool's path it gets does not matter here, nothing opens it */}}

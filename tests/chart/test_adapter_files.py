@@ -1,6 +1,7 @@
 """Adapter files in the chart (`files:`): client certificates and WSDL documents mounted read-only
 from Secrets and ConfigMaps into the pools that use them and into beat, with the variables the
-catalog reads (cert_env, key_env, ca_env, `wsdl: ${VAR}`) pointing at them."""
+catalog reads (cert_env, key_env, ca_env, `wsdl: ${VAR}`) pointing at them; the router, the MCP
+facade and the console load the catalog too, so they get the variables but no files."""
 
 from __future__ import annotations
 
@@ -12,9 +13,21 @@ import kubernetes_validate
 import pytest
 import trustme
 
+from connectors.adapters.base import AdapterOptions
+from connectors.adapters.soap import SoapAdapter
 from connectors.auth import ssl_context
 from connectors.catalog import load_catalog
-from tests.chart.chart import CRDS, KUBE_VERSION, container, env_of, lint, pod_spec, render, render_error
+from tests.chart.chart import (
+    CRDS,
+    KUBE_VERSION,
+    container,
+    env_of,
+    lint,
+    pod_spec,
+    render,
+    render_error,
+    scenario_values,
+)
 
 CATALOG = """
 connector:
@@ -51,9 +64,37 @@ agent_app:
       allowed_actions: [search]
 """
 
-TLS = {"name": "ledger-tls", "secret": "ledger-client-cert", "env": {"LEDGER_CERT": "tls.crt", "LEDGER_KEY": "tls.key"}}
-CA = {"name": "ledger-ca", "configMap": "ledger-ca", "mountPath": "/etc/ledger/ca", "env": {"LEDGER_CA": "ca.crt"}}
-WSDL = {"name": "ledger-wsdl", "configMap": "ledger-wsdl", "env": {"LEDGER_WSDL": "ledger.wsdl"}}
+# the ledger's service as its WSDL describes it: PostEntry(amount)
+LEDGER_WSDL = """<?xml version="1.0"?>
+<definitions name="Ledger" targetNamespace="urn:ledger" xmlns:tns="urn:ledger" xmlns="http://schemas.xmlsoap.org/wsdl/"
+  xmlns:soap="http://schemas.xmlsoap.org/wsdl/soap/" xmlns:xsd="http://www.w3.org/2001/XMLSchema">
+  <message name="PostEntryRequest"><part name="amount" type="xsd:decimal"/></message>
+  <message name="PostEntryResponse"><part name="entry_id" type="xsd:string"/></message>
+  <portType name="LedgerPort">
+    <operation name="PostEntry"><input message="tns:PostEntryRequest"/><output message="tns:PostEntryResponse"/></operation>
+  </portType>
+  <binding name="LedgerBinding" type="tns:LedgerPort">
+    <soap:binding style="rpc" transport="http://schemas.xmlsoap.org/soap/http"/>
+    <operation name="PostEntry"><soap:operation soapAction="urn:ledger#PostEntry"/>
+      <input><soap:body use="literal" namespace="urn:ledger"/></input>
+      <output><soap:body use="literal" namespace="urn:ledger"/></output></operation>
+  </binding>
+  <service name="Ledger"><port name="LedgerPort" binding="tns:LedgerBinding">
+    <soap:address location="https://ledger.internal/soap"/></port></service>
+</definitions>"""
+
+TLS: dict[str, Any] = {
+    "name": "ledger-tls",
+    "secret": "ledger-client-cert",
+    "env": {"LEDGER_CERT": "tls.crt", "LEDGER_KEY": "tls.key"},
+}
+CA: dict[str, Any] = {
+    "name": "ledger-ca",
+    "configMap": "ledger-ca",
+    "mountPath": "/etc/ledger/ca",
+    "env": {"LEDGER_CA": "ca.crt"},
+}
+WSDL: dict[str, Any] = {"name": "ledger-wsdl", "configMap": "ledger-wsdl", "env": {"LEDGER_WSDL": "ledger.wsdl"}}
 
 
 def values(ledger_files: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -111,6 +152,27 @@ def test_the_router_gets_the_paths_so_the_catalog_loads_but_neither_files_nor_se
     assert not [name for name in mounts(router) if name.startswith("file-")]
 
 
+def test_the_console_gets_the_paths_so_the_catalog_loads_but_neither_files_nor_secrets() -> None:
+    console = {"enabled": True, "users": {"existingSecret": "reach-console-users"}}
+    deployment = render(values([TLS, CA, WSDL], console=console)).component("console")
+    env = env_of(deployment)
+    assert env["LEDGER_WSDL"]["value"] == "/etc/agent-reach/files/ledger-wsdl/ledger.wsdl"
+    assert env["LEDGER_CERT"]["value"] == "/etc/agent-reach/files/ledger-tls/tls.crt"
+    assert env["LEDGER_CA"]["value"] == "/etc/ledger/ca/ca.crt"
+    assert not [name for name in mounts(deployment) if name.startswith("file-")]
+    assert not [name for name in volumes(deployment) if name.startswith("file-")]
+
+
+def test_the_mcp_facade_gets_the_paths_so_the_catalog_loads_but_neither_files_nor_secrets() -> None:
+    deployment = render(values([TLS, CA, WSDL], mcp=scenario_values("mcp")["mcp"])).component("mcp")
+    env = env_of(deployment)
+    assert env["LEDGER_WSDL"]["value"] == "/etc/agent-reach/files/ledger-wsdl/ledger.wsdl"
+    assert env["LEDGER_KEY"]["value"] == "/etc/agent-reach/files/ledger-tls/tls.key"
+    assert env["LEDGER_CA"]["value"] == "/etc/ledger/ca/ca.crt"
+    assert not [name for name in mounts(deployment) if name.startswith("file-")]
+    assert not [name for name in volumes(deployment) if name.startswith("file-")]
+
+
 def test_defaults_apply_to_every_pool_and_a_pools_own_entry_wins_by_name() -> None:
     shared_ca = {"name": "corp-ca", "configMap": "corp-ca", "env": {"CORP_CA": "ca.crt"}}
     own_ca = {"name": "corp-ca", "configMap": "ledger-only-ca", "mountPath": "/etc/ledger/corp-ca"}
@@ -142,24 +204,36 @@ def test_the_rendered_objects_are_valid_kubernetes_and_lint_is_clean() -> None:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
-def test_the_mounted_layout_is_what_the_mtls_auth_reads(tmp_path: Path) -> None:
-    """The paths the chart sets are the ones connectors.auth opens: lay real certificates out as
-    the Secret mount would and build the pool's TLS context from the rendered environment."""
+def test_the_mounted_layout_is_what_the_mtls_auth_and_the_soap_adapter_read(tmp_path: Path) -> None:
+    """The paths the chart sets are the ones the pool opens: lay real certificates and the WSDL
+    out as the Secret and ConfigMap mounts would, then build the pool's TLS context and load the
+    WSDL through the SOAP adapter from the rendered environment."""
     ca = trustme.CA()
     cert = ca.issue_cert("ledger.internal")
-    mount = tmp_path / "ledger-tls"
-    mount.mkdir()
-    cert.cert_chain_pems[0].write_to_path(str(mount / "tls.crt"))
-    cert.private_key_pem.write_to_path(str(mount / "tls.key"))
-    ca.cert_pem.write_to_path(str(mount / "ca.crt"))
-    files = [{**TLS, "mountPath": str(mount), "env": {**TLS["env"], "LEDGER_CA": "ca.crt"}}]
+    tls, wsdl = tmp_path / "ledger-tls", tmp_path / "ledger-wsdl"
+    tls.mkdir()
+    wsdl.mkdir()
+    cert.cert_chain_pems[0].write_to_path(str(tls / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(tls / "tls.key"))
+    ca.cert_pem.write_to_path(str(tls / "ca.crt"))
+    (wsdl / "ledger.wsdl").write_text(LEDGER_WSDL)
+    files = [
+        {**TLS, "mountPath": str(tls), "env": {**TLS["env"], "LEDGER_CA": "ca.crt"}},
+        {**WSDL, "mountPath": str(wsdl)},
+    ]
     env = {name: e["value"] for name, e in env_of(render(values(files)).pool("ledger")).items() if "value" in e}
     (tmp_path / "catalog").mkdir()
     (tmp_path / "catalog" / "ledger.yaml").write_text(CATALOG)
-    ledger = load_catalog(tmp_path / "catalog", environ={**env, "LEDGER_WSDL": "/unused.wsdl"}).connectors["ledger"]
+    ledger = load_catalog(tmp_path / "catalog", environ=env).connectors["ledger"]
     assert ledger.auth is not None
     context = ssl_context(ledger.auth, "ledger", env)
     assert context.verify_mode.name == "CERT_REQUIRED"
+    adapter = SoapAdapter(ledger, AdapterOptions(max_connections=1, environ=env))
+    try:
+        service = adapter.service()  # reads the file at the mounted path (WsdlError if it is not there)
+    finally:
+        adapter.close()
+    assert list(service.operations) == ["PostEntry"] and service.address == "https://ledger.internal/soap"
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 The answering agents run producers.serve.AgentServer (or, for the raw wire, a plain AMQP consumer)
 on the fleet's broker. Covered: success and error answers, a silent agent (unknown for a write, a
-retried timeout for a read), an agent that is not running, malformed answers, the hop limit that
-stops agents calling each other in a loop, and the broker permissions of an agent's own user."""
+retried timeout for a read), an agent that is not running, malformed answers, the idempotency ledger
+and the breaker in front of an agent, the hop limit that stops agents calling each other in a loop,
+and the broker permissions of an agent's own user."""
 
 from __future__ import annotations
 
@@ -66,6 +67,15 @@ connector:
         order_id: {{type: string, required: true}}
 ---
 connector:
+  name: fragile_desk
+  type: agent
+  agent: fragile_bot
+  retry: {{max_attempts: 1}}
+  breaker: {{fail_max: 2, reset_timeout: 30s}}
+  actions:
+    - {{action: check, timeout: 3s, input: {{order_id: {{type: string, required: true}}}}}}
+---
+connector:
   name: ping_a
   type: agent
   agent: loop_a
@@ -93,6 +103,7 @@ agent_app:
   connector_bindings:
     - {{connector: helper_desk, allowed_actions: ["*"]}}
     - {{connector: alpha_desk, allowed_actions: ["*"]}}
+    - {{connector: fragile_desk, allowed_actions: ["*"]}}
 ---
 agent_app:
   name: loop_a
@@ -108,7 +119,7 @@ agent_app:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    with Fleet(CATALOG, ["helper_desk", "ping_a", "ping_b", "alpha_desk"]) as running:
+    with Fleet(CATALOG, ["helper_desk", "fragile_desk", "ping_a", "ping_b", "alpha_desk"]) as running:
         yield running
 
 
@@ -206,6 +217,48 @@ def test_an_agent_that_is_not_running_is_unreachable_at_once(fleet: Fleet) -> No
 def test_serving_an_agent_no_connector_names_says_what_is_missing(fleet: Fleet) -> None:
     with pytest.raises(AgentServeError, match="reach.agent.nobody_asked"):
         serving("nobody_asked", {}).start(timeout=10)
+
+
+# -- the pool's ledger and breaker in front of the agent ---------------------------------------------------
+
+
+def test_the_same_idempotency_key_reaches_the_agent_once_and_answers_the_first_outcome(fleet: Fleet) -> None:
+    notes: list[tuple[str, str | None]] = []
+
+    def make_note(params: dict[str, Any], request: Request) -> dict[str, Any]:
+        notes.append((params["text"], request.idempotency_key))
+        return {"note_id": f"N-{len(notes)}"}
+
+    key = f"note-{uuid.uuid4().hex}"
+    with serving("helper_bot", {"make_note": make_note}), agent("desk_bot") as desk:
+        first = desk.call("make_note", {"text": "call back"}, timeout=20, idempotency_key=key)
+        second = desk.call("make_note", {"text": "call back"}, timeout=20, idempotency_key=key)
+    assert first.status == second.status == "succeeded", (first, second)
+    assert first.data == second.data == {"note_id": "N-1"}
+    assert second.execution.deduplicated and not first.execution.deduplicated
+    assert second.intent_id != first.intent_id
+    assert notes == [("call back", key)]  # a write that is not idempotent: answered from the ledger
+
+
+def test_an_agent_failing_fail_max_times_opens_the_breaker_and_the_next_intent_never_reaches_it(
+    fleet: Fleet,
+) -> None:
+    calls: list[str] = []
+
+    def check(params: dict[str, Any], request: Request) -> Any:
+        calls.append(params["order_id"])
+        raise AgentError("DOWNSTREAM_ERROR", "the order backend is down")
+
+    with serving("fragile_bot", {"check": check}), agent("desk_bot") as desk:
+        failed = [desk.call("fragile_desk.check", {"order_id": f"O-{n}"}, timeout=20) for n in range(2)]
+        refused = desk.call("fragile_desk.check", {"order_id": "O-2"}, timeout=20)
+    assert [error_code(r) for r in failed] == ["DOWNSTREAM_ERROR", "DOWNSTREAM_ERROR"], failed
+    assert all(r.error is not None and r.error.message == "the order backend is down" for r in failed)
+    assert refused.status == "rejected" and error_code(refused) == "CONNECTOR_UNAVAILABLE", refused
+    assert refused.error is not None and refused.error.retryable and refused.error.retry_after_ms
+    # refused by the router (its words, no attempt), not dispatched to the pool to be refused there
+    assert "circuit breaker of fragile_desk is open" in refused.error.message and refused.execution.attempts == 0
+    assert calls == ["O-0", "O-1"]  # fail_max 2 and no retries: two requests, no third
 
 
 # -- the raw wire, as an agent in another language speaks it ------------------------------------------
