@@ -127,6 +127,15 @@ def test_the_chart_runs_the_same_reach_commands() -> None:
         assert c["command"] == ["reach"] and c["args"][0] in reach_cli.commands
 
 
+def test_compose_redis_keeps_an_append_only_file_on_a_volume() -> None:
+    # intents parked for approval live only in Redis (docs/operations.md, "Persistence: parked approvals")
+    redis = SERVICES["redis"]
+    command = redis["command"]
+    assert command[0] == "redis-server" and command[command.index("--appendonly") + 1] == "yes"
+    volume, data_dir = redis["volumes"][0].split(":")
+    assert data_dir == "/data" and volume in COMPOSE["volumes"]  # the image's data dir, kept across recreation
+
+
 def test_compose_refers_only_to_files_that_exist() -> None:
     for name, service in SERVICES.items():
         for volume in service.get("volumes", []):

@@ -1,12 +1,16 @@
-"""Replicated Redis set-ups on this machine, for the tests and benchmarks: a Redis Cluster and a
-Sentinel-watched master with a replica, each a handful of ``redis-server`` processes on free
-loopback ports, started and stopped by PID (``workers.ops.processes.ProcessGroup``).
+"""Redis set-ups on this machine, for the tests and benchmarks: a Redis Cluster, a
+Sentinel-watched master with a replica, and one server that persists what it is sent (AOF), each
+``redis-server`` processes on free loopback ports, started and stopped by PID
+(``workers.ops.processes.ProcessGroup``).
 
     with LocalCluster(masters=3, replicas=1) as cluster:     # cluster.url: redis+cluster://...
         ...
     with LocalSentinel() as sentinel:                         # sentinel.url: redis+sentinel://.../reach/0
         sentinel.kill_master()                                # kill -9
         sentinel.wait_failover()                              # the replica is the master now
+    with LocalRedis() as server:                              # server.url: redis://127.0.0.1:PORT/0
+        server.kill()                                         # kill -9
+        server.start()                                        # again, from its append-only file
 
 One sentinel, not three: these set-ups test the fleet's side of a failover (finding the new
 master, retrying, waiting for replicas), not Sentinel's own agreement, which a quorum of one
@@ -37,7 +41,7 @@ from typing import Any
 
 import redis
 
-from workers.ops.processes import ProcessGroup, free_port
+from workers.ops.processes import ProcessGroup, free_port, free_ports
 
 SENTINEL_SERVICE = "reach"
 
@@ -71,25 +75,51 @@ class _Servers:
         self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.group = ProcessGroup(self.dir)
 
-    def start(self, name: str, port: int, *args: str) -> None:
-        common = [
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.dir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
+    def start(self, name: str, port: int, *args: str, persist: bool = False) -> None:
+        """``persist``: keep an append-only file in the dir, fsynced before each write is answered."""
+        aof = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+        common = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "", *aof]
         self.group.start(name, [self.binary, *args, *common, "--logfile", ""])
         _wait(lambda: redis.Redis(port=port, socket_connect_timeout=0.5).ping(), 10, f"{name} did not answer")
 
     def stop(self) -> None:
         self.group.stop_all(grace=5)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class LocalRedis:
+    """One server with persistence on (AOF, ``appendfsync always``, no RDB snapshots): what it
+    answered is on disk, so after ``kill()`` (kill -9) ``start()`` brings it back on the same port
+    from the same directory with every acknowledged write."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._servers = _Servers("reach-redis-aof-")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> LocalRedis:
+        try:
+            self._servers.start("redis", self.port, persist=True)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self) -> int:
+        """kill -9 (a crash: no SHUTDOWN, no last save); returns its pid."""
+        return self._servers.group.kill("redis")
+
+    def stop(self) -> None:
+        self._servers.stop()
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class LocalCluster:
@@ -110,7 +140,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         try:
             for i in range(self.masters * (1 + self.replicas)):
-                port = free_port()
+                port, bus = free_ports(2)  # distinct: a bus port equal to the port fails the start
                 self.ports.append(port)
                 self._servers.start(
                     f"node{i}",
@@ -120,7 +150,7 @@ class LocalCluster:
                     "--cluster-config-file",
                     f"nodes-{port}.conf",
                     "--cluster-port",  # the bus port: port + 10000 may be past 65535 or taken
-                    str(free_port()),
+                    str(bus),
                     "--cluster-node-timeout",
                     "2000",
                 )
@@ -161,7 +191,7 @@ class LocalSentinel:
     """A master, one replica and one sentinel watching them as service ``reach``."""
 
     def __init__(self, replica_delay: float = 0.0, down_after_ms: int = 1000, sentinel: bool = True) -> None:
-        self.master_port, self.replica_port, self.sentinel_port = free_port(), free_port(), free_port()
+        self.master_port, self.replica_port, self.sentinel_port = free_ports(3)
         self.replica_delay = replica_delay
         self.down_after_ms = down_after_ms
         self.with_sentinel = sentinel

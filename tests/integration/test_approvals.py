@@ -176,6 +176,21 @@ def test_an_approved_intent_runs_exactly_the_parked_payload_once(
     assert approvals.get_approval(store, notice.approval_id).state == "approved"  # type: ignore[union-attr]
     assert not store.hexists(keys.approval(notice.approval_id), "job")  # finished: only hash and redacted params
 
+    # what an operator sees of it: `reach trace INTENT_ID` names the decision, who made it and the hash
+    from click.testing import CliRunner
+
+    from workers.ops.cli import main
+
+    traced = CliRunner().invoke(
+        main, ["trace", intent], env={"REACH_REDIS_URL": REDIS_URL, "REACH_BROKER_URL": BROKER_URL}
+    )
+    assert traced.exit_code == 0, traced.output
+    decided = [line for line in traced.stdout.splitlines() if " approval_approved " in line]
+    assert len(decided) == 1, traced.stdout
+    assert "decided_by=alice" in decided[0] and "reason=checked the order" in decided[0]
+    assert f"payload_hash={shown.payload_hash}" in decided[0] and f"approval_id={notice.approval_id}" in decided[0]
+    assert "4111" not in traced.output
+
 
 def test_a_denied_intent_never_reaches_the_system(
     client: ReachClient, system: CountingSystem, store: redis.Redis

@@ -21,9 +21,19 @@ from connectors.spec import Binding, BudgetSpec, parse_budget_window
 from producers.wire import ErrorCode
 from workers.router.intake import RawMessage
 from workers.router.routing import Answer, Dispatch, Router
+from workers.settings import Settings
 from workers.state import budgets as budgets_module
 from workers.state import keys
-from workers.state.budgets import BudgetVerdict, Exceeded, Spend, budget_index, budget_tag, gives_back
+from workers.state.approvals import RETENTION_MS as APPROVALS_KEPT_MS
+from workers.state.budgets import (
+    BudgetVerdict,
+    Exceeded,
+    Spend,
+    budget_index,
+    budget_tag,
+    gives_back,
+    repeat_window_ms,
+)
 from workers.transport.receipts import build_receipt
 
 CONNECTOR = """\
@@ -453,6 +463,20 @@ def test_the_router_counts_under_the_tag_that_the_pool_and_approvals_give_back_w
     assert counter.calls == [("i-1", tag, False)]
     other = decide(budgeted, counter, {"order": "o1", "amount": 61})
     assert isinstance(other, Dispatch) and counter.calls[-1][1] != tag  # the same id, another payload
+
+
+@pytest.mark.parametrize(
+    ("idempotency_ttl", "window_ms"),
+    [("1h", 3_600_000), ("86399", 86_399_000), ("24h", APPROVALS_KEPT_MS), ("168h", APPROVALS_KEPT_MS)],
+)
+def test_a_repeat_counts_as_counted_only_while_the_ledger_and_its_approval_are_both_on_record(
+    idempotency_ttl: str, window_ms: int
+) -> None:
+    # the shorter of REACH_IDEMPOTENCY_TTL and the approvals' retention (a day): a longer ledger
+    # does not stretch it, since a repeat whose approval is forgotten would be parked again
+    assert APPROVALS_KEPT_MS == 24 * 3600 * 1000
+    settings = Settings.from_env({"REACH_IDEMPOTENCY_TTL": idempotency_ttl})
+    assert repeat_window_ms(settings.idempotency_ttl_seconds) == window_ms
 
 
 def test_validate_refuses_a_nullable_budget_param_with_its_line() -> None:

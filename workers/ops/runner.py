@@ -103,9 +103,8 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     from workers.router.routing import Router
     from workers.router.runtime import RouterRuntime
     from workers.router.semantic import SemanticRouting
-    from workers.state.approvals import RETENTION_MS as approvals_kept_ms
     from workers.state.approvals import ApprovalStore
-    from workers.state.budgets import RedisBudgets
+    from workers.state.budgets import RedisBudgets, repeat_window_ms
     from workers.state.embeddings import RedisVectorCache
     from workers.state.guards import RedisGuards
     from workers.state.ratelimit import RedisRateLimiter, parse_rate
@@ -132,11 +131,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         require_user_id=settings.require_user_id,
         semantic=semantic,
         semantic_rate=parse_rate(settings.semantic_rate),
-        # a repeat is "counted already" only while the pools answer it from their ledger and an
-        # approval it had is still on record (else it would run again, or park and give back again)
-        budgets=RedisBudgets(
-            redis_client, repeat_within_ms=min(int(settings.idempotency_ttl_seconds * 1000), approvals_kept_ms)
-        ),
+        budgets=RedisBudgets(redis_client, repeat_within_ms=repeat_window_ms(settings.idempotency_ttl_seconds)),
     )
     batcher = Batcher(redis_client)
     audit = Audit(redis_client, "router", batcher=batcher)

@@ -28,6 +28,7 @@ from connectors.catalog import ALL_ACTIONS, Catalog
 from connectors.spec import BudgetSpec
 from producers.wire import Receipt
 from workers.state import keys
+from workers.state.approvals import RETENTION_MS as APPROVALS_KEPT_MS
 from workers.state.approvals import payload_hash
 from workers.state.client import eval_into, text
 
@@ -44,6 +45,7 @@ __all__ = [
     "gives_back",
     "refund_into",
     "release_intent",
+    "repeat_window_ms",
 ]
 
 # In the scripts: at most 1000 entries that left the window are forgotten per call (the rest on
@@ -184,6 +186,15 @@ class BudgetVerdict:
 def budget_tag(agent: str, connector: str, action: str, params: Any, idempotency_key: str) -> str:
     """What a count is bound to: the hash of what the intent asks (the approvals' payload hash)."""
     return payload_hash(agent, connector, action, params, idempotency_key)
+
+
+def repeat_window_ms(idempotency_ttl_seconds: int) -> int:
+    """How long a repeat of a counted intent counts as counted already (``RedisBudgets``'
+    ``repeat_within_ms``): while the pools answer it from their ledger (REACH_IDEMPOTENCY_TTL)
+    *and* an approval it had is still on record (``workers.state.approvals.RETENTION_MS``),
+    whichever ends first. Past the ledger's time it would run again; past the approval's, it
+    would be parked, and given back, again."""
+    return min(idempotency_ttl_seconds * 1000, APPROVALS_KEPT_MS)
 
 
 class BudgetCounter(Protocol):
