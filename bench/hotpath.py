@@ -44,6 +44,7 @@ from workers.state.breaker import SharedBreaker  # noqa: E402
 from workers.state.guards import RedisGuards  # noqa: E402
 from workers.state.ledger import Heartbeat, Ledger  # noqa: E402
 from workers.transport.app import JobMessages, create_app  # noqa: E402
+from workers.transport.dispatch import Dispatcher  # noqa: E402
 from workers.transport.publisher import BatchPublisher, Publisher  # noqa: E402
 from workers.transport.receipts import ReceiptSink  # noqa: E402
 from workers.transport.topology import connector_queue, declare_all  # noqa: E402
@@ -77,7 +78,9 @@ def main() -> int:
     router = Router(
         catalog, max_intent_bytes=settings.max_intent_bytes, guards=RedisGuards(client, dict(catalog.connectors), {})
     )
-    runtime = RouterRuntime(router, JobMessages(app), sink, publisher, Audit(client, "router", batcher=batcher))
+    runtime = RouterRuntime(
+        router, Dispatcher(publisher, JobMessages(app)), sink, publisher, Audit(client, "router", batcher=batcher)
+    )
     spec = catalog.connectors[catalogs.FAST]
     heartbeat = Heartbeat(client).start()
     pool = PoolRuntime(

@@ -29,6 +29,7 @@ from workers.router.approvals import PublisherOutlet, Settler
 from workers.settings import Settings
 from workers.state.approvals import ApprovalRecord, ApprovalStore
 from workers.transport.app import JobMessages, create_app
+from workers.transport.dispatch import Dispatcher
 from workers.transport.job import JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, iso
@@ -281,4 +282,6 @@ def _publishing(broker_url: str) -> tuple[Publisher, JobMessages]:
 
 def _outlet(broker_url: str, client: redis.Redis, receipt_ttl_seconds: int) -> PublisherOutlet:
     publisher, jobs = _publishing(broker_url)
-    return PublisherOutlet(publisher, jobs, ReceiptSink(publisher, client, receipt_ttl_seconds))
+    # a connector queue found missing is not declared from here (this tool does not know the
+    # fleet's queue type): the decision stands, and a router's sweep dispatches it, declaring it
+    return PublisherOutlet(Dispatcher(publisher, jobs), ReceiptSink(publisher, client, receipt_ttl_seconds))

@@ -33,6 +33,7 @@ from workers.state.ledger import Heartbeat, Ledger
 from workers.transport.app import JobMessages, create_app
 from workers.transport.consuming import Bulkhead, bulkhead_consumer, sender_key, threaded_consumer
 from workers.transport.delivery import handler_for
+from workers.transport.dispatch import Dispatcher
 from workers.transport.pause import Watched, install_pause_watcher
 from workers.transport.publisher import BatchPublisher, Publisher
 from workers.transport.receipts import ReceiptLimits, ReceiptSink
@@ -137,11 +138,13 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     audit = Audit(redis_client, "router", batcher=batcher)
     # intents that wait for a person; the sweep runs in every router (beat is optional)
     approvals = ApprovalStore(redis_client)
-    Sweeper(approvals, Settler(approvals, PublisherOutlet(publisher, JobMessages(app), sink), audit)).start()
+    # a connector queue found missing (deleted while the fleet runs) is declared again at dispatch
+    dispatcher = Dispatcher(publisher, JobMessages(app), app.connection_for_write, settings.queue_type)
+    Sweeper(approvals, Settler(approvals, PublisherOutlet(dispatcher, sink), audit)).start()
     metrics.APPROVALS_PENDING.set_function(lambda: _or_nan(approvals.pending_total))
     runtime = RouterRuntime(
         router,
-        JobMessages(app),
+        dispatcher,
         sink,
         publisher,
         audit,

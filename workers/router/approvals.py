@@ -24,11 +24,11 @@ from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
 from workers.state.approvals import IN_PROGRESS, ApprovalRecord, ApprovalStore, Parked
 from workers.state.budgets import release_intent
-from workers.transport.app import JobMessages
+from workers.transport.dispatch import Dispatcher
 from workers.transport.job import Job, JobDecodeError, parse_job_json
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, build_receipt, iso, job_receipt
-from workers.transport.topology import DISPATCH_EXCHANGE, RECEIPTS_EXCHANGE, connector_queue_name
+from workers.transport.topology import RECEIPTS_EXCHANGE
 
 log = logging.getLogger("reach.approvals")
 
@@ -70,22 +70,15 @@ class Outlet(Protocol):
 
 
 class PublisherOutlet:
-    """Confirmed publishes through a :class:`Publisher` (the router's, or one of the operator tools')."""
+    """Confirmed publishes: jobs through a :class:`Dispatcher`, receipts through a sink (the
+    router's, or one of the operator tools')."""
 
-    def __init__(self, publisher: Publisher, jobs: JobMessages, sink: ReceiptSink) -> None:
-        self.publisher = publisher
-        self.jobs = jobs
+    def __init__(self, dispatcher: Dispatcher, sink: ReceiptSink) -> None:
+        self.dispatcher = dispatcher
         self.sink = sink
 
     def dispatch(self, job: Job) -> None:
-        body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
-        self.publisher.publish(
-            body,
-            exchange=DISPATCH_EXCHANGE,
-            routing_key=connector_queue_name(job.connector),
-            headers=headers,
-            **properties,
-        )
+        self.dispatcher.dispatch(job)  # Unroutable: the claim stays, and a router's sweep tries again
 
     def answer(self, receipt: Receipt, routing_key: str) -> None:
         self.sink.send(receipt, routing_key)  # once: a receipt already sent is not sent again

@@ -23,11 +23,11 @@ from workers.router.approvals import Park, Parking
 from workers.router.intake import RawMessage, fail_identity, new_trace_id
 from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.state.budgets import gives_back
-from workers.transport.app import JobMessages
 from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
-from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt
-from workers.transport.topology import DEFAULT_EXCHANGE, DISPATCH_EXCHANGE, DLQ
+from workers.transport.dispatch import Dispatcher
+from workers.transport.publisher import Publisher, Unroutable
+from workers.transport.receipts import ReceiptSink, build_receipt, job_receipt
+from workers.transport.topology import DEFAULT_EXCHANGE, DLQ
 
 log = logging.getLogger("reach.router")
 
@@ -44,7 +44,7 @@ class RouterRuntime:
     def __init__(
         self,
         router: Router,
-        jobs: JobMessages,
+        dispatcher: Dispatcher,
         sink: ReceiptSink,
         publisher: Publisher,
         audit: Audit,
@@ -54,7 +54,7 @@ class RouterRuntime:
         parking: Parking | None = None,
     ) -> None:
         self.router = router
-        self.jobs = jobs
+        self.dispatcher = dispatcher  # jobs onto connector queues (the publisher: receipts and letters)
         self.sink = sink
         self.publisher = publisher
         self.audit = audit
@@ -122,7 +122,10 @@ class RouterRuntime:
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
-            self._dispatch(decision, received, raw.received_at)
+            try:
+                self._dispatch(decision, received, raw.received_at)
+            except Unroutable as exc:
+                self._unroutable(decision, received, exc)
             return
         if isinstance(decision, Park):
             if self.parking is None:
@@ -186,13 +189,10 @@ class RouterRuntime:
                 # the pool's spans become children of this one
                 context = route.get_span_context()
                 job = job.model_copy(update={"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-01"})
-            body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
             # the stage's time is the dispatch, not the confirm: the pool may log its attempt before
             # the confirm comes back, and `reach trace` orders stages by time
             dispatched_at = round(time.time(), 6)
-            self.publisher.publish(
-                body, exchange=DISPATCH_EXCHANGE, routing_key=decision.queue, headers=headers, **properties
-            )
+            self.dispatcher.dispatch(job)
         metrics.INTENTS_DISPATCHED.labels(connector=job.connector).inc()
         ref = self.router.catalog.refs[(job.connector, job.action)]
         binding = self.router.catalog.binding(job.agent_id, job.connector)
@@ -257,6 +257,32 @@ class RouterRuntime:
             return (raw.body, "full") if self.keep_unparsable else (b"", "none")
         return redacted, "redacted" if redacted != raw.body else "full"
 
+    def _unroutable(self, decision: Dispatch, received: dict[str, Any], exc: Unroutable) -> None:
+        """The connector's queue is missing and could not be declared again: the intent was not
+        dispatched, so it is answered CONNECTOR_UNAVAILABLE (retryable) and its budget given back."""
+        job = decision.job
+        log.error("intent %s not dispatched: %s", job.intent_id, exc)
+        self.router.release(job)
+        receipt = job_receipt(
+            job,
+            None,
+            code=ErrorCode.CONNECTOR_UNAVAILABLE,
+            message=f"the queue of connector {job.connector} is missing on the broker",
+            suggestion="Retry later; operators were told.",
+            retry_after_ms=UNROUTABLE_RETRY_MS,
+        )
+        self.sink.send(receipt, job.reply_to)
+        metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
+        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
+        self.audit.events(
+            job.intent_id,
+            [
+                ("received", {**received, **common, "format": job.format}),
+                ("rejected", {**common, "code": ErrorCode.CONNECTOR_UNAVAILABLE.value, "reason": "queue missing"}),
+            ],
+            agent=job.agent_id,
+        )
+
     def _internal(self, raw: RawMessage) -> Answer:
         intent_id, agent_id = fail_identity(raw)
         receipt = build_receipt(
@@ -273,6 +299,7 @@ class RouterRuntime:
         return Answer(receipt, agent_id, dead_letter_reason="router error")
 
 
+UNROUTABLE_RETRY_MS = 5000  # a pool that reconnects declares its queue again within seconds
 TRANSIENT_PAUSE_SECONDS = 1.0  # as the pools' pause: REACH_MAX_DELIVERIES tries span a Redis failover of seconds
 
 

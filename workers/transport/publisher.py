@@ -52,6 +52,12 @@ CONFIRM_TIMEOUT = 30.0
 # still publish — publishing it again on the careful path would send it twice
 BATCH_WAIT_SECONDS = CONFIRM_TIMEOUT + WAIT_SECONDS + 5
 MAX_BATCH = 200
+NO_ROUTE = 312  # basic.return's reply code for a mandatory message no queue took
+
+
+class Unroutable(Exception):
+    """The broker confirmed a ``mandatory`` message and returned it: no queue was bound for its
+    routing key (e.g. a connector's queue deleted while the fleet ran), so nobody will read it."""
 
 
 class Publisher:
@@ -59,7 +65,7 @@ class Publisher:
         self._pool = producer_pool
         self._batcher = batcher  # writes the ``then`` of confirmed messages
         self._local = threading.local()
-        self._spare: queue.SimpleQueue[tuple[Connection, Producer]] = queue.SimpleQueue()
+        self._spare: queue.SimpleQueue[tuple[Connection, Producer, list[str]]] = queue.SimpleQueue()
 
     def prewarm(self, count: int) -> int:
         """Open ``count`` connections now, for the first publishing threads to take.
@@ -81,18 +87,25 @@ class Publisher:
         routing_key: str,
         headers: dict[str, Any] | None = None,
         then: Commands | None = None,
+        mandatory: bool = False,
         **properties: Any,
     ) -> None:
         """Returns once the broker confirmed the message; raises if it could not be published.
 
         ``then``: Redis commands to write once the message is confirmed and before this returns
-        (needs a ``batcher``), e.g. a receipt's "sent" mark; a failure to write them is logged."""
+        (needs a ``batcher``), e.g. a receipt's "sent" mark; a failure to write them is logged.
+
+        Raises:
+            Unroutable: ``mandatory`` and no queue took the message (``then`` is not written).
+        """
         if then is not None and self._batcher is None:
             raise ValueError("publish(then=...) needs a Publisher built with a batcher")
         producer: Producer | None = getattr(self._local, "producer", None)
         if producer is None:
             producer = self._open()
         if producer is not None:
+            returned: list[str] = self._local.returned
+            returned.clear()
             try:
                 producer.publish(
                     body,
@@ -102,10 +115,9 @@ class Publisher:
                     content_encoding="utf-8",
                     delivery_mode=2,
                     headers=headers or {},
+                    mandatory=mandatory,
                     **properties,
                 )
-                self._write_then([then] if then is not None else [])
-                return
             except amqp.exceptions.MessageNacked:
                 raise  # the broker refused this message (a full queue): publishing it again changes nothing
             except Exception as exc:  # connection or channel trouble: the careful path decides
@@ -115,7 +127,13 @@ class Publisher:
                     exc,
                 )
                 self._close()
-        self._careful(body, exchange, routing_key, headers, properties)
+            else:
+                # the return comes before the confirm, on this thread's own connection
+                if returned:
+                    raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
+                self._write_then([then] if then is not None else [])
+                return
+        self._careful(body, exchange, routing_key, headers, properties, mandatory)
         self._write_then([then] if then is not None else [])
 
     def _write_then(self, thens: list[Commands]) -> None:
@@ -141,39 +159,58 @@ class Publisher:
         routing_key: str,
         headers: dict[str, Any] | None,
         properties: dict[str, Any],
+        mandatory: bool = False,
     ) -> None:
         """Pooled producer, exchange declared, bounded retries: when the fast path failed."""
+        returned: list[str] = []
+
+        def on_return(exc: Exception, *_: Any) -> None:
+            returned.append(str(exc))
+
         with self._pool.acquire(block=True, timeout=30) as pooled:
-            pooled.publish(
-                body,
-                exchange=exchange,
-                routing_key=routing_key,
-                content_type="application/json",
-                content_encoding="utf-8",
-                delivery_mode=2,
-                headers=headers or {},
-                declare=[exchange] if exchange.name else [],
-                retry=True,
-                retry_policy=RETRY_POLICY,
-                **properties,
-            )
+            handlers = pooled.channel.events["basic_return"] if mandatory else None
+            if handlers is not None:
+                handlers.add(on_return)
+            try:
+                pooled.publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    headers=headers or {},
+                    declare=[exchange] if exchange.name else [],
+                    retry=True,
+                    retry_policy=RETRY_POLICY,
+                    mandatory=mandatory,
+                    **properties,
+                )
+            finally:
+                if handlers is not None:
+                    handlers.discard(on_return)
+        if returned:
+            raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
 
     def _open(self) -> Producer | None:
         """This thread's own producer, or None when the broker cannot be reached right now."""
         try:
-            pair: tuple[Connection, Producer] | None = self._spare.get_nowait()
+            pair: tuple[Connection, Producer, list[str]] | None = self._spare.get_nowait()
         except queue.Empty:
             pair = self._connect()
         if pair is None:
             return None
-        self._local.connection, self._local.producer = pair
+        self._local.connection, self._local.producer, self._local.returned = pair
         return pair[1]
 
-    def _connect(self) -> tuple[Connection, Producer] | None:
+    def _connect(self) -> tuple[Connection, Producer, list[str]] | None:
         connection = self._pool.connections.connection.clone()
         try:
             connect_any(connection)
-            return connection, Producer(connection.channel())
+            channel = connection.channel()
+            returned: list[str] = []  # what the broker returned (mandatory), read by publish
+            channel.events["basic_return"].add(lambda exc, *_: returned.append(str(exc)))
+            return connection, Producer(channel), returned
         except Exception as exc:
             log.info("could not open a publisher connection (%s); publishing with retries", exc)
             connection.collect()
