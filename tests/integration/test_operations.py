@@ -240,7 +240,12 @@ def status_rows(fleet: Fleet) -> dict[str, dict[str, Any]]:
 
 
 def log_lines(fleet: Fleet, *names: str) -> list[str]:
-    return [line for name in names for line in fleet.log(name).splitlines()]
+    """The complete lines of the processes' logs (a line still being written is left for the next read)."""
+    lines = []
+    for name in names:
+        text = fleet.log(name)
+        lines.extend(text[: text.rfind("\n") + 1].splitlines())
+    return lines
 
 
 def audit_events(fleet: Fleet, intent_id: str) -> list[dict[str, Any]]:
@@ -256,7 +261,7 @@ def audit_events(fleet: Fleet, intent_id: str) -> list[dict[str, Any]]:
 
 def spans(fleet: Fleet, name: str) -> list[dict[str, Any]]:
     """The console exporter's spans (one JSON object per line, starting with {"name")."""
-    return [json.loads(line) for line in fleet.log(name).splitlines() if line.startswith('{"name"')]
+    return [json.loads(line) for line in log_lines(fleet, name) if line.startswith('{"name"')]
 
 
 def new_traceparent() -> tuple[str, str, str]:
