@@ -124,9 +124,9 @@ class RouterRuntime:
         if isinstance(decision, Dispatch):
             try:
                 self._dispatch(decision, received, raw.received_at)
+                return
             except Unroutable as exc:
-                self._unroutable(decision, received, exc)
-            return
+                decision = self._unroutable(decision, exc)  # answered below, as any rejection
         if isinstance(decision, Park):
             if self.parking is None:
                 raise RuntimeError("this router was started without approvals (no Parking)")
@@ -257,7 +257,7 @@ class RouterRuntime:
             return (raw.body, "full") if self.keep_unparsable else (b"", "none")
         return redacted, "redacted" if redacted != raw.body else "full"
 
-    def _unroutable(self, decision: Dispatch, received: dict[str, Any], exc: Unroutable) -> None:
+    def _unroutable(self, decision: Dispatch, exc: Unroutable) -> Answer:
         """The connector's queue is missing and could not be declared again: the intent was not
         dispatched, so it is answered CONNECTOR_UNAVAILABLE (retryable) and its budget given back."""
         job = decision.job
@@ -271,17 +271,7 @@ class RouterRuntime:
             suggestion="Retry later; operators were told.",
             retry_after_ms=UNROUTABLE_RETRY_MS,
         )
-        self.sink.send(receipt, job.reply_to)
-        metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
-        common = {"agent": job.agent_id, "action": job.action, "connector": job.connector, "trace_id": job.trace_id}
-        self.audit.events(
-            job.intent_id,
-            [
-                ("received", {**received, **common, "format": job.format}),
-                ("rejected", {**common, "code": ErrorCode.CONNECTOR_UNAVAILABLE.value, "reason": "queue missing"}),
-            ],
-            agent=job.agent_id,
-        )
+        return Answer(receipt, job.reply_to, audit={"reason": "queue missing"})
 
     def _internal(self, raw: RawMessage) -> Answer:
         intent_id, agent_id = fail_identity(raw)

@@ -57,19 +57,21 @@ class Dispatcher:
         """
         body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
         queue = connector_queue_name(job.connector)
-        try:
+
+        def publish() -> None:
             self.publisher.publish(
                 body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
             )
+
+        try:
+            publish()
             return
         except Unroutable as exc:
             if self.connect is None:
                 raise
             log.warning("%s is missing (%s); declaring it again for intent %s", queue, exc, job.intent_id)
         self._declare(job.connector)
-        self.publisher.publish(
-            body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
-        )
+        publish()
 
     def _declare(self, connector: str) -> None:
         assert self.connect is not None
