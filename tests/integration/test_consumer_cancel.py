@@ -16,8 +16,9 @@ operator). What these tests found really happens:
   ``celery.worker.loops._quick_drain``, which swallows every exception without an ``errno``: the
   process runs on and says it is ready, and consumes nothing, for good. BUG, xfail below.
 
-To keep the window between the delete and the re-declare open, a test stops the pool or the
-router with SIGSTOP (it reads nothing, so it cannot see the cancel) and continues it afterwards.
+To keep the window between the delete and the re-declare open, a test freezes the router with
+SIGSTOP (it reads nothing, so it cannot see the cancel) and continues it afterwards, or stops the
+pool and starts it again.
 """
 
 from __future__ import annotations

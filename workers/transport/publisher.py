@@ -52,7 +52,6 @@ CONFIRM_TIMEOUT = 30.0
 # still publish — publishing it again on the careful path would send it twice
 BATCH_WAIT_SECONDS = CONFIRM_TIMEOUT + WAIT_SECONDS + 5
 MAX_BATCH = 200
-NO_ROUTE = 312  # basic.return's reply code for a mandatory message no queue took
 
 
 class Unroutable(Exception):
