@@ -18,6 +18,7 @@ second receipt with another outcome, and never a second execution downstream.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -196,6 +197,48 @@ def measure_gaps(run: Run) -> None:
         stop.receipt_gap_seconds = max((b - a for a, b in zip(window, window[1:])), default=0.0)
 
 
+def where_lost(cluster: RabbitCluster, fleet: Fleet, lost: list[str]) -> str:
+    """What the fleet's logs say of each lost intent (its audit stages, other lines naming it) and
+    what the queues hold now: enough to tell a broker that lost a confirmed message from a process
+    that dropped one."""
+    names = ["router", CONNECTOR]
+    lines = [line for name in names for line in fleet.log(name).splitlines()]
+    found = []
+    for intent_id in lost[:10]:
+        stages = []
+        others = []
+        for line in lines:
+            if intent_id not in line:
+                continue
+            if line.startswith("{") and '"reach.audit"' in line:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                stages.append(f"{doc.get('process')}:{doc.get('stage')}")
+            else:
+                others.append(line[:300])
+        found.append(f"{intent_id}: stages {stages or 'none'}" + (f"; lines {others[:3]}" if others else ""))
+    try:
+        queues = cluster.ctl(
+            cluster.any_running(),
+            "list_queues",
+            "-p",
+            VHOST,
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            "consumers",
+            "leader",
+        )
+    except ClusterError as exc:
+        queues = str(exc)
+    troubles = [line[:300] for line in lines if " WARNING " in line or " ERROR " in line][-20:]
+    return "\n".join(
+        [*found, "queues now:", queues.strip(), "the fleet's warnings and errors:", *troubles, f"logs: {fleet.log_dir}"]
+    )
+
+
 def stops_under_load(
     cluster: RabbitCluster, system: CountingSystem, fleet: Fleet, rounds: int, burst: int, tail: int
 ) -> str:
@@ -273,7 +316,7 @@ def stops_under_load(
     # the client stays on node 3: every publish is confirmed, those during an election later
     assert run.refused == [], report
     assert len(run.published) == rounds * (2 * burst + tail), report
-    assert lost == [], f"{report}; lost: {lost[:10]}"
+    assert lost == [], f"{report}; lost: {lost[:10]}\n{where_lost(cluster, fleet, lost)}"
     assert repeated == [], f"{report}; second receipts: {repeated[:10]}"
     assert set(per_intent) == set(run.published), report
     assert not_ok == [], f"{report}; not succeeded: {not_ok[:10]}"

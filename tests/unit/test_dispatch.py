@@ -1,5 +1,6 @@
 """Jobs are published mandatory: a job no queue took comes back, its connector's queue is declared
-again and the job published once more; a second return reaches the caller."""
+again and the job published once more; a second return reaches the caller. A nacked job is
+published again after a pause, a bounded number of times."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from kombu import Queue
 from workers.settings import Settings
 from workers.transport import dispatch as dispatch_module
 from workers.transport.app import JobMessages, create_app
-from workers.transport.dispatch import Dispatcher
+from workers.transport.delivery import Refused
+from workers.transport.dispatch import NACK_PAUSES_SECONDS, Dispatcher
 from workers.transport.job import Job
 from workers.transport.publisher import Unroutable
 from workers.transport.topology import connector_queue
@@ -92,3 +94,35 @@ def test_a_routed_job_is_published_once(declared: list[Queue]) -> None:
     publisher = ReturningPublisher(returns=0)
     Dispatcher(publisher, jobs(), no_connection).dispatch(job())  # type: ignore[arg-type]
     assert declared == [] and len(publisher.published) == 1
+
+
+class NackingPublisher:
+    """Nacks (raises Refused for) the first ``nacks`` publishes, confirms the rest."""
+
+    def __init__(self, nacks: int) -> None:
+        self.nacks = nacks
+        self.published = 0
+
+    def publish(self, body: bytes, **kwargs: Any) -> None:
+        self.published += 1
+        if self.published <= self.nacks:
+            raise Refused()
+
+
+def test_a_nacked_job_is_published_again_after_a_pause(declared: list[Queue]) -> None:
+    publisher = NackingPublisher(nacks=2)
+    pauses: list[float] = []
+    Dispatcher(publisher, jobs(), no_connection, sleep=pauses.append).dispatch(job())  # type: ignore[arg-type]
+    assert publisher.published == 3
+    assert pauses == list(NACK_PAUSES_SECONDS[:2])
+    assert declared == []  # a nack is not a missing queue
+
+
+def test_a_job_nacked_on_every_try_reaches_the_caller_as_refused(declared: list[Queue]) -> None:
+    publisher = NackingPublisher(nacks=100)
+    pauses: list[float] = []
+    with pytest.raises(Refused):
+        Dispatcher(publisher, jobs(), no_connection, sleep=pauses.append).dispatch(job())  # type: ignore[arg-type]
+    assert publisher.published == len(NACK_PAUSES_SECONDS) + 1
+    assert pauses == list(NACK_PAUSES_SECONDS)
+    assert 2.0 < sum(pauses) < 10.0  # longer than a quorum queue's election, short enough to answer

@@ -25,6 +25,7 @@ from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.state.budgets import gives_back
 from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
 from workers.transport.dispatch import Dispatcher
+from workers.transport.job import Job
 from workers.transport.publisher import Publisher, Unroutable
 from workers.transport.receipts import ReceiptSink, build_receipt, job_receipt
 from workers.transport.topology import DEFAULT_EXCHANGE, DLQ
@@ -81,7 +82,12 @@ class RouterRuntime:
             self._carry_out(decision, raw)
         except TRANSIENT_ERRORS as exc:
             if self.retries.again(raw):
-                log.warning("could not complete a routing decision (%s); the intent will be redelivered", exc)
+                log.warning(
+                    "could not complete a routing decision (%s: %s); the intent will be redelivered",
+                    type(exc).__name__,
+                    exc,
+                )
+                time.sleep(TRANSIENT_PAUSE_SECONDS)  # a broker failover takes seconds: spread the tries over it
                 return "requeue"
             self._give_up(decision, raw, exc)
         except Exception as exc:
@@ -95,7 +101,15 @@ class RouterRuntime:
         log.error("giving up on intent %s: %s: %s", intent_id, type(exc).__name__, str(exc)[:300])
         metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
         answer = decision if isinstance(decision, Answer) else self._internal(raw)
-        if not isinstance(decision, Answer):  # a Dispatch, or a Park never parked
+        if isinstance(decision, Dispatch):
+            # never queued: the agent is told so (its budget given back), if the broker takes a receipt
+            answer = self._not_queued(decision, f"the job could not be queued ({type(exc).__name__})", "not queued")
+            try:
+                self.sink.send(answer.receipt, answer.routing_key)
+                metrics.RECEIPTS_PUBLISHED.labels(status=answer.receipt.status).inc()
+            except Exception as again:
+                log.error("could not answer intent %s either (%s)", intent_id, again)
+        elif not isinstance(decision, Answer):  # a Park never parked
             try:
                 self.router.release(decision.job)  # never dispatched: its budgets get their amount back
             except Exception as again:
@@ -126,7 +140,17 @@ class RouterRuntime:
                 self._dispatch(decision, received, raw.received_at)
                 return
             except Unroutable as exc:
-                decision = self._unroutable(decision, exc)  # answered below, as any rejection
+                log.error("intent %s not dispatched: %s", decision.intent_id, exc)
+                decision = self._not_queued(
+                    decision,
+                    f"the queue of connector {decision.job.connector} is missing on the broker",
+                    "queue missing",
+                )  # answered below, as any rejection
+            except Refused:
+                log.error("intent %s not dispatched: the broker nacked its job on every try", decision.intent_id)
+                decision = self._not_queued(
+                    decision, f"the broker refused to queue the job for connector {decision.job.connector}", "nacked"
+                )
         if isinstance(decision, Park):
             if self.parking is None:
                 raise RuntimeError("this router was started without approvals (no Parking)")
@@ -177,7 +201,8 @@ class RouterRuntime:
             self._dead_letter(raw, decision, decision.dead_letter_reason)
 
     def _dispatch(self, decision: Dispatch, received: dict[str, Any], received_at: float) -> None:
-        """Publish the job to its connector's queue (confirmed), then write its audit stages."""
+        """Publish the job to its connector's queue (confirmed), then write its audit stages. Raises
+        only if the job is not queued."""
         job = decision.job
         with span(
             "reach.route",
@@ -194,6 +219,12 @@ class RouterRuntime:
             dispatched_at = round(time.time(), 6)
             self.dispatcher.dispatch(job)
         metrics.INTENTS_DISPATCHED.labels(connector=job.connector).inc()
+        try:
+            self._audit_dispatch(job, received, received_at, dispatched_at)
+        except Exception as exc:  # the job is queued: a lost audit line must not queue it again
+            log.error("could not write the audit stages of intent %s: %s", job.intent_id, exc)
+
+    def _audit_dispatch(self, job: Job, received: dict[str, Any], received_at: float, dispatched_at: float) -> None:
         ref = self.router.catalog.refs[(job.connector, job.action)]
         binding = self.router.catalog.binding(job.agent_id, job.connector)
         redacted = redact_params(job.params, ref.action.input)
@@ -257,21 +288,25 @@ class RouterRuntime:
             return (raw.body, "full") if self.keep_unparsable else (b"", "none")
         return redacted, "redacted" if redacted != raw.body else "full"
 
-    def _unroutable(self, decision: Dispatch, exc: Unroutable) -> Answer:
-        """The connector's queue is missing and could not be declared again: the intent was not
-        dispatched, so it is answered CONNECTOR_UNAVAILABLE (retryable) and its budget given back."""
+    def _not_queued(self, decision: Dispatch, message: str, reason: str) -> Answer:
+        """The job is not in its connector's queue (the queue is missing and could not be declared
+        again, the broker nacked it on every try, or publishing kept failing): the intent ran
+        nowhere, so it is answered CONNECTOR_UNAVAILABLE (retryable) and its budget given back.
+        Its receipt is marked sent, so a pool that gets a stray copy of the job acks it unrun."""
         job = decision.job
-        log.error("intent %s not dispatched: %s", job.intent_id, exc)
-        self.router.release(job)
+        try:
+            self.router.release(job)
+        except Exception as exc:
+            log.error("could not give back the budget of intent %s (%s)", job.intent_id, exc)
         receipt = job_receipt(
             job,
             None,
             code=ErrorCode.CONNECTOR_UNAVAILABLE,
-            message=f"the queue of connector {job.connector} is missing on the broker",
+            message=message,
             suggestion="Retry later; operators were told.",
-            retry_after_ms=UNROUTABLE_RETRY_MS,
+            retry_after_ms=NOT_QUEUED_RETRY_MS,
         )
-        return Answer(receipt, job.reply_to, audit={"reason": "queue missing"})
+        return Answer(receipt, job.reply_to, audit={"reason": reason})
 
     def _internal(self, raw: RawMessage) -> Answer:
         intent_id, agent_id = fail_identity(raw)
@@ -289,7 +324,7 @@ class RouterRuntime:
         return Answer(receipt, agent_id, dead_letter_reason="router error")
 
 
-UNROUTABLE_RETRY_MS = 5000  # a pool that reconnects declares its queue again within seconds
+NOT_QUEUED_RETRY_MS = 5000  # a pool that reconnects declares its queue again, a new leader is elected, within seconds
 TRANSIENT_PAUSE_SECONDS = 1.0  # as the pools' pause: REACH_MAX_DELIVERIES tries span a Redis failover of seconds
 
 

@@ -8,6 +8,11 @@ and drop it, and the router would ack an intent nobody will ever answer. Publish
 job comes back instead; the connector's queue is declared again (with the fleet's arguments) and
 the job published once more, so it waits there for its pool. A job that comes back a second time
 raises :class:`~workers.transport.publisher.Unroutable` for the caller to answer.
+
+A nacked job is published again after a pause, a few times. The fleet declares connector queues
+without a length bound, so a nack is not a full queue: it is the broker failing to take the
+message, as a quorum queue does while its leader stops and another is elected (a second or
+two). Only a nack that outlasts ``NACK_PAUSES_SECONDS`` reaches the caller, as ``Refused``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable
 from kombu import Connection
 
 from workers.transport.app import JobMessages
+from workers.transport.delivery import Refused
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher, Unroutable
 from workers.transport.topology import (
@@ -32,6 +38,9 @@ from workers.transport.topology import (
 
 log = logging.getLogger("reach.dispatch")
 
+# between publishes of a nacked job: about four seconds in all, longer than a quorum queue's election
+NACK_PAUSES_SECONDS = (0.25, 0.5, 1.0, 2.0)
+
 
 class Dispatcher:
     """Publishes jobs; ``connect`` (None: never declare, let the caller retry later) opens a broker
@@ -43,35 +52,48 @@ class Dispatcher:
         jobs: JobMessages,
         connect: Callable[[], Connection] | None = None,
         queue_type: QueueType = DEFAULT_QUEUE_TYPE,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.publisher = publisher
         self.jobs = jobs
         self.connect = connect
         self.queue_type = queue_type
+        self.sleep = sleep
 
     def dispatch(self, job: Job) -> None:
         """Returns once the job is confirmed in its connector's queue.
 
         Raises:
             Unroutable: The queue is missing and could not be declared again (or ``connect`` is None).
+            Refused: The broker nacked the job on every try (it is not in the queue).
         """
         body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
         queue = connector_queue_name(job.connector)
-
-        def publish() -> None:
-            self.publisher.publish(
-                body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
-            )
-
-        try:
-            publish()
-            return
-        except Unroutable as exc:
-            if self.connect is None:
-                raise
-            log.warning("%s is missing (%s); declaring it again for intent %s", queue, exc, job.intent_id)
-        self._declare(job.connector)
-        publish()
+        pauses = iter(NACK_PAUSES_SECONDS)
+        declared = False
+        while True:
+            try:
+                self.publisher.publish(
+                    body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
+                )
+                return
+            except Unroutable as exc:
+                if self.connect is None or declared:
+                    raise
+                log.warning("%s is missing (%s); declaring it again for intent %s", queue, exc, job.intent_id)
+                self._declare(job.connector)
+                declared = True
+            except Refused:
+                pause = next(pauses, None)
+                if pause is None:
+                    raise
+                log.warning(
+                    "the broker nacked the job of intent %s on %s; publishing it again in %g s",
+                    job.intent_id,
+                    queue,
+                    pause,
+                )
+                self.sleep(pause)
 
     def _declare(self, connector: str) -> None:
         assert self.connect is not None

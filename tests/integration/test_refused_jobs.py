@@ -1,0 +1,172 @@
+"""A job the broker nacks, against a live fleet: the router, one pool and a counting downstream.
+
+RabbitMQ nacks a publish when a queue fails to take it; a quorum queue does so while its leader
+stops and another is elected (test_quorum_cluster.py found the router dead-lettering such intents
+without a receipt). The fleet declares connector queues without a length bound, so the router
+takes a nack for a passing failure: it publishes the job again after a pause, a few times, and
+answers CONNECTOR_UNAVAILABLE (retryable, the intent ran nowhere) only if every try was nacked.
+
+Here the broker really nacks: with the pool stopped, the connector's queue holds one message and a
+policy bounds it to 0 with ``overflow: reject-publish`` (a queue refuses once it is over its bound),
+so every job published to it is refused until the policy is cleared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
+
+import amqp
+import pytest
+from kombu import Connection
+
+from producers.wire import ErrorCode
+from tests.fleet import Fleet, agent
+from tests.integration.counting_system import CountingSystem
+from tests.waiting import wait_for
+from workers.transport.dispatch import NACK_PAUSES_SECONDS
+from workers.transport.topology import connector_queue_name
+
+RUN = uuid.uuid4().hex[:6]
+AGENT = f"refused_{RUN}"
+CONNECTOR = "refusing"
+ACTION = f"{CONNECTOR}.create_item"
+QUEUE = connector_queue_name(CONNECTOR)
+POLICY = f"reach-test-refuse-{RUN}"
+FILLER = b"filler: holds the queue over its bound of 0"
+NACKED = "the broker nacked the job of intent"
+
+CATALOG = """
+connector:
+  name: {connector}
+  endpoint: {url}
+  pool: {{ concurrency: 2 }}
+  actions:
+    - action: create_item
+      path: POST /items
+      input:
+        title: {{ type: string, required: true }}
+      permission: write
+      timeout: 5s
+---
+agent_app:
+  name: {agent}
+  connector_bindings:
+    - connector: {connector}
+      allowed_actions: ["*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def downstream() -> Iterator[CountingSystem]:
+    system = CountingSystem().start()
+    yield system
+    system.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(downstream: CountingSystem) -> Iterator[Fleet]:
+    with Fleet(CATALOG.format(connector=CONNECTOR, url=downstream.url, agent=AGENT), [CONNECTOR]) as running:
+        yield running
+
+
+class Refusal:
+    """The connector's queue refuses every message: its pool stopped, one message in it, and a
+    policy bounding it to 0 (on the fleet's vhost). Leaving, the policy is cleared, the filler
+    taken out and the pool started again."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.vhost = unquote(urlsplit(fleet.broker_url).path[1:]) or "/"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+    def __enter__(self) -> Refusal:
+        self.fleet.stop_process(CONNECTOR)
+        with Connection(self.fleet.broker_url, transport_options={"confirm_publish": True}) as conn:
+            conn.default_channel.basic_publish(amqp.Message(FILLER), exchange="", routing_key=QUEUE)
+        pattern = "^" + QUEUE.replace(".", r"\.") + "$"
+        definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+        self._ctl(
+            "set_policy", "-p", self.vhost, "--apply-to", "queues", "--priority", "100", POLICY, pattern, definition
+        )
+        time.sleep(1.0)  # a policy reaches the queue's process shortly after the command returns
+        return self
+
+    def lift(self) -> None:
+        """The queue takes one message again: the filler is taken out (at once, unlike a policy change)."""
+        with Connection(self.fleet.broker_url) as conn:
+            channel = conn.default_channel
+            while (message := channel.basic_get(QUEUE, no_ack=False)) is not None:
+                if message.body == FILLER:
+                    channel.basic_ack(message.delivery_tag)
+                else:  # a job that got in: left for the pool
+                    channel.basic_reject(message.delivery_tag, requeue=True)
+                    return
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctl("clear_policy", "-p", self.vhost, POLICY)
+        self.lift()
+        self.fleet.start_process(CONNECTOR, ["worker", CONNECTOR])
+        self.fleet.wait_consuming(QUEUE)
+
+
+def stages(fleet: Fleet, intent_id: str) -> list[str]:
+    return [
+        json.loads(line)["stage"]
+        for line in fleet.log("router").splitlines()
+        if line.startswith("{") and intent_id in line and '"reach.audit"' in line
+    ]
+
+
+def nacks_of(fleet: Fleet, intent_id: str) -> int:
+    return sum(1 for line in fleet.log("router").splitlines() if NACKED in line and intent_id in line)
+
+
+def test_a_job_nacked_on_every_try_is_answered_connector_unavailable_and_runs_nowhere(
+    fleet: Fleet, downstream: CountingSystem
+) -> None:
+    intent_id = f"{RUN}-always"
+    with agent(AGENT, fleet.broker_url) as client:
+        with Refusal(fleet):
+            began = time.monotonic()
+            receipt = client.call(ACTION, {"title": intent_id}, intent_id=intent_id, timeout=30)
+            took = time.monotonic() - began
+        assert list(client.receipts(timeout=1.0)) == []  # one receipt
+        assert receipt.status == "rejected", receipt
+        assert receipt.error is not None and receipt.error.code == ErrorCode.CONNECTOR_UNAVAILABLE
+        assert receipt.error.retryable and receipt.error.retry_after_ms
+        assert "refused to queue" in receipt.error.message
+        assert took >= sum(NACK_PAUSES_SECONDS)  # every try was made before the answer
+        assert nacks_of(fleet, intent_id) == len(NACK_PAUSES_SECONDS)
+        assert stages(fleet, intent_id) == ["received", "rejected", "receipt"]
+        # the fleet goes on: once the queue takes messages again, the next intent runs
+        again = client.call(ACTION, {"title": f"{RUN}-after"}, timeout=30)
+        assert again.status == "succeeded", again
+    assert downstream.executions().get(intent_id, 0) == 0
+    fleet.check_alive()
+
+
+def test_a_job_nacked_while_the_queue_recovers_runs_once(fleet: Fleet, downstream: CountingSystem) -> None:
+    """The queue refuses, then takes messages again within the router's tries (as a quorum queue
+    does once its new leader is elected): the intent runs once and is answered once."""
+    intent_id = f"{RUN}-recovers"
+    with agent(AGENT, fleet.broker_url) as client:
+        with Refusal(fleet) as refusal:
+            client.publish(ACTION, {"title": intent_id}, intent_id=intent_id)
+            wait_for(lambda: nacks_of(fleet, intent_id) >= 1, 20, "the router's first nack")
+            refusal.lift()
+            # the router's next try is taken: the job waits in the queue for its pool
+            wait_for(lambda: "dispatched" in stages(fleet, intent_id), 20, "the job was never queued")
+        receipt = client.wait(intent_id, timeout=30.0)  # the pool is back
+        more = list(client.receipts(timeout=1.0))  # a second receipt would show up now
+    assert receipt.status == "succeeded", receipt
+    assert more == []
+    assert downstream.executions()[intent_id] == 1
+    assert 1 <= nacks_of(fleet, intent_id) < len(NACK_PAUSES_SECONDS)
+    fleet.check_alive()
