@@ -13,8 +13,9 @@ operator). What these tests found really happens:
   (the router publishes jobs ``mandatory``, ``workers.transport.dispatch``): the router declares the
   connector's queue again and publishes the job once more, and the job waits there for its pool.
 - A cancel that comes in the first ~0.1 s after a consumer (re)started is read by Celery's
-  ``celery.worker.loops._quick_drain``, which swallows every exception without an ``errno``: the
-  process runs on and says it is ready, and consumes nothing, for good. BUG, xfail below.
+  ``celery.worker.loops._quick_drain``, which swallows every exception without an ``errno``; the
+  consumer's cancel callback (``workers.transport.base_consumer``) raises it again from the event
+  loop's next callback, so the process reconnects as it does for any other cancel.
 
 To keep the window between the delete and the re-declare open, a test freezes the router with
 SIGSTOP (it reads nothing, so it cannot see the cancel) and continues it afterwards, or stops the
@@ -210,17 +211,6 @@ def test_a_job_dispatched_while_its_connector_queue_is_gone_waits_for_its_pool_i
     assert downstream.executions()[title] == 1
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race, won by the test nearly always (its window is ~0.1 s, the test takes ms)
-    raises=AssertionError,
-    reason=(
-        "BUG (issue 19): Celery's asynloop first runs _quick_drain(connection) for 0.1 s, which swallows "
-        "every exception without an errno, ConsumerCancelled included: a queue deleted again right after "
-        "its consumer (re)started leaves the process running, ready and consuming nothing, for good. "
-        "Fix: give the task consumer's tags an on_cancel callback (channel.cancel_callbacks) that raises "
-        "ConsumerCancelled from the hub's next ready callback (consumer.call_soon), which propagates"
-    ),
-)
 def test_a_queue_deleted_again_right_after_its_consumer_came_back_is_declared_again(
     fleet: Fleet, broker: Broker, client: ReachClient, downstream: CountingSystem
 ) -> None:

@@ -12,12 +12,14 @@ Two things change when a consumed queue is a quorum queue (``REACH_QUEUE_TYPE=qu
   channel meanwhile and are settled as usual.
 
 A broker that cancels a consumer (its queue deleted, e.g. by ``reach setup --migrate-queues``)
-makes py-amqp raise ``ConsumerCancelled``, a recoverable connection error: Celery reconnects, to
-the next node when the broker URL lists several, and declares and consumes its queue again
-(tests/integration/test_consumer_cancel.py). Not handled: a cancel read in Celery's first 0.1 s
-after a (re)connect (``celery.worker.loops._quick_drain`` swallows it), which leaves the process
-consuming nothing; the test marks it xfail. Jobs dispatched while a connector queue is missing
-are not lost: ``workers.transport.dispatch`` declares the queue again.
+must make Celery reconnect, to the next node when the broker URL lists several, and declare and
+consume its queue again (tests/integration/test_consumer_cancel.py). py-amqp raises
+``ConsumerCancelled`` (a recoverable connection error) where it reads the cancel, but a cancel read
+in Celery's first 0.1 s after a (re)connect is read inside ``celery.worker.loops._quick_drain``,
+which swallows it and leaves the process consuming nothing, for good. So every consumer tag gets a
+cancel callback (``channel.cancel_callbacks``, py-amqp's on_cancel) that raises it from the event
+loop's next callback instead, where nothing swallows it. Jobs dispatched while a connector queue
+is missing are not lost: ``workers.transport.dispatch`` declares the queue again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from amqp import spec
+from amqp.exceptions import ConsumerCancelled
 from celery.worker.consumer import Consumer
 
 log = logging.getLogger("reach.consuming")
@@ -37,6 +41,33 @@ class ReachConsumer(Consumer):
         default_steps = [s for s in Consumer.Blueprint.default_steps if not s.endswith(":DelayedDelivery")]
 
     held_off: Any = None  # the task consumer cancelled by hold_off, if any
+
+    def on_ready(self) -> None:
+        self.watch_cancels()  # the loop's consume() has just run
+        super().on_ready()
+
+    def watch_cancels(self) -> None:
+        """Give each consumer tag of the task consumer a cancel callback (see the module
+        docstring). Call after every consume()."""
+        consumer = getattr(self, "task_consumer", None)
+        channel = getattr(consumer, "channel", None)
+        callbacks = getattr(channel, "cancel_callbacks", None)
+        if callbacks is None:
+            return
+        for tag in list(getattr(consumer, "_active_tags", {}).values()):
+            callbacks.setdefault(tag, self._cancelled_by_broker)
+
+    def _cancelled_by_broker(self, tag: str) -> None:
+        """py-amqp read a basic.cancel for ``tag``: reconnect, from outside whatever read it."""
+        log.warning("the broker cancelled consumer %s (its queue deleted?); connecting again", tag)
+        error = ConsumerCancelled(f"consumer {tag} was cancelled by the broker", spec.Basic.Cancel)
+        if getattr(self, "hub", None) is None:
+            raise error  # no event loop of Celery's here: raised where it was read, as py-amqp would
+
+        def again() -> None:
+            raise error
+
+        self.call_soon(again)
 
     @property
     def per_consumer_prefetch(self) -> bool:
@@ -58,6 +89,7 @@ class ReachConsumer(Consumer):
             elif not paused and self.held_off is consumer:
                 self.held_off = None
                 consumer.consume()
+                self.watch_cancels()
         except Exception as exc:  # the connection went away: its restart consumes again
             log.warning("could not %s consuming (%s)", "stop" if paused else "resume", exc)
         return True
