@@ -17,9 +17,9 @@ interleaved (direct, http, http-lean, stdio, direct, ...) so the machine's chang
 - **direct**: ``ReachClient.call`` in this process (publish, wait for the receipt);
 - **http**: the official MCP client SDK's ``call_tool`` over Streamable HTTP to the facade (the
   figure of record: what an MCP host sees);
-- **http-lean**: the same facade, called by a lean MCP client: one JSON-RPC POST per call with
-  httpx (synchronous, in this thread, as direct's ReachClient), the headers Streamable HTTP asks
-  for, the JSON answer parsed. Its "added" is what the facade adds; http's minus http-lean's is
+- **http-lean**: the same facade, called by a lean MCP client: one JSON-RPC POST per call on one
+  kept-alive connection with the standard library's http.client (synchronous, in this thread, as
+  direct's ReachClient), the headers Streamable HTTP asks for, the JSON answer parsed. Its "added" is what the facade adds; http's minus http-lean's is
   what the SDK client costs its caller;
 - **stdio**: the SDK's client over stdio;
 - **http-before**, **stdio-before** (with ``--before DIR``): the SDK client against a second
@@ -86,34 +86,51 @@ LEAN_VERSION = "2025-11-25"  # the protocol version the lean client speaks (the 
 
 
 class LeanClient:
-    """A minimal MCP client over Streamable HTTP: initialize once, then one POST per tools/call.
-    Synchronous, in the benchmark's own thread, as the direct variant's ReachClient is."""
+    """A minimal MCP client over Streamable HTTP: initialize once, then one POST per tools/call on
+    one kept-alive connection (the standard library's http.client: an HTTP library's own CPU per
+    request would be counted as the facade's). Synchronous, in the benchmark's own thread, as the
+    direct variant's ReachClient is."""
 
     def __init__(self, url: str, token: str) -> None:
-        import httpx
+        import http.client
 
-        self.url = url
-        self.http = httpx.Client(
-            trust_env=False,
-            timeout=60,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json",
-                "MCP-Protocol-Version": LEAN_VERSION,
-            },
-        )
+        parts = urlsplit(url)
+        self.path = parts.path or "/"
+        self.http = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
+        self.headers = {
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": LEAN_VERSION,
+        }
         self.ids = 0
         info = {"name": "lean-bench", "version": "1"}
         self.request("initialize", {"protocolVersion": LEAN_VERSION, "capabilities": {}, "clientInfo": info})
-        self.http.post(url, content=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        self.post(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode())
+
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        import http.client
+
+        for attempt in (1, 2):
+            try:
+                self.http.request("POST", self.path, body=body, headers=self.headers)
+                answer = self.http.getresponse()
+                return answer.status, answer.read()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                # the server closed the idle connection (uvicorn's keep-alive timeout): a new one
+                self.http.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         self.ids += 1
-        body = json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params})
-        answer = self.http.post(self.url, content=body)
-        answer.raise_for_status()
-        doc: dict[str, Any] = answer.json()
+        status, raw = self.post(
+            json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode()
+        )
+        if status != 200:
+            raise RuntimeError(f"{method}: HTTP {status}: {raw[:300]!r}")
+        doc: dict[str, Any] = json.loads(raw)
         if "error" in doc:
             raise RuntimeError(f"{method}: {doc['error']}")
         return doc["result"]  # type: ignore[no-any-return]
