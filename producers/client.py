@@ -40,6 +40,7 @@ from producers.wire import (
     INTENT_ROUTING_KEY,
     INTENTS_EXCHANGE_NAME,
     LIST_TOOLS_ACTION,
+    NACK_PAUSES_SECONDS,
     NAME_RULE,
     RECEIPTS_EXCHANGE_NAME,
     ApprovalNotice,
@@ -602,7 +603,10 @@ class ReachClient:
             properties["message_id"] = message_id
         if self.user_id is not None:
             properties["user_id"] = self.user_id
-        for attempt in (1, 2):
+        nack_pauses = iter(NACK_PAUSES_SECONDS)
+        attempt = 0
+        while True:
+            attempt += 1
             self._returned.clear()
             try:
                 # confirm mode makes this wait for the broker's ack; a basic.return for an
@@ -620,7 +624,16 @@ class ReachClient:
                 )
                 break
             except MessageNacked as exc:
-                raise ReachError(f"the broker refused {label} (nack); it was not queued") from exc
+                # reach.intents has no length bound: a nack is the broker's passing trouble
+                pause = next(nack_pauses, None)
+                if pause is None:
+                    raise ReachError(
+                        f"the broker refused {label} (nack) on {len(NACK_PAUSES_SECONDS) + 1} tries; it was not queued"
+                    ) from exc
+                log.info("the broker nacked %s; publishing it again in %g s", label, pause)
+                time.sleep(pause)
+                attempt -= 1  # a nack is not a lost connection
+                continue
             except TimeoutError as exc:
                 if attempt == 1 and len(self._urls) > 1:
                     self._reconnect(exc)  # another node may confirm it

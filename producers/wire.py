@@ -45,6 +45,10 @@ AMQP_SHORT_STRING_BYTES = 255
 INTENTS_EXCHANGE_NAME = "reach.intents"
 RECEIPTS_EXCHANGE_NAME = "reach.receipts"
 INTENT_ROUTING_KEY = "intent"
+# between publishes of a message the broker nacked, onto a queue the fleet declares without a length
+# bound (reach.intents, reach.connector.*): a nack there is the broker failing to take it, e.g. a
+# quorum queue while its leader stops and another is elected; about four seconds in all
+NACK_PAUSES_SECONDS = (0.25, 0.5, 1.0, 2.0)
 LIST_TOOLS_ACTION = "reach.list_tools"
 FIND_TOOLS_ACTION = "reach.find_tools"  # the agent's best-matching tools for a description
 

@@ -1,4 +1,5 @@
-"""A job the broker nacks, against a live fleet: the router, one pool and a counting downstream.
+"""A job, or an agent's intent, the broker nacks: against a live fleet (the router, one pool and a
+counting downstream), and for ReachClient against reach.intents alone.
 
 RabbitMQ nacks a publish when a queue fails to take it; a quorum queue does so while its leader
 stops and another is elected (test_quorum_cluster.py found the router dead-lettering such intents
@@ -8,28 +9,34 @@ answers CONNECTOR_UNAVAILABLE (retryable, the intent ran nowhere) only if every 
 
 Here the broker really nacks: with the pool stopped, the connector's queue holds one message and a
 policy bounds it to 0 with ``overflow: reject-publish`` (a queue refuses once it is over its bound),
-so every job published to it is refused until the policy is cleared.
+so every job published to it is refused until the policy is cleared. reach.intents is made to
+refuse the same way for the client's tests: ReachClient publishes a nacked intent again after the
+same pauses, and raises ReachError only if every try was nacked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import amqp
 import pytest
 from kombu import Connection
 
-from producers.wire import ErrorCode
-from tests.fleet import Fleet, agent
+from producers.client import ReachError
+from producers.wire import NACK_PAUSES_SECONDS, ErrorCode
+from tests.fleet import BROKER_URL, Fleet, agent
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.transport.dispatch import NACK_PAUSES_SECONDS
-from workers.transport.topology import connector_queue_name
+from workers.mcp.clients import AgentClients, Call, Undelivered
+from workers.transport.topology import INTENTS_QUEUE_NAME, connector_queue_name, declare_all
 
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"refused_{RUN}"
@@ -170,3 +177,106 @@ def test_a_job_nacked_while_the_queue_recovers_runs_once(fleet: Fleet, downstrea
     assert downstream.executions()[intent_id] == 1
     assert 1 <= nacks_of(fleet, intent_id) < len(NACK_PAUSES_SECONDS)
     fleet.check_alive()
+
+
+# -- an agent's intent nacked: ReachClient publishes it again ------------------------------------
+
+
+@pytest.fixture
+def bare_vhost() -> Iterator[str]:
+    """A vhost of the test's own with the fleet's exchanges and reach.intents, and nothing reading it."""
+    name = f"reach-test-nack-{RUN}"
+    base = urlsplit(BROKER_URL)
+    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=True, capture_output=True, timeout=60)
+    try:
+        subprocess.run(
+            ["rabbitmqctl", "-q", "set_permissions", "-p", name, base.username or "guest", ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        url = urlunsplit(base._replace(path="/" + quote(name, safe="")))
+        with Connection(url) as conn:
+            declare_all(conn, [])
+        yield url
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], capture_output=True, timeout=60)
+
+
+def refuse_intents(url: str) -> None:
+    """reach.intents holds one message and may hold none: every publish to it is nacked."""
+    vhost = unquote(urlsplit(url).path[1:])
+    with Connection(url, transport_options={"confirm_publish": True}) as conn:
+        conn.default_channel.basic_publish(amqp.Message(FILLER), exchange="", routing_key=INTENTS_QUEUE_NAME)
+    definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    subprocess.run(
+        [
+            "rabbitmqctl",
+            "-q",
+            "set_policy",
+            "-p",
+            vhost,
+            "--apply-to",
+            "queues",
+            POLICY,
+            r"^reach\.intents$",
+            definition,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    time.sleep(1.0)
+
+
+def take_filler(url: str) -> None:
+    with Connection(url) as conn:
+        message = conn.default_channel.basic_get(INTENTS_QUEUE_NAME, no_ack=True)
+        assert message is not None and message.body == FILLER
+
+
+def test_an_intent_nacked_on_every_try_is_refused_to_the_agent(bare_vhost: str) -> None:
+    refuse_intents(bare_vhost)
+    with agent(AGENT, bare_vhost) as client:
+        began = time.monotonic()
+        with pytest.raises(ReachError, match=rf"refused .* \(nack\) on {len(NACK_PAUSES_SECONDS) + 1} tries"):
+            client.publish(ACTION, {"title": "never queued"})
+        assert time.monotonic() - began >= sum(NACK_PAUSES_SECONDS)
+
+
+def test_an_intent_nacked_while_the_queue_recovers_is_queued_once(
+    bare_vhost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refuse_intents(bare_vhost)
+    caplog.set_level(logging.INFO, logger="producers.client")
+    with agent(AGENT, bare_vhost) as client:
+        timer = threading.Timer(0.4, take_filler, args=(bare_vhost,))  # after the first nack or two
+        timer.start()
+        intent_id = client.publish(ACTION, {"title": "queued once"})
+        timer.join()
+    with Connection(bare_vhost) as conn:
+        bodies = []
+        while (message := conn.default_channel.basic_get(INTENTS_QUEUE_NAME, no_ack=True)) is not None:
+            bodies.append(json.loads(message.body))
+    assert [body["intent_id"] for body in bodies] == [intent_id]
+    assert any("the broker nacked" in r.getMessage() for r in caplog.records)  # it was refused first
+
+
+def test_the_mcp_facade_publishes_a_nacked_intent_again_and_then_says_it_was_not_sent(bare_vhost: str) -> None:
+    """The facade's broker link (workers/mcp/clients.py) answers a nack as ReachClient does."""
+    refuse_intents(bare_vhost)
+
+    async def call(title: str) -> tuple[Undelivered, float]:
+        clients = AgentClients(bare_vhost, per_agent=1, set_user_id=False)
+        began = time.monotonic()
+        try:
+            with pytest.raises(Undelivered) as raised:
+                await clients.call(Call(AGENT, ACTION, {"title": title}, uuid.uuid4().hex, None, None, wait=20))
+        finally:
+            await clients.aclose()
+        return raised.value, time.monotonic() - began
+
+    error, took = asyncio.run(call("never queued"))
+    assert error.published is False
+    assert f"(nack) on {len(NACK_PAUSES_SECONDS) + 1} tries" in str(error)
+    assert took >= sum(NACK_PAUSES_SECONDS)

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from kombu import Queue
 
+from producers.wire import NACK_PAUSES_SECONDS
 from workers.settings import Settings
 from workers.transport import dispatch as dispatch_module
 from workers.transport.app import JobMessages, create_app
 from workers.transport.delivery import Refused
-from workers.transport.dispatch import NACK_PAUSES_SECONDS, Dispatcher
+from workers.transport.dispatch import Dispatcher
 from workers.transport.job import Job
 from workers.transport.publisher import Unroutable
 from workers.transport.topology import connector_queue

@@ -40,6 +40,7 @@ from producers.wire import (
     AGENT_ID_PATTERN,
     INTENT_ROUTING_KEY,
     INTENTS_EXCHANGE_NAME,
+    NACK_PAUSES_SECONDS,
     RECEIPTS_EXCHANGE_NAME,
     ApprovalNotice,
     Receipt,
@@ -205,7 +206,10 @@ class AgentClients:
     async def _publish(self, call: Call, body: bytes, waiter: _Waiter, sent: _Sent) -> None:
         """Publish ``call``'s intent and wait for the broker's confirm; once more on a new
         connection if the one it went out on was lost before confirming it."""
-        for attempt in (1, 2):
+        nack_pauses = iter(NACK_PAUSES_SECONDS)
+        attempt = 0
+        while True:
+            attempt += 1
             link = waiter.link = await self._ready(call.agent)
             if waiter.receipt.done():  # failed with the connection lost under the first attempt
                 _retrieve(waiter.receipt)
@@ -236,7 +240,17 @@ class AgentClients:
                     published=False,
                 ) from exc
             except aiormq.exceptions.DeliveryError as exc:
-                raise Undelivered("the broker refused the intent (nack); it was not queued", published=False) from exc
+                # reach.intents has no length bound: a nack is the broker's passing trouble
+                sent.writing = False  # a nacked message is not queued
+                pause = next(nack_pauses, None)
+                if pause is None:
+                    raise Undelivered(
+                        f"the broker refused the intent (nack) on {len(NACK_PAUSES_SECONDS) + 1} tries; it was not queued",
+                        published=False,
+                    ) from exc
+                log.info("the broker nacked intent %s; publishing it again in %g s", call.intent_id, pause)
+                await anyio.sleep(pause)
+                attempt -= 1  # a nack is not a lost connection
             except TimeoutError as exc:
                 raise Undelivered(
                     f"the broker did not confirm the intent within {self._timeout:g} s; it may or may not be queued",

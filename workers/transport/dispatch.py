@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from kombu import Connection
 
+from producers.wire import NACK_PAUSES_SECONDS
 from workers.transport.app import JobMessages
 from workers.transport.delivery import Refused
 from workers.transport.job import Job
@@ -37,9 +38,6 @@ from workers.transport.topology import (
 )
 
 log = logging.getLogger("reach.dispatch")
-
-# between publishes of a nacked job: about four seconds in all, longer than a quorum queue's election
-NACK_PAUSES_SECONDS = (0.25, 0.5, 1.0, 2.0)
 
 
 class Dispatcher:
