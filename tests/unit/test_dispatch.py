@@ -16,7 +16,7 @@ from workers.settings import Settings
 from workers.transport import dispatch as dispatch_module
 from workers.transport.app import JobMessages, create_app
 from workers.transport.delivery import Refused
-from workers.transport.dispatch import Dispatcher
+from workers.transport.dispatch import REFUSED_MEMORY_SECONDS, Dispatcher
 from workers.transport.job import Job
 from workers.transport.publisher import Unroutable
 from workers.transport.topology import connector_queue
@@ -127,3 +127,26 @@ def test_a_job_nacked_on_every_try_reaches_the_caller_as_refused(declared: list[
     assert publisher.published == len(NACK_PAUSES_SECONDS) + 1
     assert pauses == list(NACK_PAUSES_SECONDS)
     assert 2.0 < sum(pauses) < 10.0  # longer than a quorum queue's election, short enough to answer
+
+
+def test_after_a_refusal_jobs_for_that_connector_get_one_try_for_a_while(declared: list[Queue]) -> None:
+    now = [1000.0]
+    publisher = NackingPublisher(nacks=100)
+    pauses: list[float] = []
+    dispatcher = Dispatcher(
+        publisher,  # type: ignore[arg-type]
+        jobs(),
+        no_connection,
+        sleep=pauses.append,
+        clock=lambda: now[0],
+    )
+    with pytest.raises(Refused):
+        dispatcher.dispatch(job())
+    tries = publisher.published
+    with pytest.raises(Refused):
+        dispatcher.dispatch(job())  # at once: one try, no pauses
+    assert publisher.published == tries + 1 and len(pauses) == len(NACK_PAUSES_SECONDS)
+    now[0] += REFUSED_MEMORY_SECONDS + 1
+    publisher.nacks = 0  # the queue takes messages again
+    dispatcher.dispatch(job())
+    assert publisher.published == tries + 2

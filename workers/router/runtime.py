@@ -79,7 +79,13 @@ class RouterRuntime:
             log.exception("router failed on a message; answering INTERNAL")
             decision = self._internal(raw)
         try:
-            self._carry_out(decision, raw)
+            try:
+                self._carry_out(decision, raw)
+            except (Unroutable, Refused) as exc:
+                if not isinstance(decision, Dispatch):
+                    raise  # a receipt or letter the broker would not take
+                decision = self._not_queued(decision, exc)  # answered as any rejection
+                self._carry_out(decision, raw)
         except TRANSIENT_ERRORS as exc:
             if self.retries.again(raw):
                 log.warning(
@@ -101,15 +107,9 @@ class RouterRuntime:
         log.error("giving up on intent %s: %s: %s", intent_id, type(exc).__name__, str(exc)[:300])
         metrics.MESSAGES_DROPPED.labels(reason=type(exc).__name__[:40]).inc()
         answer = decision if isinstance(decision, Answer) else self._internal(raw)
-        if isinstance(decision, Dispatch):
-            # never queued: the agent is told so (its budget given back), if the broker takes a receipt
-            answer = self._not_queued(decision, f"the job could not be queued ({type(exc).__name__})", "not queued")
-            try:
-                self.sink.send(answer.receipt, answer.routing_key)
-                metrics.RECEIPTS_PUBLISHED.labels(status=answer.receipt.status).inc()
-            except Exception as again:
-                log.error("could not answer intent %s either (%s)", intent_id, again)
-        elif not isinstance(decision, Answer):  # a Park never parked
+        if not isinstance(decision, Answer):  # a Dispatch, or a Park never parked
+            # (a Dispatch may have been queued by an earlier delivery whose confirm was lost, so
+            # it is not answered here: only a job known not to be queued is, in handle)
             try:
                 self.router.release(decision.job)  # never dispatched: its budgets get their amount back
             except Exception as again:
@@ -136,21 +136,8 @@ class RouterRuntime:
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
         if isinstance(decision, Dispatch):
-            try:
-                self._dispatch(decision, received, raw.received_at)
-                return
-            except Unroutable as exc:
-                log.error("intent %s not dispatched: %s", decision.intent_id, exc)
-                decision = self._not_queued(
-                    decision,
-                    f"the queue of connector {decision.job.connector} is missing on the broker",
-                    "queue missing",
-                )  # answered below, as any rejection
-            except Refused:
-                log.error("intent %s not dispatched: the broker nacked its job on every try", decision.intent_id)
-                decision = self._not_queued(
-                    decision, f"the broker refused to queue the job for connector {decision.job.connector}", "nacked"
-                )
+            self._dispatch(decision, received, raw.received_at)  # raises Unroutable, Refused: see handle
+            return
         if isinstance(decision, Park):
             if self.parking is None:
                 raise RuntimeError("this router was started without approvals (no Parking)")
@@ -288,12 +275,17 @@ class RouterRuntime:
             return (raw.body, "full") if self.keep_unparsable else (b"", "none")
         return redacted, "redacted" if redacted != raw.body else "full"
 
-    def _not_queued(self, decision: Dispatch, message: str, reason: str) -> Answer:
-        """The job is not in its connector's queue (the queue is missing and could not be declared
-        again, the broker nacked it on every try, or publishing kept failing): the intent ran
-        nowhere, so it is answered CONNECTOR_UNAVAILABLE (retryable) and its budget given back.
-        Its receipt is marked sent, so a pool that gets a stray copy of the job acks it unrun."""
+    def _not_queued(self, decision: Dispatch, exc: Unroutable | Refused) -> Answer:
+        """The broker did not take the job (its connector's queue is missing and could not be
+        declared again, or it nacked every try): the intent ran nowhere, so it is answered
+        CONNECTOR_UNAVAILABLE (retryable) and its budget given back."""
         job = decision.job
+        if isinstance(exc, Unroutable):
+            log.error("intent %s not dispatched: %s", job.intent_id, exc)
+            message, reason = f"the queue of connector {job.connector} is missing on the broker", "queue missing"
+        else:
+            log.error("intent %s not dispatched: the broker nacked its job on every try", job.intent_id)
+            message, reason = f"the broker refused to queue the job for connector {job.connector}", "nacked"
         try:
             self.router.release(job)
         except Exception as exc:

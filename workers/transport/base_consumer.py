@@ -57,15 +57,22 @@ class ReachConsumer(Consumer):
         for tag in list(getattr(consumer, "_active_tags", {}).values()):
             callbacks.setdefault(tag, self._cancelled_by_broker)
 
+    def add_task_queue(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        super().add_task_queue(queue, *args, **kwargs)
+        self.watch_cancels()
+
     def _cancelled_by_broker(self, tag: str) -> None:
         """py-amqp read a basic.cancel for ``tag``: reconnect, from outside whatever read it."""
         log.warning("the broker cancelled consumer %s (its queue deleted?); connecting again", tag)
         error = ConsumerCancelled(f"consumer {tag} was cancelled by the broker", spec.Basic.Cancel)
         if getattr(self, "hub", None) is None:
             raise error  # no event loop of Celery's here: raised where it was read, as py-amqp would
+        channel = getattr(getattr(self, "task_consumer", None), "channel", None)
 
         def again() -> None:
-            raise error
+            # not if the consumer has connected again meanwhile (its channel is another one then)
+            if getattr(getattr(self, "task_consumer", None), "channel", None) is channel:
+                raise error
 
         self.call_soon(again)
 

@@ -445,7 +445,6 @@ def bulkhead_consumer(bulkheads: Sequence[Bulkhead]) -> type[Consumer]:
             if queue in pools and not self.task_consumer.consuming_from(queue):
                 self._prefetch_for(queue)
             super().add_task_queue(queue, *args, **kwargs)
-            self.watch_cancels()
 
         def shutdown(self) -> None:
             for pool in pools.values():

@@ -4,7 +4,8 @@ a kombu message.
 
 ``TRANSIENT_ERRORS`` are the failures after which the same message may well be handled on its
 next delivery (the broker or Redis went away, or is failing over); ``Refused`` is the broker refusing one message
-(a nack: a full queue), which no retry changes.
+(a nack): a full queue, where only reach.dlq has a bound, or a queue failing to take it, as a
+quorum queue does while its leader moves (``workers.transport.dispatch`` publishes a job again).
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ raises :class:`~workers.transport.publisher.Unroutable` for the caller to answer
 A nacked job is published again after a pause, a few times. The fleet declares connector queues
 without a length bound, so a nack is not a full queue: it is the broker failing to take the
 message, as a quorum queue does while its leader stops and another is elected (a second or
-two). Only a nack that outlasts ``NACK_PAUSES_SECONDS`` reaches the caller, as ``Refused``.
+two). Only a nack that outlasts ``NACK_PAUSES_SECONDS`` reaches the caller, as ``Refused``. For
+``REFUSED_MEMORY_SECONDS`` after that, jobs for the same connector get one try each: a queue that
+keeps refusing (say, bounded by an operator's policy) must not hold the router's threads, shared
+by every agent and connector, for seconds per intent.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from workers.transport.topology import (
 
 log = logging.getLogger("reach.dispatch")
 
+REFUSED_MEMORY_SECONDS = 5.0
+
 
 class Dispatcher:
     """Publishes jobs; ``connect`` (None: never declare, let the caller retry later) opens a broker
@@ -51,12 +56,15 @@ class Dispatcher:
         connect: Callable[[], Connection] | None = None,
         queue_type: QueueType = DEFAULT_QUEUE_TYPE,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.publisher = publisher
         self.jobs = jobs
         self.connect = connect
         self.queue_type = queue_type
         self.sleep = sleep
+        self.clock = clock
+        self._refused_until: dict[str, float] = {}  # connector -> monotonic time (one per catalog connector)
 
     def dispatch(self, job: Job) -> None:
         """Returns once the job is confirmed in its connector's queue.
@@ -74,6 +82,8 @@ class Dispatcher:
                 self.publisher.publish(
                     body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
                 )
+                if self._refused_until:
+                    self._refused_until.pop(job.connector, None)
                 return
             except Unroutable as exc:
                 if self.connect is None or declared:
@@ -82,8 +92,10 @@ class Dispatcher:
                 self._declare(job.connector)
                 declared = True
             except Refused:
-                pause = next(pauses, None)
+                refusing = self._refused_until.get(job.connector, 0.0) > self.clock()
+                pause = None if refusing else next(pauses, None)
                 if pause is None:
+                    self._refused_until[job.connector] = self.clock() + REFUSED_MEMORY_SECONDS
                     raise
                 log.warning(
                     "the broker nacked the job of intent %s on %s; publishing it again in %g s",

@@ -36,6 +36,7 @@ import threading
 from typing import Any
 
 import amqp
+import kombu.exceptions
 from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
@@ -118,7 +119,7 @@ class Publisher:
                     **properties,
                 )
             except amqp.exceptions.MessageNacked:
-                raise  # the broker refused this message (a full queue): publishing it again changes nothing
+                raise  # the broker refused this message: the caller decides whether to try again
             except Exception as exc:  # connection or channel trouble: the careful path decides
                 log.info(
                     "publisher connection of %s failed (%s); publishing with retries",
@@ -167,9 +168,10 @@ class Publisher:
             returned.append(str(exc))
 
         with self._pool.acquire(block=True, timeout=30) as pooled:
-            handlers = pooled.channel.events["basic_return"] if mandatory else None
-            if handlers is not None:
-                handlers.add(on_return)
+            if mandatory:
+                # on the channel now, and on the one kombu's retry revives the producer with
+                pooled.channel.events["basic_return"].add(on_return)
+                pooled.on_return = on_return
             try:
                 pooled.publish(
                     body,
@@ -185,9 +187,16 @@ class Publisher:
                     mandatory=mandatory,
                     **properties,
                 )
+            except kombu.exceptions.OperationalError as exc:
+                # py-amqp counts a nack as a recoverable connection error, so kombu's retries
+                # republished it and then wrapped it: the caller must see it as the nack it is
+                if isinstance(exc.__cause__, amqp.exceptions.MessageNacked):
+                    raise exc.__cause__ from None
+                raise
             finally:
-                if handlers is not None:
-                    handlers.discard(on_return)
+                if mandatory:
+                    pooled.on_return = None
+                    pooled.channel.events["basic_return"].discard(on_return)
         if returned:
             raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
 
@@ -287,7 +296,7 @@ class BatchPublisher(Publisher):
         if self._combiner.run(item, item.done, BATCH_WAIT_SECONDS) and item.error is None:
             return
         if isinstance(item.error, amqp.exceptions.MessageNacked):
-            raise item.error  # refused by the broker (a full queue), not lost on the way
+            raise item.error  # refused by the broker (a nack), not lost on the way
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
         self._careful(body, exchange, routing_key, headers, properties)
         self._write_then([then] if then is not None else [])
