@@ -229,7 +229,7 @@ def test_a_parked_intent_whose_notice_is_refused_stays_parked_and_counted(client
     publisher = RefusingPublisher()
     parking = Parking(store, publisher, ReceiptSink(publisher, client, 60), Audit(None, "test"), 100)  # type: ignore[arg-type]
     policy = ApprovalPolicy(ApprovalSpec(approvers=["finance"], required=True), None, frozenset({"alice"}), frozenset())
-    parking.park(Park("reach.connector.shop", job, policy, {"amount": 900}, "required"), {"ts": 0, "bytes": 1})
+    parking.park(Park(job, policy, {"amount": 900}, "required"), {"ts": 0, "bytes": 1})
     [pending] = [r for r in store.entries(1000) if r.intent_id == intent]
     assert pending.state == "pending" and store.pending_count(AGENT) == 1
 

@@ -43,7 +43,6 @@ CORRUPT_REASON = "parked job corrupt"
 class Park:
     """A checked intent that waits for a person instead of being dispatched."""
 
-    queue: str
     job: Job
     policy: ApprovalPolicy
     redacted_params: dict[str, Any]

@@ -62,12 +62,15 @@ FIND_TOOLS_PARAMS = ParamValidator(
 class Dispatch:
     """A checked intent on its way to ``queue``; ``job`` is the pool task's only argument."""
 
-    queue: str
     job: Job
 
     @property
     def intent_id(self) -> str:
         return self.job.intent_id
+
+    @property
+    def queue(self) -> str:
+        return connector_queue_name(self.job.connector)
 
 
 @dataclass(frozen=True)
@@ -270,19 +273,11 @@ class Router:
         )
         policy = self.catalog.approvals.get((agent_id, ref.connector.name, ref.action.action))
         if policy is not None and over_budget is not None:
-            return Park(
-                connector_queue_name(ref.connector.name),
-                job,
-                policy,
-                redact_params(params, ref.action.input),
-                over_budget,
-            )
+            return Park(job, policy, redact_params(params, ref.action.input), over_budget)
         if policy is not None and policy.applies(params):  # a person decides (workers/router/approvals.py)
             why = policy.spec.when or "approval required"
-            return Park(
-                connector_queue_name(ref.connector.name), job, policy, redact_params(params, ref.action.input), why
-            )
-        return Dispatch(connector_queue_name(ref.connector.name), job)
+            return Park(job, policy, redact_params(params, ref.action.input), why)
+        return Dispatch(job)
 
     def _spend(
         self,
