@@ -604,9 +604,8 @@ class ReachClient:
         if self.user_id is not None:
             properties["user_id"] = self.user_id
         nack_pauses = iter(NACK_PAUSES_SECONDS)
-        attempt = 0
+        reconnected = False  # once per publish, on another node
         while True:
-            attempt += 1
             self._returned.clear()
             try:
                 # confirm mode makes this wait for the broker's ack; a basic.return for an
@@ -632,10 +631,9 @@ class ReachClient:
                     ) from exc
                 log.info("the broker nacked %s; publishing it again in %g s", label, pause)
                 time.sleep(pause)
-                attempt -= 1  # a nack is not a lost connection
-                continue
             except TimeoutError as exc:
-                if attempt == 1 and len(self._urls) > 1:
+                if not reconnected and len(self._urls) > 1:
+                    reconnected = True
                     self._reconnect(exc)  # another node may confirm it
                     continue
                 self._publish_broken = True
@@ -645,7 +643,8 @@ class ReachClient:
                     "idempotency_key (receipts still arrive at this one)"
                 ) from exc
             except tuple(self._conn.connection_errors) as exc:
-                if attempt == 1:
+                if not reconnected:
+                    reconnected = True
                     self._reconnect(exc)  # unconfirmed: published again on the new connection
                     continue
                 raise ReachError(f"publishing {label} failed: {exc}") from exc

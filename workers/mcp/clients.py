@@ -207,9 +207,8 @@ class AgentClients:
         """Publish ``call``'s intent and wait for the broker's confirm; once more on a new
         connection if the one it went out on was lost before confirming it."""
         nack_pauses = iter(NACK_PAUSES_SECONDS)
-        attempt = 0
+        reconnected = False  # once per call, on a new connection
         while True:
-            attempt += 1
             link = waiter.link = await self._ready(call.agent)
             if waiter.receipt.done():  # failed with the connection lost under the first attempt
                 _retrieve(waiter.receipt)
@@ -250,7 +249,6 @@ class AgentClients:
                     ) from exc
                 log.info("the broker nacked intent %s; publishing it again in %g s", call.intent_id, pause)
                 await anyio.sleep(pause)
-                attempt -= 1  # a nack is not a lost connection
             except TimeoutError as exc:
                 raise Undelivered(
                     f"the broker did not confirm the intent within {self._timeout:g} s; it may or may not be queued",
@@ -269,8 +267,9 @@ class AgentClients:
                     raise
                 # (else the publishing channel closed under this call, over another's message: a new one)
                 sent.earlier, sent.writing = sent.earlier or sent.writing, False
-                if attempt == 2:
+                if reconnected:
                     raise Undelivered(f"lost the broker connection while publishing: {exc}", published=None) from exc
+                reconnected = True
                 log.info("the broker connection failed while publishing (%s); sending from a new one", exc)
 
     def _refused(self, exc: Exception) -> str:
