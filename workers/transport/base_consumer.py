@@ -46,15 +46,17 @@ class ReachConsumer(Consumer):
         self.watch_cancels()  # the loop's consume() has just run
         super().on_ready()
 
+    def _task_channel(self) -> Any:
+        """The task consumer's channel (None before the first connect)."""
+        return getattr(getattr(self, "task_consumer", None), "channel", None)
+
     def watch_cancels(self) -> None:
         """Give each consumer tag of the task consumer a cancel callback (see the module
         docstring). Call after every consume()."""
-        consumer = getattr(self, "task_consumer", None)
-        channel = getattr(consumer, "channel", None)
-        callbacks = getattr(channel, "cancel_callbacks", None)
+        callbacks = getattr(self._task_channel(), "cancel_callbacks", None)
         if callbacks is None:
             return
-        for tag in list(getattr(consumer, "_active_tags", {}).values()):
+        for tag in list(getattr(self.task_consumer, "_active_tags", {}).values()):
             callbacks.setdefault(tag, self._cancelled_by_broker)
 
     def add_task_queue(self, queue: str, *args: Any, **kwargs: Any) -> None:
@@ -67,11 +69,11 @@ class ReachConsumer(Consumer):
         error = ConsumerCancelled(f"consumer {tag} was cancelled by the broker", spec.Basic.Cancel)
         if getattr(self, "hub", None) is None:
             raise error  # no event loop of Celery's here: raised where it was read, as py-amqp would
-        channel = getattr(getattr(self, "task_consumer", None), "channel", None)
+        channel = self._task_channel()
 
         def again() -> None:
             # not if the consumer has connected again meanwhile (its channel is another one then)
-            if getattr(getattr(self, "task_consumer", None), "channel", None) is channel:
+            if self._task_channel() is channel:
                 raise error
 
         self.call_soon(again)

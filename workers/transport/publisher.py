@@ -128,9 +128,7 @@ class Publisher:
                 )
                 self._close()
             else:
-                # the return comes before the confirm, on this thread's own connection
-                if returned:
-                    raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
+                _raise_if_returned(returned, exchange, routing_key)  # a return comes before its confirm
                 self._write_then([then] if then is not None else [])
                 return
         self._careful(body, exchange, routing_key, headers, properties, mandatory)
@@ -197,8 +195,7 @@ class Publisher:
                 if mandatory:
                     pooled.on_return = None
                     pooled.channel.events["basic_return"].discard(on_return)
-        if returned:
-            raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
+        _raise_if_returned(returned, exchange, routing_key)
 
     def _open(self) -> Producer | None:
         """This thread's own producer, or None when the broker cannot be reached right now."""
@@ -232,6 +229,11 @@ class Publisher:
                 connection.collect()  # drop sockets and channels without talking to a dead broker
             except Exception:
                 pass
+
+
+def _raise_if_returned(returned: list[str], exchange: Exchange, routing_key: str) -> None:
+    if returned:
+        raise Unroutable(f"{exchange.name or '(default)'} -> {routing_key}: {returned[0]}")
 
 
 def connect_any(connection: Connection) -> None:
