@@ -199,6 +199,18 @@ class Fleet:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def stages(self, agent_id: str, intent_id: str) -> list[str]:
+        """The audit stages recorded so far for an agent's intent, in order (what ``reach trace`` shows)."""
+        import redis
+
+        from workers.observability.audit import read_trace
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return [event["stage"] for event in read_trace(client, agent_id, intent_id)]
+        finally:
+            client.close()
+
     def stop_process(self, name: str) -> None:
         self.processes.group.stop(name)
 

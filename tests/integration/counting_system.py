@@ -196,6 +196,29 @@ class CountingSystem(ThreadingHTTPServer):
         with self.state.lock:
             return self.state.in_flight
 
+    def catalog(self, connector: str, agent: str) -> str:
+        """A catalog of one connector on this system, a pool of 2 threads and one write action,
+        ``create_item`` (``title``), that ``agent`` may call."""
+        return f"""
+connector:
+  name: {connector}
+  endpoint: {self.url}
+  pool: {{ concurrency: 2 }}
+  actions:
+    - action: create_item
+      path: POST /items
+      input:
+        title: {{ type: string, required: true }}
+      permission: write
+      timeout: 5s
+---
+agent_app:
+  name: {agent}
+  connector_bindings:
+    - connector: {connector}
+      allowed_actions: ["*"]
+"""
+
 
 def main(argv: list[str] | None = None) -> None:
     """Serve on PORT (0: any free one) until killed; ``--slow S`` sets the /slow/ delay."""

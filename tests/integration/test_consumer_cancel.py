@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import redis
 from amqp.exceptions import NotFound
 from kombu import Connection
 
@@ -39,7 +38,6 @@ from producers.client import ReachClient, ReachError
 from tests.fleet import Fleet, agent
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.observability.audit import read_trace
 from workers.ops.processes import Proc
 from workers.transport.topology import INTENTS_QUEUE_NAME, connector_queue_name
 
@@ -51,26 +49,6 @@ POOL_QUEUE = connector_queue_name(CONNECTOR)
 BACK_WITHIN = 20.0  # s for a deleted queue to exist again with a consumer (about 0.1 s when it works)
 LOST_AFTER = 10.0  # s without a receipt after which an intent counts as lost (a round trip takes ms)
 GRACE = 1.0  # s listening for a second receipt of an intent that was answered
-
-CATALOG = """
-connector:
-  name: {connector}
-  endpoint: {url}
-  pool: {{ concurrency: 2 }}
-  actions:
-    - action: create_item
-      path: POST /items
-      input:
-        title: {{ type: string, required: true }}
-      permission: write
-      timeout: 5s
----
-agent_app:
-  name: {agent}
-  connector_bindings:
-    - connector: {connector}
-      allowed_actions: ["*"]
-"""
 
 
 class Broker:
@@ -112,7 +90,7 @@ def downstream() -> Iterator[CountingSystem]:
 @pytest.fixture
 def fleet(downstream: CountingSystem) -> Iterator[Fleet]:
     """A fleet of its own per test: the tests delete its queues, and some leave it broken."""
-    with Fleet(CATALOG.format(connector=CONNECTOR, url=downstream.url, agent=AGENT), [CONNECTOR]) as running:
+    with Fleet(downstream.catalog(CONNECTOR, AGENT), [CONNECTOR]) as running:
         # one intent through first: then both consumers' loops are past Celery's first drain
         # (see the module docstring), so a cancel now is one the fleet is meant to handle
         with agent(AGENT, running.broker_url) as client:
@@ -143,15 +121,6 @@ def stopped(proc: Proc) -> Iterator[None]:
         yield
     finally:
         os.killpg(proc.pid, signal.SIGCONT)
-
-
-def stages(fleet: Fleet, intent_id: str) -> list[str]:
-    """The audit stages recorded so far for the agent's intent (what ``reach trace`` shows)."""
-    client = redis.Redis.from_url(fleet.redis_url)
-    try:
-        return [event["stage"] for event in read_trace(client, AGENT, intent_id)]
-    finally:
-        client.close()
 
 
 def served_once(client: ReachClient, downstream: CountingSystem, title: str) -> None:
@@ -201,7 +170,7 @@ def test_a_job_dispatched_while_its_connector_queue_is_gone_waits_for_its_pool_i
     broker.delete(POOL_QUEUE)
     assert broker.consumers(POOL_QUEUE) is None
     intent_id = client.publish(ACTION, {"title": title})
-    wait_for(lambda: "dispatched" in stages(fleet, intent_id), 20, "the router never dispatched the intent")
+    wait_for(lambda: "dispatched" in fleet.stages(AGENT, intent_id), 20, "the router never dispatched the intent")
     # the job came back to the router, which declared the queue again and published it there
     assert broker.consumers(POOL_QUEUE) == 0
     assert f"{POOL_QUEUE} is missing" in fleet.log("router")

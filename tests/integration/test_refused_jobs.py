@@ -48,26 +48,6 @@ POLICY = f"reach-test-refuse-{RUN}"
 FILLER = b"filler: holds the queue over its bound of 0"
 NACKED = "the broker nacked the job of intent"
 
-CATALOG = """
-connector:
-  name: {connector}
-  endpoint: {url}
-  pool: {{ concurrency: 2 }}
-  actions:
-    - action: create_item
-      path: POST /items
-      input:
-        title: {{ type: string, required: true }}
-      permission: write
-      timeout: 5s
----
-agent_app:
-  name: {agent}
-  connector_bindings:
-    - connector: {connector}
-      allowed_actions: ["*"]
-"""
-
 
 @pytest.fixture(scope="module")
 def downstream() -> Iterator[CountingSystem]:
@@ -78,7 +58,7 @@ def downstream() -> Iterator[CountingSystem]:
 
 @pytest.fixture(scope="module")
 def fleet(downstream: CountingSystem) -> Iterator[Fleet]:
-    with Fleet(CATALOG.format(connector=CONNECTOR, url=downstream.url, agent=AGENT), [CONNECTOR]) as running:
+    with Fleet(downstream.catalog(CONNECTOR, AGENT), [CONNECTOR]) as running:
         yield running
 
 
@@ -124,14 +104,6 @@ class Refusal:
         self.fleet.wait_consuming(QUEUE)
 
 
-def stages(fleet: Fleet, intent_id: str) -> list[str]:
-    return [
-        json.loads(line)["stage"]
-        for line in fleet.log("router").splitlines()
-        if line.startswith("{") and intent_id in line and '"reach.audit"' in line
-    ]
-
-
 def nacks_of(fleet: Fleet, intent_id: str) -> int:
     return sum(1 for line in fleet.log("router").splitlines() if NACKED in line and intent_id in line)
 
@@ -152,7 +124,8 @@ def test_a_job_nacked_on_every_try_is_answered_connector_unavailable_and_runs_no
         assert "refused to queue" in receipt.error.message
         assert took >= sum(NACK_PAUSES_SECONDS)  # every try was made before the answer
         assert nacks_of(fleet, intent_id) == len(NACK_PAUSES_SECONDS)
-        assert stages(fleet, intent_id) == ["received", "rejected", "receipt"]
+        expected = ["received", "rejected", "receipt"]  # (written after the receipt went out)
+        wait_for(lambda: fleet.stages(AGENT, intent_id), 10, "the audit stages", until=lambda got: got == expected)
         # the fleet goes on: once the queue takes messages again, the next intent runs
         again = client.call(ACTION, {"title": f"{RUN}-after"}, timeout=30)
         assert again.status == "succeeded", again
@@ -170,7 +143,7 @@ def test_a_job_nacked_while_the_queue_recovers_runs_once(fleet: Fleet, downstrea
             wait_for(lambda: nacks_of(fleet, intent_id) >= 1, 20, "the router's first nack")
             refusal.lift()
             # the router's next try is taken: the job waits in the queue for its pool
-            wait_for(lambda: "dispatched" in stages(fleet, intent_id), 20, "the job was never queued")
+            wait_for(lambda: "dispatched" in fleet.stages(AGENT, intent_id), 20, "the job was never queued")
         receipt = client.wait(intent_id, timeout=30.0)  # the pool is back
         more = list(client.receipts(timeout=1.0))  # a second receipt would show up now
     assert receipt.status == "succeeded", receipt
