@@ -199,6 +199,11 @@ class Fleet:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def log_lines(self, name: str) -> list[str]:
+        """The complete lines of a process's log (a line still being written is left for the next read)."""
+        text = self.log(name)
+        return text[: text.rfind("\n") + 1].splitlines()
+
     def stages(self, agent_id: str, intent_id: str) -> list[str]:
         """The audit stages recorded so far for an agent's intent, in order (what ``reach trace`` shows)."""
         import redis

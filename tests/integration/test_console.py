@@ -245,8 +245,7 @@ def test_an_approver_approves_a_parked_refund_and_the_downstream_gets_exactly_it
     assert calls[0]["body"] == {"title": title, "amount": 900, "card": SECRET_CARD}  # the parked payload, as sent
 
     def approved_by_alice() -> bool:
-        text = fleet.log("console")  # complete lines only: one may still be being written
-        audit = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if '"stage":"console"' in line]
+        audit = [json.loads(line) for line in fleet.log_lines("console") if '"stage":"console"' in line]
         return any(e["user"] == "alice" and e["action"] == "approve" and e["intent_id"] == intent_id for e in audit)
 
     wait_for(approved_by_alice, 10, "the console's audit line for the approval")  # (its log is flushed by lines)

@@ -240,12 +240,8 @@ def status_rows(fleet: Fleet) -> dict[str, dict[str, Any]]:
 
 
 def log_lines(fleet: Fleet, *names: str) -> list[str]:
-    """The complete lines of the processes' logs (a line still being written is left for the next read)."""
-    lines = []
-    for name in names:
-        text = fleet.log(name)
-        lines.extend(text[: text.rfind("\n") + 1].splitlines())
-    return lines
+    """The complete lines of the processes' logs, one process after another."""
+    return [line for name in names for line in fleet.log_lines(name)]
 
 
 def audit_events(fleet: Fleet, intent_id: str) -> list[dict[str, Any]]:

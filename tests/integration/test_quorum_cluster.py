@@ -202,7 +202,7 @@ def where_lost(cluster: RabbitCluster, fleet: Fleet, lost: list[str]) -> str:
     what the queues hold now: enough to tell a broker that lost a confirmed message from a process
     that dropped one."""
     names = ["router", CONNECTOR]
-    lines = [line for name in names for line in fleet.log(name).splitlines()]
+    lines = [line for name in names for line in fleet.log_lines(name)]
     found = []
     for intent_id in lost[:10]:
         stages = []

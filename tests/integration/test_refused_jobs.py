@@ -105,7 +105,7 @@ class Refusal:
 
 
 def nacks_of(fleet: Fleet, intent_id: str) -> int:
-    return sum(1 for line in fleet.log("router").splitlines() if NACKED in line and intent_id in line)
+    return sum(1 for line in fleet.log_lines("router") if NACKED in line and intent_id in line)
 
 
 def test_a_job_nacked_on_every_try_is_answered_connector_unavailable_and_runs_nowhere(
