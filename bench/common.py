@@ -276,7 +276,7 @@ def start_private_redis(procs: Procs) -> tuple[str, int]:
             "--daemonize",
             "no",
             "--databases",
-            "2",
+            "3",  # the fleet's, and one each for the controls fleet_classic and fleet_base
             "--dir",
             str(procs.log_dir),
         ],

@@ -16,8 +16,20 @@ from workers.ops.processes import FleetProcesses
 class ReachFleet(FleetProcesses):
     """Processes are named ``<prefix>-router``, ``<prefix>-<connector>`` in the run's registry."""
 
-    def __init__(self, procs: Procs, catalog_dir: Path, broker_url: str, redis_url: str, prefix: str = "fleet") -> None:
-        super().__init__(procs, catalog_dir, broker_url, redis_url, prefix=f"{prefix}-")
+    def __init__(
+        self,
+        procs: Procs,
+        catalog_dir: Path,
+        broker_url: str,
+        redis_url: str,
+        prefix: str = "fleet",
+        cwd: Path | None = None,
+    ) -> None:
+        """``cwd``: another source tree to run (bench/recovery.py's ``--base``), else this one."""
+        if cwd is None:
+            super().__init__(procs, catalog_dir, broker_url, redis_url, prefix=f"{prefix}-")
+        else:
+            super().__init__(procs, catalog_dir, broker_url, redis_url, prefix=f"{prefix}-", cwd=cwd)
         self.procs = procs
         self.catalog_dir = catalog_dir
 

@@ -91,7 +91,8 @@ def recovery(timeline: list[list[float]], paced_s: float, steady_p99: float) -> 
 
 # controls, each on a vhost (and Redis database) of its own, started on request (--variants):
 # the fleet on classic queues, and the bare pipeline on quorum queues (the fleet's default type)
-CONTROLS = ("fleet_classic", "bare_quorum")
+CONTROLS = ("fleet_classic", "bare_quorum", "fleet_base")
+BASE: dict[str, Any] = {}  # --base REF: {"ref": REF, "dir": the tree it was unpacked to}
 
 
 def start_control(ctx: bench_run.Ctx, variant: str, pids: dict[str, int]) -> None:
@@ -103,11 +104,17 @@ def start_control(ctx: bench_run.Ctx, variant: str, pids: dict[str, int]) -> Non
     common_pids = {"downstream": ctx.downstream_pid}
     if ctx.beam_pid:
         common_pids["rabbitmq"] = ctx.beam_pid
-    if variant == "fleet_classic":
+    if variant in ("fleet_classic", "fleet_base"):
         fleet = ReachFleet(
-            ctx.procs, ctx.work / "catalog-main", vhost.url, ctx.redis_url.rsplit("/", 1)[0] + "/1", prefix=variant
+            ctx.procs,
+            ctx.work / "catalog-main",
+            vhost.url,
+            ctx.redis_url.rsplit("/", 1)[0] + ("/1" if variant == "fleet_classic" else "/2"),
+            prefix=variant,
+            cwd=BASE["dir"] if variant == "fleet_base" else None,
         )
-        fleet.env["REACH_QUEUE_TYPE"] = "classic"
+        if variant == "fleet_classic":
+            fleet.env["REACH_QUEUE_TYPE"] = "classic"
         fleet.start_router()
         fleet.start_pool(bench_run.catalogs.FAST)
         fleet.wait_consuming("reach.intents")
@@ -132,10 +139,31 @@ def start_control(ctx: bench_run.Ctx, variant: str, pids: dict[str, int]) -> Non
     agent.connect_amqp(vhost.url, exchange, receipts, "*.x")
     ctx.agents[variant] = agent
     meter = {"router": router, "pool": pool, **common_pids}
-    if variant == "fleet_classic" and ctx.redis_pid:
+    if variant in ("fleet_classic", "fleet_base") and ctx.redis_pid:
         meter["redis"] = ctx.redis_pid
     ctx.meters[variant] = CpuMeter(meter, {"rabbitmq": False})
     log(f"control {variant} consuming on vhost {vhost.name}")
+
+
+def unpack(ref: str, into: Path) -> Path:
+    """The repository's tree at ``ref``, written to ``into`` (``git archive``: no worktree to clean up)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    into.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise RuntimeError(f"git archive {commit} failed")
+    BASE["commit"] = commit
+    log(f"fleet_base: {ref} = {commit[:10]}, unpacked to {into}")
+    return into
 
 
 GC_WATCH: dict[str, Any] = {}  # --gcwatch: {"dir": Path, "pids": {variant: {role: pid}}}
@@ -493,9 +521,17 @@ def main() -> int:
         "--aftermath", type=int, default=0, metavar="N", help="CPU of every process each second after a burst of N"
     )
     parser.add_argument("--profile-only", action="store_true", help="the profiles alone, no measured repetitions")
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="max throughput alone (3 repetitions), no paced phases"
+    )
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument(
         "--gcwatch", action="store_true", help="count every process's garbage collections per phase (bench/gcwatch)"
+    )
+    parser.add_argument(
+        "--base",
+        metavar="REF",
+        help="add the control fleet_base: the fleet as of git REF (e.g. HEAD, main~3), run beside this tree's",
     )
     parser.add_argument("--output", default=str(RESULTS / "recovery.json"))
     args = parser.parse_args()
@@ -508,9 +544,13 @@ def main() -> int:
     if args.paced_s:
         cfg["paced_s"] = args.paced_s
     cfg["variants"] = args.variants.split(",")
+    if args.base and "fleet_base" not in cfg["variants"]:
+        cfg["variants"].append("fleet_base")
+    if "fleet_base" in cfg["variants"] and not args.base:
+        parser.error("fleet_base needs --base REF")
     if not {"fleet", "bare"} <= set(cfg["variants"]) or not set(cfg["variants"]) <= {"fleet", "bare", *CONTROLS}:
         parser.error("--variants: fleet and bare, and any of " + ", ".join(CONTROLS))
-    do_throughput = (
+    do_throughput = args.throughput_only or (
         args.throughput
         if args.throughput is not None
         else (mode == "full" and not args.profile_only and not args.aftermath)
@@ -550,6 +590,9 @@ def main() -> int:
             os.environ["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(Path(__file__).resolve().parent / "gcwatch"), os.environ.get("PYTHONPATH")) if p
             )
+        if args.base:
+            BASE.update(ref=args.base, dir=unpack(args.base, work / "base"))
+            results["meta"]["base"] = {"ref": args.base, "commit": BASE["commit"]}
         fleet, pids = bench_run.start_stack(ctx)
         for variant in cfg["variants"]:
             if variant in CONTROLS:
@@ -565,13 +608,18 @@ def main() -> int:
             results["aftermath"] = aftermath(ctx, args.aftermath)
         if args.profile:
             results["profile"] = profile(ctx, pids, args.profile_burst, 8.0)
-        reps = [] if args.profile_only or args.aftermath else [one_rep(ctx, rep) for rep in range(cfg["reps"])]
+        reps = (
+            []
+            if args.profile_only or args.aftermath or args.throughput_only
+            else [one_rep(ctx, rep) for rep in range(cfg["reps"])]
+        )
         results["reps"] = reps
         if reps:
             results["summary"] = summarize(reps, cfg["bursts"], cfg["variants"])
         if do_throughput:
-            cfg["reps"] = max(3, cfg["reps"]) if mode == "full" else 1
-            results["throughput"] = bench_run.throughput(ctx)
+            cfg["reps"] = max(3, cfg["reps"]) if mode == "full" or args.throughput_only else 1
+            extra = [v for v in cfg["variants"] if v in CONTROLS]
+            results["throughput"] = bench_run.throughput(ctx, (*bench_run.VARIANTS, *extra))
     except BaseException as exc:
         ctx.problems.append(f"run aborted: {type(exc).__name__}: {exc}")
         import traceback

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -444,11 +445,12 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
 # -- the side-by-side sections -------------------------------------------------------------------
 
 
-def throughput(ctx: Ctx) -> dict[str, Any]:
+def throughput(ctx: Ctx, variants: Sequence[str] = VARIANTS) -> dict[str, Any]:
+    """Bursts of ``burst_n`` per variant, interleaved, ``reps`` times."""
     cfg = ctx.cfg
-    out: dict[str, Any] = {v: {"reps": []} for v in VARIANTS}
+    out: dict[str, Any] = {v: {"reps": []} for v in variants}
     for rep in range(cfg["reps"]):
-        for variant in VARIANTS:
+        for variant in variants:
             idle = ctx.meters[variant].idle_rates(cfg["idle_s"])
             before = redis_calls(ctx.redis_url) if variant == "fleet" and not ctx.args.redis_url else None
             res = ctx.phase(variant, "burst", cfg["burst_n"], label=f"burst rep {rep + 1}")
@@ -468,7 +470,7 @@ def throughput(ctx: Ctx) -> dict[str, Any]:
                 f"{res.get('overall_rate')}/s, receipts {res.get('receipts')}/{res['n']}, "
                 f"load {loadavg()[0]}"
             )
-    for variant in VARIANTS:
+    for variant in variants:
         reps = out[variant]["reps"]
         out[variant]["steady_rate"] = median([r.get("steady_rate") for r in reps])
         out[variant]["overall_rate"] = median([r.get("overall_rate") for r in reps])

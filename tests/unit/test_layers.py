@@ -11,7 +11,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("producers", "connectors", "workers")
 # rank of each layer; the roles router, pool and mcp share a rank and may not import each other
-WORKER_LAYERS = {"settings": 0, "state": 1, "transport": 2, "observability": 3, "router": 4, "pool": 4, "ops": 5}
+WORKER_LAYERS = {
+    "settings": 0,
+    "ids": 0,
+    "state": 1,
+    "transport": 2,
+    "observability": 3,
+    "router": 4,
+    "pool": 4,
+    "ops": 5,
+}
 WORKER_LAYERS["mcp"] = 4  # the MCP facade: a role beside router and pool
 WORKER_LAYERS["console"] = 5  # the operator web page: over ops' functions, beside the CLI
 

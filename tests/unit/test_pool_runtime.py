@@ -23,6 +23,7 @@ from workers.observability.audit import Audit
 from workers.pool.consumer import job_handler
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
 from workers.state import keys
+from workers.state.batcher import Write
 from workers.state.ledger import Begin, Claim, params_hash
 from workers.transport.app import EXECUTE_TASK
 from workers.transport.delivery import Delivery
@@ -197,8 +198,9 @@ class FakeLedger:
 
 
 class FakePublisher:
-    def __init__(self, client: FakeRedis) -> None:
+    def __init__(self, client: FakeRedis, batcher: FakeBatcher) -> None:
         self._client = client
+        self._batcher = batcher
         self.published: list[dict[str, Any]] = []
 
     def publish(
@@ -209,8 +211,11 @@ class FakePublisher:
         routing_key: str,
         headers: dict[str, Any] | None = None,
         then: Callable[[Any], None] | None = None,
+        first: Write | None = None,
         **properties: Any,
     ) -> None:
+        if first is not None:
+            self.store_first(first)
         self.published.append(
             {
                 "exchange": exchange.name,
@@ -224,6 +229,9 @@ class FakePublisher:
             pipe = self._client.pipeline()
             then(pipe)
             pipe.execute()
+
+    def store_first(self, first: Write) -> None:
+        self._batcher.call(first.commands, first.lines, durable=tuple(first.durable))
 
     def receipts(self) -> list[Receipt]:
         return [Receipt.model_validate_json(p["body"]) for p in self.published if p["exchange"] == "reach.receipts"]
@@ -253,7 +261,7 @@ class Pool:
         self.redis = FakeRedis()
         self.batcher = FakeBatcher(self.redis)
         self.ledger = FakeLedger(self.redis, alive)
-        self.publisher = FakePublisher(self.redis)
+        self.publisher = FakePublisher(self.redis, self.batcher)
         self.adapter = adapter
         audit = Audit(None, "pool:tickets", batcher=self.batcher)  # type: ignore[arg-type]
         self.runtime = PoolRuntime(

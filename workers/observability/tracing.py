@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 from collections.abc import Iterator
 from typing import Any
+
+from workers.ids import hex_id
 
 log = logging.getLogger("reach.tracing")
 
@@ -26,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 
 def new_span_id() -> str:
-    return secrets.token_hex(8)
+    return hex_id(16)
 
 
 def traceparent_for(trace_id: str, incoming: str | None) -> str:

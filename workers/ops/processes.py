@@ -170,8 +170,11 @@ class FleetProcesses:
         env: Mapping[str, str] | None = None,
         prefix: str = "",
         metrics: bool = True,
+        cwd: Path = REPO,
     ) -> None:
+        """``cwd``: the source tree the processes run (``-m workers.ops.cli`` imports from it)."""
         self.group = group
+        self.cwd = cwd
         self.broker_url = broker_url
         self.prefix = prefix
         self.metrics = metrics
@@ -197,7 +200,7 @@ class FleetProcesses:
             env["REACH_METRICS_PORT"] = str(free_port())
         if "REACH_METRICS_PORT" in env:
             self.metrics_ports[name] = int(env["REACH_METRICS_PORT"])
-        proc = self.group.start(self.full(name), [sys.executable, "-m", "workers.ops.cli", *args], env)
+        proc = self.group.start(self.full(name), [sys.executable, "-m", "workers.ops.cli", *args], env, cwd=self.cwd)
         if name not in self.names:
             self.names.append(name)
         return proc

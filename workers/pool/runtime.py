@@ -24,7 +24,6 @@ import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,13 +34,14 @@ from connectors.adapters.base import Adapter, CallContext, Outcome
 from connectors.catalog import ActionRef, Catalog
 from connectors.spec import ConnectorSpec
 from producers.wire import AMQP_SHORT_STRING_BYTES, ErrorCode, Execution, Receipt
+from workers.ids import hex_id
 from workers.observability import metrics
 from workers.observability.audit import Audit
 from workers.observability.redaction import REDACTED, REDACTED_HEADER, redact_params
 from workers.observability.tracing import child_traceparent, span
 from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
-from workers.state.batcher import Batcher
+from workers.state.batcher import Batcher, Write
 from workers.state.breaker import Permit, SharedBreaker
 from workers.state.budgets import budget_index, gives_back, refund_into
 from workers.state.control import PoolStatus
@@ -193,7 +193,7 @@ class PoolRuntime:
         ctx = JobContext(
             job=job,
             ref=ref,
-            attempt=uuid.uuid4().hex[:12],
+            attempt=hex_id(12),
             safe=self.connector.safe_to_repeat(ref.action),
             key=keys.idempotency(job.agent_id, self.connector.name, ref.action.action, job.idempotency_key),
             params_hash=params_hash(job.params),
@@ -384,10 +384,11 @@ class PoolRuntime:
             if refund is not None:
                 refund(pipe)
 
+        # stored before the receipt goes out, by the publisher's batch (one hand-over for both);
         # the attempt lines go to stdout in the same batch; the outcome waits for a replica (durable)
-        self.batcher.call(decided, lines=lines or None, durable=(ctx.key,))
         sent_lines, mark = self._sent_record(receipt, ctx.job)
-        self.sink.publish(receipt, body, ctx.job.reply_to, then=mark)
+        first = Write(decided, lines or None, (ctx.key,))
+        self.sink.publish(receipt, body, ctx.job.reply_to, then=mark, first=first)
         if sent_lines:
             self.audit.write_lines(sent_lines)
         self._count(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))

@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -39,6 +40,16 @@ log = logging.getLogger("reach.batcher")
 Commands = Callable[[Any], None]  # adds commands to a redis-py pipeline
 MAX_BATCH = 500
 WAIT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Write:
+    """One caller's share of a batch: its commands, its audit lines, and the keys whose node
+    must pass the writes on to its replicas before the caller goes on (see ``Batcher.call``)."""
+
+    commands: Commands
+    lines: list[str] | None = None
+    durable: Sequence[str] = ()
 
 
 _stdout_lock = threading.Lock()
@@ -105,6 +116,18 @@ class Batcher:
             raise item.error
         return item.results
 
+    def call_each(self, writes: Sequence[Write]) -> list[list[Any] | redis.RedisError]:
+        """Several callers' writes in the next batch (each as ``call`` would run it), for a thread
+        that acts for them all (the receipt publisher): each one's results, or the error that
+        failed it — one failing write does not fail the others."""
+        if not writes:
+            return []
+        items = [_Item(w.commands, w.lines, threading.Event(), w.durable) for w in writes]
+        if not self._combiner.run_all(items, [item.done for item in items], WAIT_SECONDS):  # type: ignore[misc]
+            late = redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
+            return [item.results if item.done.is_set() and item.error is None else late for item in items]  # type: ignore[union-attr]
+        return [item.results if item.error is None else _redis_error(item.error) for item in items]
+
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the background thread (later calls run on their caller)."""
         self._combiner.close(timeout)
@@ -147,3 +170,7 @@ class Batcher:
             for item in batch:
                 if item.done is not None:
                     item.done.set()
+
+
+def _redis_error(error: Exception) -> redis.RedisError:
+    return error if isinstance(error, redis.RedisError) else redis.RedisError(str(error))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -46,6 +47,16 @@ class Combiner(Generic[T]):
         self._queue.put(item)
         self._combine(done)
         return done.is_set() or done.wait(timeout)
+
+    def run_all(self, items: list[T], dones: list[threading.Event], timeout: float) -> bool:
+        """``run`` for several items at once, in one batch when they fit: they queue together,
+        and batches take the queue in order, so once the last is done every earlier one is too.
+        False if ``timeout`` passed before all were done."""
+        for item in items:
+            self._queue.put(item)
+        self._combine(dones[-1])
+        give_up = time.monotonic() + timeout
+        return all(done.is_set() or done.wait(max(0.0, give_up - time.monotonic())) for done in dones)
 
     def post(self, item: T) -> None:
         """Queue ``item`` without waiting for it: if no batch is running, this thread runs one now

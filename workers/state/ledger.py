@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
+from workers.ids import hex_id
 from workers.state import keys
 from workers.state.breaker import CLOSED
 from workers.state.client import eval_into, replica_wait, text
@@ -216,7 +217,7 @@ class Ledger:
 
     def _claim_args(self, params_hash: str, intent_id: str, attempt: str) -> list[Any]:
         """ARGV of ``_CLAIM``, with a new nonce."""
-        return [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt, uuid.uuid4().hex[:16]]
+        return [params_hash, self._heartbeat.worker_id, intent_id, self._ttl_ms, attempt, hex_id(16)]
 
     def claim(self, key: str, params_hash: str, intent_id: str, attempt: str) -> Claim:
         args = self._claim_args(params_hash, intent_id, attempt)

@@ -40,7 +40,7 @@ import kombu.exceptions
 from kombu import Connection, Exchange, Producer
 from kombu.pools import ProducerPool
 
-from workers.state.batcher import WAIT_SECONDS, Batcher, Commands
+from workers.state.batcher import WAIT_SECONDS, Batcher, Commands, Write
 from workers.state.combining import Combiner
 
 log = logging.getLogger("reach.publisher")
@@ -48,10 +48,10 @@ log = logging.getLogger("reach.publisher")
 # bounded: a broker that stays away makes the caller fail (and not ack) instead of hanging forever
 RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 CONFIRM_TIMEOUT = 30.0
-# how long a caller waits for someone else's batch: longer than a batch can take (a confirm wait,
-# then its "then" writes through the batcher), so it never gives up on a receipt that batch may
-# still publish — publishing it again on the careful path would send it twice
-BATCH_WAIT_SECONDS = CONFIRM_TIMEOUT + WAIT_SECONDS + 5
+# how long a caller waits for someone else's batch: longer than a batch can take (its "first"
+# writes, a confirm wait, then its "then" writes through the batcher), so it never gives up on a
+# receipt that batch may still publish — publishing it again on the careful path would send it twice
+BATCH_WAIT_SECONDS = CONFIRM_TIMEOUT + 2 * WAIT_SECONDS + 5
 MAX_BATCH = 200
 
 
@@ -87,19 +87,25 @@ class Publisher:
         routing_key: str,
         headers: dict[str, Any] | None = None,
         then: Commands | None = None,
+        first: Write | None = None,
         mandatory: bool = False,
         **properties: Any,
     ) -> None:
         """Returns once the broker confirmed the message; raises if it could not be published.
 
-        ``then``: Redis commands to write once the message is confirmed and before this returns
-        (needs a ``batcher``), e.g. a receipt's "sent" mark; a failure to write them is logged.
+        ``first``: Redis writes that must be stored before the message goes out (needs a
+        ``batcher``), e.g. a pool's outcome; if they fail, nothing is published and their
+        ``redis.RedisError`` is raised. ``then``: Redis commands to write once the message is
+        confirmed and before this returns (needs a ``batcher``), e.g. a receipt's "sent" mark; a
+        failure to write them is logged.
 
         Raises:
             Unroutable: ``mandatory`` and no queue took the message (``then`` is not written).
         """
-        if then is not None and self._batcher is None:
-            raise ValueError("publish(then=...) needs a Publisher built with a batcher")
+        if (then is not None or first is not None) and self._batcher is None:
+            raise ValueError("publish(then=..., first=...) needs a Publisher built with a batcher")
+        if first is not None:
+            self.store_first(first)
         producer: Producer | None = getattr(self._local, "producer", None)
         if producer is None:
             producer = self._open()
@@ -133,6 +139,11 @@ class Publisher:
                 return
         self._careful(body, exchange, routing_key, headers, properties, mandatory)
         self._write_then([then] if then is not None else [])
+
+    def store_first(self, first: Write) -> None:
+        """``first`` in one round trip of the batcher's; raises its ``redis.RedisError``."""
+        assert self._batcher is not None
+        self._batcher.call(first.commands, first.lines, durable=first.durable)
 
     def _write_then(self, thens: list[Commands]) -> None:
         """What follows confirmed messages, in one round trip (of the batcher's)."""
@@ -243,7 +254,19 @@ def connect_any(connection: Connection) -> None:
 
 
 class _Item:
-    __slots__ = ("body", "exchange", "routing_key", "headers", "properties", "then", "done", "error", "confirmed")
+    __slots__ = (
+        "body",
+        "exchange",
+        "routing_key",
+        "headers",
+        "properties",
+        "then",
+        "first",
+        "stored",
+        "done",
+        "error",
+        "confirmed",
+    )
 
     def __init__(
         self,
@@ -253,6 +276,7 @@ class _Item:
         headers: dict[str, Any],
         properties: dict[str, Any],
         then: Commands | None,
+        first: Write | None,
     ) -> None:
         self.body = body
         self.exchange = exchange
@@ -260,6 +284,8 @@ class _Item:
         self.headers = headers
         self.properties = properties
         self.then = then
+        self.first = first
+        self.stored: bool | None = None if first is not None else True  # False: ``first`` failed
         self.confirmed = False
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -288,18 +314,25 @@ class BatchPublisher(Publisher):
         routing_key: str,
         headers: dict[str, Any] | None = None,
         then: Commands | None = None,
+        first: Write | None = None,
         **properties: Any,
     ) -> None:
-        """As ``Publisher.publish``; the ``then`` of a whole batch are written together, by the
-        thread that ran the batch, right after the batch's confirms."""
-        if then is not None and self._batcher is None:
-            raise ValueError("publish(then=...) needs a BatchPublisher built with a batcher")
-        item = _Item(body, exchange.name, routing_key, headers or {}, properties, then)
+        """As ``Publisher.publish``. The ``first`` of a whole batch are stored together, by the
+        thread that runs the batch, before it publishes (so the caller hands its outcome and its
+        receipt over once, not twice); the ``then`` of the batch are written together right
+        after its confirms."""
+        if (then is not None or first is not None) and self._batcher is None:
+            raise ValueError("publish(then=..., first=...) needs a BatchPublisher built with a batcher")
+        item = _Item(body, exchange.name, routing_key, headers or {}, properties, then, first)
         if self._combiner.run(item, item.done, BATCH_WAIT_SECONDS) and item.error is None:
             return
+        if item.stored is False:
+            raise item.error  # type: ignore[misc]  # nothing went out: the caller's writes failed
         if isinstance(item.error, amqp.exceptions.MessageNacked):
             raise item.error  # refused by the broker (a nack), not lost on the way
         log.info("batched publish failed (%s); publishing with retries", item.error or "no answer in time")
+        if first is not None and not item.stored:
+            self.store_first(first)  # the batch never came to it
         self._careful(body, exchange, routing_key, headers, properties)
         self._write_then([then] if then is not None else [])
 
@@ -322,6 +355,10 @@ class BatchPublisher(Publisher):
                 item.done.set()
 
     def _publish_batch(self, batch: list[_Item]) -> None:
+        self._store_firsts(batch)
+        batch = [item for item in batch if item.stored]
+        if not batch:
+            return
         channel = self._channel or self._connect_batch()
         if channel is None:
             raise ConnectionError("the broker cannot be reached")
@@ -341,6 +378,18 @@ class BatchPublisher(Publisher):
             # the listeners below settle items as the broker's confirms come in
             self._connection.connection.drain_events(timeout=CONFIRM_TIMEOUT)  # type: ignore[union-attr]
         self._write_then([item.then for item in batch if item.then is not None and item.error is None])
+
+    def _store_firsts(self, batch: list[_Item]) -> None:
+        """Every item's ``first``, in one round trip; an item whose writes failed is not published."""
+        waiting = [item for item in batch if item.first is not None and item.stored is None]
+        if not waiting:
+            return
+        assert self._batcher is not None
+        outcomes = self._batcher.call_each([item.first for item in waiting])  # type: ignore[misc]
+        for item, outcome in zip(waiting, outcomes, strict=True):
+            item.stored = not isinstance(outcome, Exception)
+            if not item.stored:
+                item.error = outcome  # type: ignore[assignment]
 
     def _settle(self, delivery_tag: int, multiple: bool, nacked: bool) -> None:
         """A confirm came in (callers are woken once the whole batch is settled and its ``then``

@@ -12,6 +12,7 @@ import redis
 
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from workers.state import keys
+from workers.state.batcher import Write
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher
 from workers.transport.topology import RECEIPTS_EXCHANGE
@@ -141,11 +142,17 @@ class ReceiptSink:
     def store_into(self, pipe: Any, receipt: Receipt, body: bytes) -> None:
         pipe.set(keys.receipt(receipt.agent_id, receipt.intent_id), body, ex=self._ttl)
 
-    def publish(self, receipt: Receipt, body: bytes, routing_key: str | None, then: Any = None) -> None:
-        """``then``: Redis commands written once the broker confirmed the receipt, before this
-        returns (the publisher batches them with other receipts'), e.g. its sent mark."""
+    def publish(
+        self, receipt: Receipt, body: bytes, routing_key: str | None, then: Any = None, first: Write | None = None
+    ) -> None:
+        """``first``: Redis writes stored before the receipt goes out (raises their error, and
+        nothing is published, if they fail); ``then``: Redis commands written once the broker
+        confirmed the receipt, before this returns, e.g. its sent mark. The pools' publisher
+        batches both with other receipts'."""
         if routing_key is None:
             log.warning("receipt %s has no agent or reply_to to route to; stored only", receipt.intent_id)
+            if first is not None:
+                self._publisher.store_first(first)
             if then is not None:
                 pipe = self._redis.pipeline(transaction=False)
                 then(pipe)
@@ -159,6 +166,7 @@ class ReceiptSink:
             message_id=receipt.intent_id,
             headers={"status": receipt.status},
             then=then,
+            first=first,
         )
 
     def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
