@@ -136,6 +136,11 @@ class Settings(EnvironSettings):
     )
     router_fair: Flag = Field(True, description="one lane per sender; 0 routes in arrival order (for benchmarks)")
     router_threads: int = Field(8, ge=1, description="intents the router routes at once")
+    # one job in hand and the rest ready: a thread that finishes one takes the next at once instead
+    # of sleeping until the broker has seen the ack and sent another (workers/transport/consuming.py)
+    pool_prefetch_per_thread: int = Field(
+        2, ge=1, le=10, description="jobs a pool's connector holds per thread (its prefetch = threads x this)"
+    )
     log_level: str = Field("INFO", description="a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
     require_user_id: Flag = Field(False, description="only accept intents with the broker-validated AMQP user_id")
     idempotency_ttl_seconds: Seconds = Field(

@@ -111,6 +111,7 @@ BAD = {
     "REACH_ROUTER_HOLD_BYTES": ["1024"],
     "REACH_ROUTER_FAIR": ["maybe", "2"],
     "REACH_ROUTER_THREADS": ["0", "-1"],
+    "REACH_POOL_PREFETCH_PER_THREAD": ["0", "11"],
     "REACH_LOG_LEVEL": ["LOUD"],
     "REACH_REQUIRE_USER_ID": ["yes please"],
     "REACH_IDEMPOTENCY_TTL": ["forever"],

@@ -258,7 +258,8 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
     queues = [connector_queue(m.connector) for m in members]
     # solo: the consumer's loop hands each job to its connector's threads. The channel-wide
     # prefetch is every connector's together; each queue's consumer gets its own (bulkhead_consumer)
-    app = create_app(settings, queues, worker_prefetch_multiplier=sum(threads.values()))
+    prefetch = {name: count * settings.pool_prefetch_per_thread for name, count in threads.items()}
+    app = create_app(settings, queues, worker_prefetch_multiplier=sum(prefetch.values()))
     redis_client = connect_redis(settings)
     adapters = {}
     for member in members:
@@ -298,7 +299,13 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
         )
         # each job runs on one of its connector's threads; what is held is finished on a warm shutdown
         bulkheads.append(
-            Bulkhead(queue.name, handler_for(job_handler(runtime)), threads[connector.name], f"reach-{connector.name}")
+            Bulkhead(
+                queue.name,
+                handler_for(job_handler(runtime)),
+                threads[connector.name],
+                f"reach-{connector.name}",
+                prefetch[connector.name],
+            )
         )
         watched.append(Watched(connector.name, queue.name, status))
         _export_bulkhead(connector.name, threads[connector.name], status)

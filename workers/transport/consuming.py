@@ -29,7 +29,7 @@ prefetch is large (REACH_ROUTER_PREFETCH); what it holds is bounded in bytes (RE
 
 Shutdown: threads finish the message in hand; messages held but not started are, for the router,
 simply left unacked (the broker redelivers them when the connection closes), while a pool (prefetch
-about its thread count) still finishes all it holds. Acks of finished messages are sent
+a small multiple of its threads) still finishes all it holds. Acks of finished messages are sent
 by the shutting-down consumer itself, on its own thread, before the connection closes.
 """
 
@@ -368,13 +368,17 @@ def threaded_consumer(
 @dataclass(frozen=True)
 class Bulkhead:
     """One queue's share of a pool process: its handler, and ``threads`` threads of its own. The
-    broker hands its consumer at most ``threads`` unacked messages (its own prefetch), so what waits
-    in this queue can never hold another queue's threads or prefetch."""
+    broker hands its consumer at most ``prefetch`` unacked messages (its own, by default its
+    threads' worth), so what waits in this queue can never hold another queue's threads or prefetch.
+    A prefetch above the threads keeps jobs ready beside those in hand (REACH_POOL_PREFETCH_PER_THREAD):
+    a thread that finishes one takes the next at once, instead of sleeping until the broker has
+    seen the ack and sent another."""
 
     queue: str
     handle: Handler
     threads: int
     thread_name: str = "reach-pool"
+    prefetch: int | None = None  # None: ``threads``
 
 
 def queue_of(message: Message) -> str:
@@ -388,7 +392,7 @@ def queue_of(message: Message) -> str:
 def bulkhead_consumer(bulkheads: Sequence[Bulkhead]) -> type[Consumer]:
     """A consumer class (``app.conf.worker_consumer``) for a pool process serving one queue per
     bulkhead. Run the worker with ``-P solo``, ``-Q`` every bulkhead's queue and a prefetch
-    (``worker_prefetch_multiplier``) of at least the sum of their threads: that channel-wide limit
+    (``worker_prefetch_multiplier``) of at least the sum of their prefetches: that channel-wide limit
     then never binds, each queue's own does.
 
     Every queue's messages go to its own FIFO and its own threads. The queues share one channel,
@@ -401,12 +405,13 @@ def bulkhead_consumer(bulkheads: Sequence[Bulkhead]) -> type[Consumer]:
     pools = {b.queue: _Threads(b.handle, b.threads, b.thread_name, FairLanes()) for b in bulkheads}
     if len(pools) != len(bulkheads):
         raise ValueError("one bulkhead per queue")
+    prefetch = {b.queue: b.prefetch or b.threads for b in bulkheads}
     settles = _Settles()
 
     class BulkheadConsumer(ReachConsumer):
         def _prefetch_for(self, queue: str) -> None:
-            """The next consumer on the channel (this queue's) holds at most its threads' worth."""
-            self.task_consumer.channel.basic_qos(0, pools[queue].count, False)
+            """The next consumer on the channel (this queue's) holds at most its prefetch."""
+            self.task_consumer.channel.basic_qos(0, prefetch[queue], False)
 
         def create_task_handler(self, promise: Any = None) -> Callable[[Message], None]:
             for pool in pools.values():
