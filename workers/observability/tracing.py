@@ -71,6 +71,11 @@ def configure_tracing(service: str) -> bool:
     return True
 
 
+def tracing_on() -> bool:
+    """Whether spans are recorded at all: a caller may skip building one when not."""
+    return otel_trace is not None and _sdk_installed()
+
+
 def _sdk_installed() -> bool:
     """Whether a real tracer provider is set (by ``configure_tracing`` or by the deployment)."""
     return not isinstance(

@@ -38,7 +38,7 @@ from workers.ids import hex_id
 from workers.observability import metrics
 from workers.observability.audit import Audit
 from workers.observability.redaction import REDACTED, REDACTED_HEADER, redact_params
-from workers.observability.tracing import child_traceparent, span
+from workers.observability.tracing import child_traceparent, span, tracing_on
 from workers.pool.retry import Result, run_with_retries
 from workers.state import keys
 from workers.state.batcher import Batcher, Write
@@ -137,6 +137,11 @@ class PoolRuntime:
         # the parts used on every job, by their short names
         self.ledger, self.breaker, self.batcher = state.ledger, state.breaker, state.batcher
         self.sink, self.publisher, self.audit = output.sink, output.publisher, output.audit
+        # this connector's series, looked up once rather than per job
+        name = connector.name
+        self._queue_wait = metrics.QUEUE_WAIT_SECONDS.labels(connector=name)
+        self._downstream = metrics.DOWNSTREAM_SECONDS.labels(connector=name)
+        self._latency = metrics.INTENT_LATENCY_SECONDS.labels(connector=name)
         # (agent, action) -> the value budgets that counted its intents when they were dispatched
         self.budgets = {(a, act): b for (a, c, act), b in budget_index(catalog).items() if c == connector.name}
 
@@ -160,7 +165,7 @@ class PoolRuntime:
                 self._send(decided, job, "redelivered")  # (silently skipped if it was sent)
                 return
         queue_ms = max(0.0, (started - job.dispatched_at) * 1000)
-        metrics.QUEUE_WAIT_SECONDS.labels(connector=self.connector.name).observe(queue_ms / 1000)
+        self._queue_wait.observe(queue_ms / 1000)
         ref = self.catalog.refs.get((job.connector, job.action))
         if job.connector != self.connector.name or ref is None:
             # only the router publishes here; anything else is a misrouted or forged message
@@ -346,7 +351,7 @@ class PoolRuntime:
             after_attempt=lambda n, outcome: stages.append(self._attempt_stage(ctx, n, outcome)),
             sleep=self.sleep,
         )
-        metrics.DOWNSTREAM_SECONDS.labels(connector=self.connector.name).observe(result.downstream_ms / 1000)
+        self._downstream.observe(result.downstream_ms / 1000)
         if result.attempts > 1:
             metrics.RETRIES.labels(connector=self.connector.name).inc(result.attempts - 1)
         self._finish(ctx, result, gate, stages)
@@ -410,7 +415,7 @@ class PoolRuntime:
         )
 
     def _queue_wait_span(self, ctx: JobContext) -> None:
-        if ctx.job.traceparent:
+        if ctx.job.traceparent and tracing_on():
             with span(
                 "reach.queue_wait",
                 ctx.job.traceparent,
@@ -425,6 +430,10 @@ class PoolRuntime:
         try:
             if not parent:
                 return self.adapter.call(ctx.ref.action, ctx.job.params, call_ctx)
+            if not tracing_on():  # the system still gets the trace, with a span id of this attempt
+                return self.adapter.call(
+                    ctx.ref.action, ctx.job.params, dataclasses.replace(call_ctx, traceparent=child_traceparent(parent))
+                )
             with span(
                 "reach.downstream_call",
                 parent,
@@ -624,9 +633,7 @@ class PoolRuntime:
             connector=self.connector.name, action=str(receipt.action), outcome=outcome
         ).inc()
         metrics.RECEIPTS_PUBLISHED.labels(status=receipt.status).inc()
-        metrics.INTENT_LATENCY_SECONDS.labels(connector=self.connector.name).observe(
-            receipt.execution.latency_ms / 1000
-        )
+        self._latency.observe(receipt.execution.latency_ms / 1000)
 
 
 class _AttemptGate:
