@@ -26,6 +26,7 @@ from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, REPO, Fleet, purge, queue_depth
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
+from workers.settings import Settings
 from workers.state import keys
 from workers.state.breaker import breaker_state
 from workers.state.control import live_workers
@@ -35,7 +36,8 @@ RUN = uuid.uuid4().hex[:6]
 AGENT = f"grp_{RUN}"
 GROUP = "grp"
 FAST, SLOW, FLAKY = "grp_fast", "grp_slow", "grp_flaky"
-THREADS = 2  # each connector's pool.concurrency: its threads and its prefetch
+THREADS = 2  # each connector's pool.concurrency: its threads
+PREFETCH = THREADS * Settings.model_fields["pool_prefetch_per_thread"].default  # what the broker hands it
 CONNECTORS = (FAST, SLOW, FLAKY)
 
 
@@ -145,7 +147,7 @@ def test_a_slow_connectors_backlog_holds_only_its_own_threads_and_prefetch(
     fleet: Fleet, systems: dict[str, CountingSystem], client: ReachClient
 ) -> None:
     """Ten slow writes (4 s each) wait in the group's slow queue; the broker hands the slow
-    consumer exactly its two threads' worth. Ten fast writes then all finish, each well under one
+    consumer exactly its prefetch (two jobs per thread), and only its two threads call. Ten fast writes then all finish, each well under one
     slow call, before the first slow one does, while the slow system has seen only the two calls
     its threads hold: with one prefetch or one thread pool for the whole process, the slow
     connector's deliveries would hold them and the fast writes would wait for slow calls to end."""
@@ -155,7 +157,7 @@ def test_a_slow_connectors_backlog_holds_only_its_own_threads_and_prefetch(
     slow_ids = {client.publish(f"{SLOW}.create_item", {"title": f"{RUN}-slow-{i}"}) for i in range(backlog)}
     wait_for(lambda: systems[SLOW].in_flight(), 20, "the slow calls to start", until=lambda n: n == THREADS)
     for _ in range(4):  # a delivery past the prefetch would show within this second
-        assert unacked(SLOW, backlog) == THREADS
+        assert unacked(SLOW, backlog) == PREFETCH
         time.sleep(0.25)
     port = fleet.metrics_port(GROUP)
     assert [metric(port, "reach_pool_in_flight", n) for n in CONNECTORS] == [0, THREADS, 0]
