@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
+from typing import Any
 
 import pytest
 from kombu import Connection, Exchange, Queue
@@ -132,3 +133,54 @@ def test_what_follows_a_confirm_is_in_redis_before_publish_returns(kind: type[Pu
     assert missing == [] and len(drain(conn, queue)) == 200
     with pytest.raises(ValueError):
         make(kind).publish(b"m", exchange=EXCHANGE, routing_key=queue.name, then=lambda pipe: None)
+
+
+def test_what_must_be_stored_first_is_in_redis_before_the_message_and_a_failed_write_publishes_nothing(
+    kind: type[Publisher],
+) -> None:
+    """A pool's outcome rides with its receipt (``first``): stored before the message goes out, in
+    one round trip for a whole batch; a caller whose writes fail gets the Redis error and its
+    message is not published, while the callers beside it in the batch are published."""
+    import redis
+
+    from tests.fleet import REDIS_URL
+    from workers.state.batcher import Batcher, Write
+
+    client = redis.Redis.from_url(REDIS_URL)
+    connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
+    pub = kind(ProducerPool(connection.Pool(4), limit=4), Batcher(client, write_lines=lambda lines: None))
+    conn, queue = declared_queue()
+    prefix = f"test:publisher:first:{uuid.uuid4().hex[:8]}"
+    stored_before: list[bool] = []
+    refused: list[str] = []
+
+    def send(thread: int) -> None:
+        for i in range(20):
+            key = f"{prefix}:{thread}:{i}"
+            failing = i % 5 == 0  # a command Redis refuses: the whole write counts as failed
+
+            def commands(pipe: Any, k: str = key, bad: bool = failing) -> None:
+                pipe.set(k, "stored", ex=60)
+                if bad:
+                    pipe.execute_command("NO-SUCH-COMMAND")
+
+            try:
+                pub.publish(
+                    key.encode(), exchange=EXCHANGE, routing_key=queue.name, first=Write(commands, durable=[key])
+                )
+            except redis.RedisError:
+                refused.append(key)
+            else:
+                stored_before.append(client.get(key) == b"stored")
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    published = {body.decode() for body in drain(conn, queue)}
+    assert len(refused) == 40 and all(key.rsplit(":", 1)[1] in ("0", "5", "10", "15") for key in refused)
+    assert published.isdisjoint(refused) and len(published) == 160
+    assert len(stored_before) == 160 and all(stored_before)
+    with pytest.raises(ValueError):
+        make(kind).publish(b"m", exchange=EXCHANGE, routing_key=queue.name, first=Write(lambda pipe: None))
