@@ -109,12 +109,10 @@ class Batcher:
         """Run the commands (and write the lines) in the next batch and return their results, as
         ``pipeline.execute()`` would; raises ``redis.RedisError`` as it would too. ``durable``: keys
         whose node must have passed the batch's writes on to its replicas before this returns."""
-        item = _Item(commands, lines, threading.Event(), durable)
-        if not self._combiner.run(item, item.done, WAIT_SECONDS):  # type: ignore[arg-type]
-            raise redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
-        if item.error is not None:
-            raise item.error
-        return item.results
+        [outcome] = self.call_each([Write(commands, lines, durable)])
+        if isinstance(outcome, redis.RedisError):
+            raise outcome
+        return outcome
 
     def call_each(self, writes: Sequence[Write]) -> list[list[Any] | redis.RedisError]:
         """Several callers' writes in the next batch (each as ``call`` would run it), for a thread
@@ -123,10 +121,12 @@ class Batcher:
         if not writes:
             return []
         items = [_Item(w.commands, w.lines, threading.Event(), w.durable) for w in writes]
-        if not self._combiner.run_all(items, [item.done for item in items], WAIT_SECONDS):  # type: ignore[misc]
-            late = redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
-            return [item.results if item.done.is_set() and item.error is None else late for item in items]  # type: ignore[union-attr]
-        return [item.results if item.error is None else _redis_error(item.error) for item in items]
+        self._combiner.run_all(items, [item.done for item in items], WAIT_SECONDS)  # type: ignore[misc]
+        late = redis.TimeoutError(f"the Redis batcher did not answer within {WAIT_SECONDS:.0f} s")
+        return [
+            late if not item.done.is_set() else item.results if item.error is None else _redis_error(item.error)  # type: ignore[union-attr]
+            for item in items
+        ]
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the background thread (later calls run on their caller)."""

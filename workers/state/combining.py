@@ -44,9 +44,7 @@ class Combiner(Generic[T]):
     def run(self, item: T, done: threading.Event, timeout: float) -> bool:
         """Queue ``item`` and return once ``done`` is set (by ``run_batch``): on this thread if no
         batch is running, else by whoever runs the next one. False if ``timeout`` passed first."""
-        self._queue.put(item)
-        self._combine(done)
-        return done.is_set() or done.wait(timeout)
+        return self.run_all([item], [done], timeout)
 
     def run_all(self, items: list[T], dones: list[threading.Event], timeout: float) -> bool:
         """``run`` for several items at once, in one batch when they fit: they queue together,
