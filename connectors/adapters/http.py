@@ -127,9 +127,13 @@ class HttpAdapter:
 
     @property
     def _client(self) -> httpx.Client:
-        """This thread's client (requests are built with it; ``_send`` sends them on its transport)."""
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
+        """This thread's client: requests are built (and probes sent) with it."""
+        return self._connection()[0]
+
+    def _connection(self) -> tuple[httpx.Client, httpx.BaseTransport]:
+        """This thread's client and the transport under it, which ``_send`` sends calls on."""
+        made: tuple[httpx.Client, httpx.BaseTransport] | None = getattr(self._local, "made", None)
+        if made is None:
             transport = self._transport or httpx.HTTPTransport(verify=self._ssl, limits=self._limits, trust_env=False)
             client = CookielessClient(
                 auth=self._auth,
@@ -138,17 +142,16 @@ class HttpAdapter:
                 transport=transport,
                 trust_env=False,  # no proxies or .netrc from the environment
             )
-            self._local.client, self._local.transport = client, transport
+            made = self._local.made = (client, transport)
             with self._clients_lock:
                 self._clients.append(client)
-        return client
+        return made
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         """What ``httpx.Client.send(request, stream=True)`` does for this adapter's requests — the
         auth flow, no redirects, no cookies, no event hooks — on this thread's transport directly:
         the client's own layers cost about a quarter of a call's CPU. The body is not read yet."""
-        self._client  # noqa: B018 - this thread's transport, made with its client
-        transport: httpx.BaseTransport = self._local.transport
+        transport = self._connection()[1]
         if self._auth is None:
             return _sent(transport, request)
         flow = self._auth.sync_auth_flow(request)
