@@ -6,13 +6,16 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
-from tests.fleet import BROKER_URL
+from tests.fleet import BROKER_URL, REDIS_URL
+from workers.state.batcher import Batcher, Write
 from workers.transport.publisher import BatchPublisher, Publisher
 
 EXCHANGE = Exchange("", "direct")
@@ -23,9 +26,20 @@ def kind(request: pytest.FixtureRequest) -> type[Publisher]:
     return request.param
 
 
-def make(kind: type[Publisher]) -> Publisher:
+def make(kind: type[Publisher], client: redis.Redis | None = None) -> Publisher:
+    """A publisher of ``kind``; with ``client``, one that writes its ``first`` and ``then`` there."""
     connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
-    return kind(ProducerPool(connection.Pool(4), limit=4))
+    batcher = Batcher(client, write_lines=lambda lines: None) if client is not None else None
+    return kind(ProducerPool(connection.Pool(4), limit=4), batcher)
+
+
+def in_threads(send: Callable[[int], None], count: int) -> None:
+    """``send(0)`` … ``send(count - 1)``, each on a thread of its own, all at once; returns when all did."""
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def declared_queue() -> tuple[Connection, Queue]:
@@ -65,11 +79,7 @@ def test_twenty_threads_publishing_at_once_get_every_message_confirmed_once(kind
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=send, args=(t,)) for t in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(send, 20)
     bodies = drain(conn, queue)
     assert not errors
     assert sorted(bodies) == sorted(f"{t}-{i}".encode() for t in range(20) for i in range(50))
@@ -106,14 +116,8 @@ def test_a_message_to_a_missing_exchange_is_declared_and_delivered_by_the_carefu
 def test_what_follows_a_confirm_is_in_redis_before_publish_returns(kind: type[Publisher]) -> None:
     """Receipts' sent marks ride with the publish: written once the broker confirmed the message,
     batched with other messages', and always before the publishing thread goes on (and acks)."""
-    import redis
-
-    from tests.fleet import REDIS_URL
-    from workers.state.batcher import Batcher
-
     client = redis.Redis.from_url(REDIS_URL)
-    connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
-    pub = kind(ProducerPool(connection.Pool(4), limit=4), Batcher(client, write_lines=lambda lines: None))
+    pub = make(kind, client)
     conn, queue = declared_queue()
     prefix = f"test:publisher:then:{uuid.uuid4().hex[:8]}"
     missing: list[str] = []
@@ -125,11 +129,7 @@ def test_what_follows_a_confirm_is_in_redis_before_publish_returns(kind: type[Pu
             if not client.exists(key):
                 missing.append(key)
 
-    threads = [threading.Thread(target=send, args=(t,)) for t in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(send, 10)
     assert missing == [] and len(drain(conn, queue)) == 200
     with pytest.raises(ValueError):
         make(kind).publish(b"m", exchange=EXCHANGE, routing_key=queue.name, then=lambda pipe: None)
@@ -141,14 +141,8 @@ def test_what_must_be_stored_first_is_in_redis_before_the_message_and_a_failed_w
     """A pool's outcome rides with its receipt (``first``): stored before the message goes out, in
     one round trip for a whole batch; a caller whose writes fail gets the Redis error and its
     message is not published, while the callers beside it in the batch are published."""
-    import redis
-
-    from tests.fleet import REDIS_URL
-    from workers.state.batcher import Batcher, Write
-
     client = redis.Redis.from_url(REDIS_URL)
-    connection = Connection(BROKER_URL, transport_options={"confirm_publish": True})
-    pub = kind(ProducerPool(connection.Pool(4), limit=4), Batcher(client, write_lines=lambda lines: None))
+    pub = make(kind, client)
     conn, queue = declared_queue()
     prefix = f"test:publisher:first:{uuid.uuid4().hex[:8]}"
     stored_before: list[bool] = []
@@ -173,11 +167,7 @@ def test_what_must_be_stored_first_is_in_redis_before_the_message_and_a_failed_w
             else:
                 stored_before.append(client.get(key) == b"stored")
 
-    threads = [threading.Thread(target=send, args=(t,)) for t in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(send, 10)
     published = {body.decode() for body in drain(conn, queue)}
     assert len(refused) == 40 and all(key.rsplit(":", 1)[1] in ("0", "5", "10", "15") for key in refused)
     assert published.isdisjoint(refused) and len(published) == 160
