@@ -2,7 +2,8 @@
 
 Not a throughput figure (no Celery consumer, no contention): it isolates what the fleet's code
 costs per intent — decision, Redis round trips, publish with confirm, HTTP call, receipt — so a
-change to the hot path can be judged in seconds, with cProfile's breakdown beside it. Uses the
+change to the hot path can be judged in seconds, with cProfile's breakdown (thread CPU time, not
+wall time: waiting for a socket costs nothing) beside it. Uses the
 running RabbitMQ (vhost "/") and Redis (database 15), and starts bench/downstream.py.
 
     .venv/bin/python bench/hotpath.py [--n 2000] [--profile router|pool] [--top 25]
@@ -134,7 +135,7 @@ def main() -> int:
             list(executor.map(pool.execute, jobs))
 
     for name, fn in (("router", route_all), ("pool", execute_all)):
-        profiler = cProfile.Profile() if args.profile == name else None
+        profiler = cProfile.Profile(time.thread_time) if args.profile == name else None
         t_cpu, t_wall = time.process_time(), time.perf_counter()
         if profiler:
             profiler.enable()

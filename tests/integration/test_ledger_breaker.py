@@ -212,6 +212,28 @@ def test_begin_takes_the_first_permit_only_while_the_breaker_is_closed() -> None
     beat.stop()
 
 
+def test_begin_says_clean_only_while_the_breaker_is_closed_with_no_failures_counted() -> None:
+    """A clean begin lets the pool skip recording the first attempt's success (it would change
+    nothing); once a failure is counted, the next success must be recorded to reset it."""
+    ledger, beat = worker()
+    b = breaker(f"b_{uuid.uuid4().hex[:8]}", fail_max=3, reset="30s")
+    h = params_hash({"n": 1})
+
+    def begin(intent: str) -> object:
+        return ledger.begin(
+            keys.sent("t", intent), keys.deliveries("t", intent), fresh_key(), h, intent, "a", 5, breaker_key=b.key
+        )
+
+    fresh = begin("i-fresh")
+    assert fresh.permit and fresh.clean  # type: ignore[attr-defined]
+    record(b, "failure")
+    counted = begin("i-counted")
+    assert counted.permit and not counted.clean  # type: ignore[attr-defined]  # closed, one failure counted
+    record(b, "success")
+    assert begin("i-reset").clean  # type: ignore[attr-defined]
+    beat.stop()
+
+
 def attempts(*names: str) -> list[str]:
     """Attempt ids are unique in the fleet (a given-up attempt stays marked for an hour)."""
     return [f"{name}-{uuid.uuid4().hex[:8]}" for name in names]

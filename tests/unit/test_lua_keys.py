@@ -74,6 +74,10 @@ class Recorder:
 
         return run
 
+    def hmget(self, key: str, *fields: str) -> Recorder:
+        self._queued.append([None] * len(fields))
+        return self
+
     def __getattr__(self, command: str) -> Any:
         def queue(*args: Any, **kwargs: Any) -> Recorder:
             self._queued.append(None)

@@ -284,7 +284,7 @@ class PoolRuntime:
             )
             self.ledger.complete(ctx.key, receipt.to_json().decode())
         else:  # claimed (begin.permit is only ever set on a fresh claim)
-            self._run(ctx, permit=begin.permit)
+            self._run(ctx, permit=begin.permit, clean=begin.clean)
 
     def _settle_claim(self, ctx: JobContext, begin: Begin) -> Claim:
         """The claim this delivery acts on, after waiting for a live holder and taking over a
@@ -334,11 +334,13 @@ class PoolRuntime:
     def _claim(self, ctx: JobContext) -> Claim:
         return self.ledger.claim(ctx.key, ctx.params_hash, ctx.intent_id, ctx.attempt)
 
-    def _run(self, ctx: JobContext, permit: bool = False) -> None:
+    def _run(self, ctx: JobContext, permit: bool = False, clean: bool = False) -> None:
         """Call the system (with retries), keep the outcome, publish the receipt."""
         self._queue_wait_span(ctx)
         gate = (
-            _AttemptGate(self.breaker, self.state.redis, ctx.key, granted=permit) if self.breaker is not None else None
+            _AttemptGate(self.breaker, self.state.redis, ctx.key, granted=permit, clean=clean)
+            if self.breaker is not None
+            else None
         )
         stages: list[Stage] = []
         result = run_with_retries(
@@ -374,6 +376,8 @@ class PoolRuntime:
             )
         )
         lines = self.audit.render(ctx.intent_id, stages, level=self._audit_level(ctx.agent_id))
+        receipt_lines = self._receipt_lines(receipt)
+        traced = lines + receipt_lines
         refund = self._refund(receipt, ctx.job)
 
         def decided(pipe: Any) -> None:
@@ -383,19 +387,21 @@ class PoolRuntime:
                 pipe.delete(ctx.key)  # nothing took effect (or repeating is safe): a re-send may execute
             else:
                 self.ledger.complete_into(pipe, ctx.key, body.decode())
-            if lines:
-                self.audit.push_into(pipe, ctx.agent_id, ctx.intent_id, lines)
+            if traced:
+                # the receipt's line too: one push per intent, not a second one with the sent mark
+                self.audit.push_into(pipe, ctx.agent_id, ctx.intent_id, traced)
             self.sink.store_into(pipe, receipt, body)
             if refund is not None:
                 refund(pipe)
 
         # stored before the receipt goes out, by the publisher's batch (one hand-over for both);
-        # the attempt lines go to stdout in the same batch; the outcome waits for a replica (durable)
-        sent_lines, mark = self._sent_record(receipt, ctx.job)
+        # the attempt lines go to stdout in the same batch, the receipt's once it is confirmed;
+        # the outcome waits for a replica (durable)
         first = Write(decided, lines or None, (ctx.key,))
+        mark = self._sent_mark(receipt, [])
         self.sink.publish(receipt, body, ctx.job.reply_to, then=mark, first=first)
-        if sent_lines:
-            self.audit.write_lines(sent_lines)
+        if receipt_lines:
+            self.audit.write_lines(receipt_lines)
         self._count(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
 
     # -- the downstream call ---------------------------------------------------------------
@@ -561,7 +567,8 @@ class PoolRuntime:
                 log.error("could not give back intent %s's budget: %s", receipt.intent_id, exc)
         if not self.sink.send(receipt, job.reply_to, mark=False):
             return
-        lines, mark = self._sent_record(receipt, job)
+        lines = self._receipt_lines(receipt)
+        mark = self._sent_mark(receipt, lines)
         if lines:
             self.audit.write_lines(lines)
         try:
@@ -570,10 +577,10 @@ class PoolRuntime:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
         self._count(receipt, outcome)
 
-    def _sent_record(self, receipt: Receipt, job: Job) -> tuple[list[str], Callable[[Any], None]]:
-        """The receipt's audit line, and the Redis commands that mark it sent and keep that line."""
+    def _receipt_lines(self, receipt: Receipt) -> list[str]:
+        """The receipt's audit line (none below the agent's audit level)."""
         error = receipt.error
-        lines = self.audit.render(
+        return self.audit.render(
             receipt.intent_id,
             [
                 (
@@ -595,6 +602,9 @@ class PoolRuntime:
             level=self._audit_level(receipt.agent_id or ""),
         )
 
+    def _sent_mark(self, receipt: Receipt, lines: list[str]) -> Callable[[Any], None]:
+        """The Redis commands that mark the receipt sent (and keep its trace ``lines``)."""
+
         def mark(pipe: Any) -> None:
             # the delivery count guards against a job that kills its pool before it is answered;
             # once the receipt is out, a redelivery stops at the sent mark (checked first)
@@ -603,7 +613,7 @@ class PoolRuntime:
             if lines:
                 self.audit.push_into(pipe, receipt.agent_id, receipt.intent_id, lines)
 
-        return lines, mark
+        return mark
 
     def _refund(self, receipt: Receipt, job: Job) -> Callable[[Any], None] | None:
         """The commands that give a failed intent's amount back, or None when nothing goes back.
@@ -640,14 +650,19 @@ class _AttemptGate:
     """The breaker for one intent's attempts, in as few round trips as possible: the first permit
     usually comes with the ledger's begin (breaker closed), each later permit marks the idempotency
     record "sending" once granted, and each result is recorded with the next permit or, for the
-    last attempt, in the pool's final pipeline."""
+    last attempt, in the pool's final pipeline. A success is not recorded while the breaker, as
+    the begin saw it, was closed with no failures counted and none was recorded since: it would
+    change nothing (one command per intent fewer)."""
 
-    def __init__(self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str, granted: bool = False) -> None:
+    def __init__(
+        self, breaker: SharedBreaker, client: redis.Redis, ledger_key: str, granted: bool = False, clean: bool = False
+    ) -> None:
         self._breaker = breaker
         self._client = client
         self._ledger_key = ledger_key
         self._pending: str | None = None
         self._granted = granted  # the ledger's begin script already took the first permit
+        self._clean = clean
 
     def acquire(self) -> Permit:
         if self._granted:
@@ -658,10 +673,11 @@ class _AttemptGate:
         return self._breaker.acquire(mark_sending=self._ledger_key, pipe=pipe)
 
     def success(self) -> str:
-        self._pending = "success"
-        return self._pending
+        self._pending = None if self._clean else "success"
+        return "success"
 
     def failure(self) -> str:
+        self._clean = False
         self._pending = "failure"
         return self._pending
 

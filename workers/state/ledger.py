@@ -156,6 +156,8 @@ class Begin:
     deliveries: int
     was_sending: bool
     permit: bool = False  # the first attempt may call: the breaker was closed and "sending" is marked
+    # ... and it counted no failures: the first attempt's success changes nothing there (not recorded)
+    clean: bool = False
 
 
 class Heartbeat:
@@ -279,16 +281,18 @@ class Ledger:
         def commands(pipe: Any) -> None:
             eval_into(pipe, _BEGIN, names, *args)
             if breaker_key is not None:
-                pipe.hget(breaker_key, "state")
+                pipe.hmget(breaker_key, "state", "failures")
 
         if batcher is not None:
             results = batcher.call(commands, durable=[key])
         else:
             results = self._durably(key, commands)
         state, receipt, holder, deliveries, sending, owner = results[0]
-        permit = False
+        permit = clean = False
         if breaker_key is not None:
-            closed = text(results[1]) in ("", CLOSED)
+            breaker_state, failures = results[1]
+            closed = text(breaker_state) in ("", CLOSED)
+            clean = closed and text(failures) in ("", "0")
             self._breaker_closed[breaker_key] = closed
             if mark and text(state) == "claimed":
                 permit = closed
@@ -303,6 +307,7 @@ class Ledger:
             int(deliveries),
             bool(int(sending)),
             permit,
+            permit and clean,
         )
 
     def complete_into(self, pipe: Any, key: str, receipt_json: str) -> None:
