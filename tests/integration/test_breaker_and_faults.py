@@ -398,7 +398,9 @@ def test_a_retry_stopped_by_the_breaker_does_not_claim_the_system_was_never_call
     assert receipt.error.code == "DOWNSTREAM_TIMEOUT" and receipt.execution.attempts == 1
 
 
-def test_a_success_after_counted_failures_resets_them(flaky: CountingSystem, proxy: FaultProxy, client: ReachClient) -> None:
+def test_a_success_after_counted_failures_resets_them(
+    flaky: CountingSystem, proxy: FaultProxy, client: ReachClient
+) -> None:
     """The pool skips recording a success only when the breaker counted no failures; after some
     were counted, the next success resets them, so two later failures do not open the breaker."""
     breaker = keys.breaker("flaky")
