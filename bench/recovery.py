@@ -369,6 +369,38 @@ def targets(summary: dict[str, Any], throughput: dict[str, Any] | None) -> dict[
     return out
 
 
+# same-run throughput pairs: the target's, then the controls' (same queue type on both sides; the
+# fleet as of another commit)
+RATIO_PAIRS = (
+    ("fleet", "bare", "fleet as shipped (quorum queues) / bare (classic queues)"),
+    ("fleet_classic", "bare", "both on classic queues"),
+    ("fleet", "bare_quorum", "both on quorum queues"),
+    ("fleet", "fleet_base", "this tree / the fleet as of --base"),
+)
+
+
+def throughput_ratios(throughput: dict[str, Any]) -> dict[str, Any]:
+    """Each pair's ratio of median rates, and the median of its per-repetition ratios (the two
+    ran back to back in each repetition: the machine's changing load hits both alike)."""
+    out: dict[str, Any] = {}
+    for a, b, label in RATIO_PAIRS:
+        if a not in throughput or b not in throughput:
+            continue
+        per_rep = [
+            x["steady_rate"] / y["steady_rate"]
+            for x, y in zip(throughput[a]["reps"], throughput[b]["reps"], strict=False)
+            if x.get("steady_rate") and y.get("steady_rate")
+        ]
+        ra, rb = throughput[a]["steady_rate"], throughput[b]["steady_rate"]
+        out[f"{a}/{b}"] = {
+            "label": label,
+            "ratio_of_medians": round(ra / rb, 3) if ra and rb else None,
+            "median_of_ratios": round(median(per_rep) or 0, 3) if per_rep else None,
+            "per_rep": [round(r, 3) for r in per_rep],
+        }
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
     meta, s = results["meta"], results.get("summary")
     lines = [
@@ -435,6 +467,11 @@ def render(results: dict[str, Any]) -> str:
             f"{tp['fleet']['steady_rate']}/s, bare {tp['bare']['steady_rate']}/s, direct {tp['direct']['steady_rate']}/s; "
             f"CPU ms per intent fleet {tp['fleet']['cpu_ms_per_intent']}, bare {tp['bare']['cpu_ms_per_intent']}"
         )
+        for pair, r in throughput_ratios(tp).items():
+            lines.append(
+                f"  {pair} ({r['label']}): {r['ratio_of_medians']} x; median of per-repetition ratios "
+                f"{r['median_of_ratios']} ({', '.join(str(x) for x in r['per_rep'])})"
+            )
     for name, t in results.get("targets", {}).items():
         lines.append(f"  {'MET ' if t['met'] else 'MISS'} {name}: {t['text']}")
     if results.get("problems"):
@@ -638,6 +675,8 @@ def main() -> int:
     results["problems"], results["notes"] = ctx.problems, ctx.notes
     if "summary" in results:
         results["targets"] = targets(results["summary"], results.get("throughput"))
+    if results.get("throughput"):
+        results["throughput_ratios"] = throughput_ratios(results["throughput"])
     if ctx.problems or args.keep_logs:
         results["logs_kept"] = str(work)
     else:
