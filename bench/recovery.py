@@ -401,6 +401,23 @@ def throughput_ratios(throughput: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _throughput_lines(results: dict[str, Any]) -> list[str]:
+    tp = results.get("throughput")
+    if not tp:
+        return []
+    lines = [
+        f"max throughput (burst of {results['meta']['config'].get('burst_n')}, median of {len(tp['fleet']['reps'])}): "
+        + ", ".join(f"{v} {round(tp[v]['steady_rate'], 1)}/s" for v in tp)
+        + f"; CPU ms per intent fleet {tp['fleet']['cpu_ms_per_intent']}, bare {tp['bare']['cpu_ms_per_intent']}"
+    ]
+    for pair, r in throughput_ratios(tp).items():
+        lines.append(
+            f"  {pair} ({r['label']}): {r['ratio_of_medians']} x; median of per-repetition ratios "
+            f"{r['median_of_ratios']} ({', '.join(str(x) for x in r['per_rep'])})"
+        )
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     meta, s = results["meta"], results.get("summary")
     lines = [
@@ -409,6 +426,7 @@ def render(results: dict[str, Any]) -> str:
         f"code {meta.get('code')}"
     ]
     if not s:
+        lines.extend(_throughput_lines(results))
         return "\n".join(lines + [f"problems: {results.get('problems')}"])
     lines.append(
         f"steady state (paced {meta['config']['rate']}/s, no burst before): fleet p50/p99 "
@@ -460,18 +478,7 @@ def render(results: dict[str, Any]) -> str:
                     f"{c['first_back_s']} / {c['settled_s']} s, CPU ms router/pool {c['cpu_ms_per_intent']['router']} / "
                     f"{c['cpu_ms_per_intent']['pool']}, burst {c['burst_rate']}/s"
                 )
-    tp = results.get("throughput")
-    if tp:
-        lines.append(
-            f"max throughput (burst of {meta['config'].get('burst_n')}, median of {len(tp['fleet']['reps'])}): fleet "
-            f"{tp['fleet']['steady_rate']}/s, bare {tp['bare']['steady_rate']}/s, direct {tp['direct']['steady_rate']}/s; "
-            f"CPU ms per intent fleet {tp['fleet']['cpu_ms_per_intent']}, bare {tp['bare']['cpu_ms_per_intent']}"
-        )
-        for pair, r in throughput_ratios(tp).items():
-            lines.append(
-                f"  {pair} ({r['label']}): {r['ratio_of_medians']} x; median of per-repetition ratios "
-                f"{r['median_of_ratios']} ({', '.join(str(x) for x in r['per_rep'])})"
-            )
+    lines.extend(_throughput_lines(results))
     for name, t in results.get("targets", {}).items():
         lines.append(f"  {'MET ' if t['met'] else 'MISS'} {name}: {t['text']}")
     if results.get("problems"):
