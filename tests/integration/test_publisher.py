@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import amqp
 import pytest
 import redis
 from kombu import Connection, Exchange, Queue
@@ -174,3 +175,30 @@ def test_what_must_be_stored_first_is_in_redis_before_the_message_and_a_failed_w
     assert len(stored_before) == 160 and all(stored_before)
     with pytest.raises(ValueError):
         make(kind).publish(b"m", exchange=EXCHANGE, routing_key=queue.name, first=Write(lambda pipe: None))
+
+
+def test_a_nack_on_the_careful_path_reaches_the_caller_as_the_nack(kind: type[Publisher]) -> None:
+    """After its connection was lost, a message goes the careful way; py-amqp counts a nack as a
+    recoverable connection error, so kombu retries it and wraps it. The caller must still see the
+    broker's refusal (its caller then decides whether to try again), not a lost connection."""
+    pub = make(kind)
+    assert pub.prewarm(1) == 1
+    conn, queue = declared_queue()
+    refusing = Queue(
+        f"test.publisher.refusing.{uuid.uuid4().hex[:8]}",
+        EXCHANGE,
+        durable=False,
+        auto_delete=False,
+        queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+    )
+    refusing(conn.default_channel).declare()
+    try:
+        pub.publish(b"before", exchange=EXCHANGE, routing_key=queue.name)
+        held = pub._connection if isinstance(pub, BatchPublisher) else pub._local.connection  # type: ignore[attr-defined]
+        held.connection.sock.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(amqp.exceptions.MessageNacked):
+            pub.publish(b"refused", exchange=EXCHANGE, routing_key=refusing.name)
+        pub.publish(b"after", exchange=EXCHANGE, routing_key=queue.name)  # and the publisher goes on
+    finally:
+        conn.default_channel.queue_delete(refusing.name)
+    assert sorted(drain(conn, queue)) == [b"after", b"before"]
