@@ -410,7 +410,7 @@ def _throughput_lines(results: dict[str, Any]) -> list[str]:
         + ", ".join(f"{v} {round(tp[v]['steady_rate'], 1)}/s" for v in tp)
         + f"; CPU ms per intent fleet {tp['fleet']['cpu_ms_per_intent']}, bare {tp['bare']['cpu_ms_per_intent']}"
     ]
-    for pair, r in throughput_ratios(tp).items():
+    for pair, r in results.get("throughput_ratios", {}).items():
         lines.append(
             f"  {pair} ({r['label']}): {r['ratio_of_medians']} x; median of per-repetition ratios "
             f"{r['median_of_ratios']} ({', '.join(str(x) for x in r['per_rep'])})"

@@ -403,17 +403,17 @@ def test_a_success_after_counted_failures_resets_them(
 ) -> None:
     """The pool skips recording a success only when the breaker counted no failures; after some
     were counted, the next success resets them, so two later failures do not open the breaker."""
-    breaker = keys.breaker("flaky")
+    breaker, stored = keys.breaker("flaky"), redis.Redis.from_url(REDIS_URL)
     proxy.set("blackhole")
     assert client.call("flaky.read_item", {"id": "IT-40"}, timeout=20).error.code == "DOWNSTREAM_TIMEOUT"
-    assert redis.Redis.from_url(REDIS_URL).hget(breaker, "failures") == b"2"  # 2 of fail_max 3
+    assert stored.hget(breaker, "failures") == b"2"  # 2 of fail_max 3
     proxy.set("pass")
     assert client.call("flaky.read_item", {"id": "IT-41"}, timeout=20).status == "succeeded"
-    assert redis.Redis.from_url(REDIS_URL).hget(breaker, "failures") == b"0"
+    assert stored.hget(breaker, "failures") == b"0"
     proxy.set("blackhole")
     again = client.call("flaky.read_item", {"id": "IT-42"}, timeout=20)
     assert again.error.code == "DOWNSTREAM_TIMEOUT" and again.execution.attempts == 2  # not refused: still closed
-    assert redis.Redis.from_url(REDIS_URL).hget(breaker, "state") == b"closed"
+    assert stored.hget(breaker, "state") == b"closed"
 
 
 # -- isolation -----------------------------------------------------------------------------------
