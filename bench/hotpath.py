@@ -87,7 +87,7 @@ def main() -> int:
     pool = PoolRuntime(
         spec,
         catalog,
-        HttpAdapter(spec, max_connections=max(1, args.threads)),
+        HttpAdapter(spec),
         state=PoolState(
             client, batcher, Ledger(client, heartbeat, 600), SharedBreaker(client, catalogs.FAST, spec.breaker)
         ),

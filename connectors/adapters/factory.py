@@ -15,7 +15,7 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
     if connector.type == "http":
         from connectors.adapters.http import HttpAdapter
 
-        kwargs: dict[str, Any] = {"max_connections": options.max_connections, "environ": options.environ}
+        kwargs: dict[str, Any] = {"environ": options.environ}
         if options.max_depth is not None:
             kwargs["max_depth"] = options.max_depth
         return HttpAdapter(connector, redis=options.redis, **kwargs, **options.extra)

@@ -37,6 +37,7 @@ from connectors.adapters.common import (
     retry_after_ms,
     scalar_text,
 )
+from connectors.adapters.transport import ThreadTransport
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -91,15 +92,14 @@ def encode_path_segment(value: Any) -> str:
 class HttpAdapter:
     """Calls one connector's HTTP system, with one httpx client per calling thread.
 
-    One instance per pool process. A client shared by many threads spends more CPU on its pool's
-    lock than on the request; all threads share the auth (and its token cache).
-    ``max_connections`` bounds each thread's client."""
+    One instance per pool process. Each thread's client sends on a ``ThreadTransport`` of its own
+    (one kept-alive connection to the system), so the pool's threads never wait on each other's
+    connections; all threads share the auth (and its token cache) and the TLS context."""
 
     def __init__(
         self,
         connector: ConnectorSpec,
         *,
-        max_connections: int = 20,
         environ: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
@@ -119,7 +119,6 @@ class HttpAdapter:
         self._transport = transport
         # one TLS context for every thread's client: building one loads the whole CA bundle
         self._ssl = ssl_context(connector.auth, connector.name, environ)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._local = threading.local()
         self._urls: dict[str, httpx.URL] = {}
         self._clients: list[httpx.Client] = []
@@ -134,7 +133,7 @@ class HttpAdapter:
         """This thread's client and the transport under it, which ``_send`` sends calls on."""
         made: tuple[httpx.Client, httpx.BaseTransport] | None = getattr(self._local, "made", None)
         if made is None:
-            transport = self._transport or httpx.HTTPTransport(verify=self._ssl, limits=self._limits, trust_env=False)
+            transport = self._transport or ThreadTransport(verify=self._ssl)
             client = CookielessClient(
                 auth=self._auth,
                 timeout=httpx.Timeout(15.0, connect=5.0),
