@@ -39,11 +39,12 @@ def _still_idle(sock: socket.socket | None) -> bool:
     the system closed it (EOF) or sent bytes no request asked for."""
     if sock is None or sock.fileno() < 0:
         return False
+    poller = select.poll()  # not select(): it refuses descriptors past 1024, which a big pool has
+    poller.register(sock, select.POLLIN)
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        return not poller.poll(0)
+    except OSError:
         return False
-    return not readable
 
 
 def _timeout(timeouts: dict[str, Any], key: str) -> float | None:
