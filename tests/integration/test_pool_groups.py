@@ -156,6 +156,8 @@ def test_a_slow_connectors_backlog_holds_only_its_own_threads_and_prefetch(
     backlog = 10
     slow_ids = {client.publish(f"{SLOW}.create_item", {"title": f"{RUN}-slow-{i}"}) for i in range(backlog)}
     wait_for(lambda: systems[SLOW].in_flight(), 20, "the slow calls to start", until=lambda n: n == THREADS)
+    # the router may still be dispatching the last of the backlog when the first calls start
+    wait_for(lambda: unacked(SLOW, backlog), 10, "the backlog in the slow queue", until=lambda n: n == PREFETCH)
     for _ in range(4):  # a delivery past the prefetch would show within this second
         assert unacked(SLOW, backlog) == PREFETCH
         time.sleep(0.25)
