@@ -75,11 +75,14 @@ class _Response(http.client.HTTPResponse):
         if self.length == 0:  # 204, 304, an answer to HEAD: no body, whatever the headers claim
             self.chunked = False
 
-    def _read_next_chunk_size(self) -> int:
-        line = self.fp.readline(http.client._MAXLINE + 1)  # type: ignore[attr-defined]
+    def _line(self, what: str) -> bytes:
+        line: bytes = self.fp.readline(http.client._MAXLINE + 1)  # type: ignore[attr-defined]
         if len(line) > http.client._MAXLINE:  # type: ignore[attr-defined]
-            raise http.client.LineTooLong("chunk size")
-        size = line.split(b";", 1)[0].strip(b" \t\r\n")
+            raise http.client.LineTooLong(what)
+        return line
+
+    def _read_next_chunk_size(self) -> int:
+        size = self._line("chunk size").split(b";", 1)[0].strip(b" \t\r\n")
         if not _CHUNK_SIZE.fullmatch(size):
             self._close_conn()  # type: ignore[attr-defined]
             raise ValueError(f"bad chunk size {size[:40]!r}")  # http.client makes it IncompleteRead
@@ -87,10 +90,7 @@ class _Response(http.client.HTTPResponse):
 
     def _read_and_discard_trailer(self) -> None:
         for _ in range(MAX_TRAILER_LINES):
-            line = self.fp.readline(http.client._MAXLINE + 1)  # type: ignore[attr-defined]
-            if len(line) > http.client._MAXLINE:  # type: ignore[attr-defined]
-                raise http.client.LineTooLong("trailer line")
-            if line in (b"\r\n", b"\n", b""):
+            if self._line("trailer line") in (b"\r\n", b"\n", b""):
                 return
         raise http.client.HTTPException(f"more than {MAX_TRAILER_LINES} trailer lines")
 
@@ -312,7 +312,5 @@ class _Body(httpx.SyncByteStream):
             connection.close()
 
     def _abandon(self) -> None:
-        connection, self._connection = self._connection, None
-        self._response.close()
-        if connection is not None:
-            connection.close()
+        self._reusable = False
+        self.close()

@@ -16,8 +16,8 @@ import pytest
 from connectors.adapters.base import CallContext
 from connectors.adapters.http import HttpAdapter
 from connectors.adapters.transport import ThreadTransport
-from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
+from tests.unit.test_http_adapter import connector
 
 OK_BODY = b'{"ok": true}'
 
@@ -175,27 +175,13 @@ def test_a_refused_connection_is_a_connect_error() -> None:
         client.get(f"http://127.0.0.1:{port}/x")
 
 
-def _write_adapter(server: Server) -> HttpAdapter:
-    spec = ConnectorSpec.model_validate(
-        {
-            "name": "tickets",
-            "endpoint": f"http://127.0.0.1:{server.port}",
-            "actions": [
-                {
-                    "action": "create_ticket",
-                    "path": "POST /tickets",
-                    "permission": "write",
-                    "input": {"title": {"type": "string"}},
-                }
-            ],
-        }
-    )
-    return HttpAdapter(spec)
-
-
 def test_a_write_whose_connection_drops_unanswered_is_sent_once_and_unknown(server: Server) -> None:
-    adapter = _write_adapter(server)
-    action = adapter.connector.actions[0]
+    spec = connector(
+        f"http://127.0.0.1:{server.port}",
+        {"action": "create_ticket", "path": "POST /tickets", "permission": "write", "input": {"title": {}}},
+    )
+    adapter = HttpAdapter(spec)
+    action = spec.actions[0]
     ctx = CallContext("intent-1")
     assert adapter.call(action, {"title": "first"}, ctx).ok  # a kept-alive connection now exists
     server.mode = "drop"  # the next request is read, then the connection closes without an answer
