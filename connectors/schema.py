@@ -18,6 +18,7 @@ from datetime import date, datetime
 from typing import Any
 from urllib.parse import quote
 
+from connectors.patterns import compile_pattern
 from connectors.spec import ActionSpec, FieldSpec
 
 # Bounds on what a value may become on the wire, so an over-long one is the agent's mistake
@@ -106,7 +107,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
     ``hidden``: an enclosing field is sensitive, so this one's values are never echoed either.
     """
     kind = spec.type
-    pattern = re.compile(spec.pattern) if spec.pattern else None
+    pattern = compile_pattern(spec.pattern) if spec.pattern else None
     show = not (spec.sensitive or hidden)  # sensitive values are never echoed back
     items = compile_field(spec.items, hidden=not show) if spec.items is not None else None
     props = (
@@ -129,7 +130,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             if not isinstance(value, str):
                 return bad(problems, where, "type", f"must be a string, got {_type_name(value)}")
             _check_length(value, where, problems, "characters")
-            if pattern is not None and not pattern.search(value):
+            if pattern is not None and not pattern.search(value):  # RE2: linear in len(value)
                 bad(
                     problems,
                     where,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from connectors.durations import Duration
+from connectors.patterns import compile_pattern
 from connectors.rates import parse_rate
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
@@ -62,10 +63,7 @@ class FieldSpec(_Spec):
     @classmethod
     def _pattern_compiles(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"pattern {v!r} is not a valid regular expression: {exc}") from exc
+            compile_pattern(v)  # PatternError is a ValueError: reach validate reports it with file and line
         return v
 
     @field_validator("timezone")

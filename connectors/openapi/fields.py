@@ -15,12 +15,12 @@ from pydantic import ValidationError
 
 from connectors.openapi.shapes import SCALARS, Shapes, free_form, names_in
 from connectors.openapi.text import clean, described, flow_if_short, one_line, ordered, plain
+from connectors.patterns import PatternError, compile_pattern
 from connectors.schema import compile_field
 from connectors.spec import FieldSpec
 
 MAX_SCHEMA_DEPTH = 8  # nested fields written per param; deeper (or circular) ones become a bare object
 MAX_FIELD_DESCRIPTION = 512
-MAX_PATTERN = 1000
 _SECRET_NAME = re.compile(r"password|passwd|secret|token|api[-_]?key", re.IGNORECASE)
 
 
@@ -232,12 +232,10 @@ class Fields:
         pattern = shape.get("pattern")
         if kind == "string" and isinstance(pattern, str):
             try:
-                if len(pattern) > MAX_PATTERN:
-                    raise re.error("too long")
-                re.compile(pattern)
+                compile_pattern(pattern)
                 spec["pattern"] = pattern
-            except (re.error, RecursionError, OverflowError, ValueError):
-                self.note(f"{where}: its pattern is not a Python regular expression; left out")
+            except PatternError as exc:
+                self.note(f"{where}: {exc}; left out")
 
     def _default(self, shape: dict[str, Any], spec: dict[str, Any], where: str, body: bool) -> None:
         if "default" not in shape or shape["default"] is None or spec["type"] == "object":

@@ -385,7 +385,8 @@ def test_types_bounds_and_defaults_become_catalog_fields(tmp_path: Path) -> None
             "note": {"type": "string", "nullable": True},
             "id": {"type": "string", "readOnly": True},
             "colour": {"type": "string", "enum": ["red"], "default": "blue"},  # a default outside its own enum
-            "code": {"type": "string", "pattern": "^\\p{L}+$"},  # ECMA, not Python
+            "code": {"type": "string", "pattern": "^\\p{L}+$"},  # ECMA, not Python: RE2 runs it
+            "pin": {"type": "string", "pattern": "^(?=.*\\d).{4,}$"},  # a lookahead: RE2 cannot run it
         },
     }
     doc = oas({"/orders": {"post": op(operationId="order", requestBody=body(schema))}})
@@ -410,10 +411,11 @@ def test_types_bounds_and_defaults_become_catalog_fields(tmp_path: Path) -> None
     assert (fields["tags"].min_length, fields["tags"].max_length) == (1, 5)
     assert fields["note"].nullable
     assert "id" not in fields  # readOnly: the system assigns it
-    assert fields["colour"].default is None and fields["code"].pattern is None
+    assert fields["colour"].default is None and fields["code"].pattern == "^\\p{L}+$"
+    assert fields["pin"].pattern is None
     notes = notes_of(result)
     assert "colour: the document's default does not fit its own schema" in notes
-    assert "code: its pattern is not a Python regular expression" in notes
+    assert "pin: pattern '^(?=.*\\\\d).{4,}$' is refused: it uses a lookahead (?=...)" in notes
 
 
 def test_openapi_31_type_lists_const_and_nullable_unions(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from workers.state.client import connect_redis
 from workers.state.control import PoolStatus
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
+from workers.state.redeliveries import Redeliveries
 from workers.transport.app import JobMessages, create_app
 from workers.transport.consuming import Bulkhead, bulkhead_consumer, sender_key, threaded_consumer
 from workers.transport.delivery import handler_for
@@ -151,6 +152,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         keep_unparsable=settings.dlq_keep_unparsable,
         max_deliveries=settings.max_deliveries,
         parking=Parking(approvals, publisher, sink, audit, settings.max_pending_approvals),
+        redeliveries=Redeliveries(redis_client),
     )
     configure_tracing("reach-router")
     # several routing threads, so that several publisher confirms are in flight at once (intents of

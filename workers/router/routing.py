@@ -103,6 +103,7 @@ class Router:
         semantic_rate: Rate | None = None,
         budgets: BudgetCounter | None = None,
         clock: Callable[[], float] = time.time,
+        fleet_user: str | None = None,
     ) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``) and
         of intents that make the router run its model (``semantic_rate``)."""
@@ -118,6 +119,7 @@ class Router:
         self.max_depth = max_depth
         self.max_details = max(2, max_details)
         self.require_user_id = require_user_id
+        self.fleet_user = fleet_user  # the fleet's broker login: may publish for an agent (intake.ON_BEHALF_OF_HEADER)
         self.clock = clock
         self.budgets = budgets or NoBudgets()
         self.budget_index = budget_index(catalog)  # (agent, connector, action) -> budgets; most have none
@@ -162,7 +164,7 @@ class Router:
 
     def _decide(self, raw: RawMessage) -> Decision:
         received_at = raw.received_at or self.clock()
-        parsed = parse(raw, self.max_intent_bytes, self.require_user_id, self.max_depth)
+        parsed = parse(raw, self.max_intent_bytes, self.require_user_id, self.max_depth, self.fleet_user)
         if isinstance(parsed, ParseFailure):
             return self._invalid(parsed, received_at)
         metrics.INTENTS_RECEIVED.labels(format=parsed.format).inc()
@@ -542,6 +544,25 @@ class Router:
             "model": self.semantic.model_name(),
         }
         return Answer(answer(data=data), reply_to)
+
+    def undecided(self, raw: RawMessage, deliveries: int) -> Answer:
+        """The answer to a message delivered ``deliveries`` times without a decision: each delivery
+        ended with its router's process or broker link before the router answered, so it is not
+        decided again (REACH_MAX_DELIVERIES). Only the bounded parse runs, for the identity."""
+        received_at = raw.received_at or self.clock()
+        parsed = parse(raw, self.max_intent_bytes, self.require_user_id, self.max_depth, self.fleet_user)
+        if isinstance(parsed, ParseFailure):
+            return self._invalid(parsed, received_at)
+        reason = f"delivered {deliveries} times without a decision"
+        answer = self._refuse(
+            parsed,
+            received_at,
+            ErrorCode.INVALID_INTENT,
+            f"this intent was {reason}: each time, the router handling it stopped or lost the broker "
+            "before answering, so it is not decided again",
+            "Do not resend it as it is; operators can find it in the dead-letter queue with this trace id.",
+        )
+        return Answer(answer.receipt, answer.routing_key, dead_letter_reason=reason, audit=answer.audit)
 
     def _invalid(self, failure: ParseFailure, received_at: float) -> Answer:
         metrics.INTENTS_RECEIVED.labels(format="invalid").inc()

@@ -23,6 +23,7 @@ from workers.router.approvals import Park, Parking
 from workers.router.intake import RawMessage, fail_identity, new_trace_id
 from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.state.budgets import gives_back
+from workers.state.redeliveries import Redeliveries
 from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
 from workers.transport.dispatch import Dispatcher
 from workers.transport.job import Job
@@ -53,6 +54,7 @@ class RouterRuntime:
         keep_unparsable: bool = False,
         max_deliveries: int = 5,
         parking: Parking | None = None,
+        redeliveries: Redeliveries | None = None,
     ) -> None:
         self.router = router
         self.dispatcher = dispatcher  # jobs onto connector queues (the publisher: receipts and letters)
@@ -61,13 +63,20 @@ class RouterRuntime:
         self.audit = audit
         self.keep_unparsable = keep_unparsable
         self.retries = RetryCounts(max_deliveries)
+        self.max_deliveries = max_deliveries
+        self.redeliveries = redeliveries  # returns seen by any router (None: only this process's requeues)
         self.parking = parking  # intents that wait for a person (workers/router/approvals.py)
 
     def handle(self, raw: RawMessage) -> Settle:
         """Route one delivery; say what must then happen to it (ack, or requeue when the decision
         could not be carried out for a passing reason)."""
         try:
-            decision = self.router.decide(raw)
+            deliveries = self._deliveries(raw)
+            if deliveries > self.max_deliveries:
+                log.error("intent delivered %d times without a decision; answering and dead-lettering it", deliveries)
+                decision: Decision = self.router.undecided(raw, deliveries)
+            else:
+                decision = self.router.decide(raw)
         except TRANSIENT_ERRORS as exc:  # Redis away or failing over: the guards could not be asked
             if self.retries.again(raw):
                 log.warning("could not route an intent (%s); it will be redelivered", exc)
@@ -100,6 +109,22 @@ class RouterRuntime:
             self._give_up(decision, raw, exc)
         self.retries.forget(raw)
         return "ack"
+
+    def _deliveries(self, raw: RawMessage) -> int:
+        """This delivery's number: 1 for a first delivery; for a redelivery, the larger of the
+        quorum queue's own count (``x-delivery-count``: returns before this one) and the routers'
+        count in Redis (which classic queues need). A header an agent set itself only ever makes
+        its own intent stop sooner."""
+        if not raw.redelivered:
+            return 1
+        returned = raw.headers.get("x-delivery-count")
+        counted = returned + 1 if isinstance(returned, int) and not isinstance(returned, bool) and returned > 0 else 2
+        if self.redeliveries is not None:
+            try:
+                counted = max(counted, self.redeliveries.count(raw.body, raw.message_id, raw.user_id))
+            except TRANSIENT_ERRORS as exc:  # Redis away: decide; a failing decision is requeued and counted here
+                log.warning("could not count a redelivery (%s)", exc)
+        return counted
 
     def _give_up(self, decision: Decision, raw: RawMessage, exc: BaseException) -> None:
         """The decision cannot be carried out for this message: keep it once, then let it go."""
