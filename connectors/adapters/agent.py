@@ -60,6 +60,7 @@ from connectors.adapters.amqp import (
     violation,
 )
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
+from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.spec import ActionSpec, ConnectorSpec
 from producers.serve import (
     AGENT_REPLIES_EXCHANGE_NAME,
@@ -135,23 +136,28 @@ class AgentAdapter:
                 sent=False,
             )
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
-        body = AgentRequest(
-            intent_id=ctx.intent_id,
-            agent_id=ctx.agent_id or "",
-            connector=self.connector.name,
-            action=action.action,
-            params=params,
-            idempotency_key=ctx.idempotency_key,
-            hops=hops,
-            deadline=datetime.fromtimestamp(time.time() + timeout, UTC).isoformat().replace("+00:00", "Z"),
-            traceparent=ctx.traceparent,
-        ).model_dump_json()
+        try:
+            body = AgentRequest(
+                intent_id=ctx.intent_id,
+                agent_id=ctx.agent_id or "",
+                connector=self.connector.name,
+                action=action.action,
+                params=params,
+                idempotency_key=ctx.idempotency_key,
+                hops=hops,
+                deadline=datetime.fromtimestamp(time.time() + timeout, UTC).isoformat().replace("+00:00", "Z"),
+                traceparent=ctx.traceparent,
+            ).model_dump_json()
+        except ValueError as exc:  # pydantic's serialisation error: text UTF-8 cannot carry
+            return refused_outcome(Unsendable(f"the request cannot be written as JSON: {exc}"))
         request = RequestMessage(AGENTS_EXCHANGE_NAME, self.agent, body.encode(), timeout, message_id=ctx.intent_id)
         started = time.perf_counter()
         try:
             answer = self._rpc.request(request)
         except (NotSent, Lost, NoAnswer) as exc:
             return failure_outcome(exc, self.connector, action, timeout, _ms(started))
+        except Unsendable as exc:
+            return refused_outcome(exc, started=started)
         elapsed = _ms(started)
         max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
         try:

@@ -18,6 +18,8 @@ than the fleet's. The wire (docs/contract.md section 5, "AMQP connectors")::
 
 Failures, in the order they can happen::
 
+    a value JSON or an AMQP frame cannot carry     VALIDATION_FAILED        sent False (not retried, not
+                                                                            counted by the breaker)
     no connection / channel before the publish     DOWNSTREAM_UNREACHABLE   sent False
     unroutable (mandatory return) or nacked        DOWNSTREAM_UNREACHABLE   sent False
     connection lost after the publish              DOWNSTREAM_ERROR if safe to repeat, else OUTCOME_UNKNOWN
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import threading
 import time
 import uuid
@@ -46,12 +49,13 @@ from typing import Any
 
 import amqp
 from amqp import spec as amqp_spec
-from amqp.exceptions import AMQPError, ChannelError, MessageNacked
+from amqp.exceptions import AMQPError, ChannelError, FrameSyntaxError, MessageNacked
 from kombu import Connection
 from pydantic import ValidationError
 
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import OMIT, convert_for_system
+from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.adapters.http import json_depth
 from connectors.auth import read_secret
 from connectors.schema import MAX_HEADER_VALUE_BYTES, Check, FieldProblem, Problems, compile_field
@@ -167,7 +171,7 @@ class RequestReply:
         return conn
 
     def request(self, request: RequestMessage) -> amqp.Message:
-        """Publish ``request`` and return its answer. Raises NotSent, Lost or NoAnswer."""
+        """Publish ``request`` and return its answer. Raises NotSent, Lost, NoAnswer or Unsendable."""
         started = time.monotonic()
         line = self._ready_line(min(request.timeout, self._connect_timeout))
         correlation_id = uuid.uuid4().hex
@@ -190,6 +194,11 @@ class RequestReply:
             )
         except NotSent:
             raise
+        except (FrameSyntaxError, struct.error) as exc:
+            # py-amqp serialises the whole method and header before writing a byte: a value an AMQP
+            # frame cannot carry is refused here, with the line still whole
+            line.waiting = None
+            raise Unsendable(f"the request cannot be written as an AMQP message: {exc}") from exc
         except (OSError, AMQPError) as exc:
             self._drop(line)  # the frames did not all go out: the broker routes nothing partial
             raise NotSent(f"publishing failed: {broker_error_text(exc)}") from exc
@@ -461,14 +470,8 @@ class AmqpAdapter:
         """One attempt. Never raises for anything the broker or the system does."""
         try:
             body, headers = self._request_parts(action, params, ctx)
-        except ValueError as exc:
-            return Outcome(
-                False,
-                code=ErrorCode.VALIDATION_FAILED,
-                message=str(exc),
-                suggestion="Keep the params within the limits and send again.",
-                sent=False,
-            )
+        except Unsendable as exc:
+            return refused_outcome(exc, suggestion="Keep the params within the limits and send again.")
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         request = RequestMessage(action.exchange or "", action.routing_key or "", body, timeout, headers=headers)
         started = time.perf_counter()
@@ -476,6 +479,8 @@ class AmqpAdapter:
             answer = self._rpc.request(request)
         except (NotSent, Lost, NoAnswer) as exc:
             return failure_outcome(exc, self.connector, action, timeout, _ms(started))
+        except Unsendable as exc:
+            return refused_outcome(exc, started=started)
         return self._read(action, answer, _ms(started), ctx)
 
     def _request_parts(
@@ -490,7 +495,9 @@ class AmqpAdapter:
         try:
             raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         except (RecursionError, ValueError) as exc:
-            raise ValueError("the params cannot be written as JSON (too deep, or not finite numbers)") from exc
+            raise Unsendable(
+                "the params cannot be written as JSON (too deep, not finite numbers, or not UTF-8)"
+            ) from exc
         headers: dict[str, Any] = {}
         for header, value in (
             ("traceparent", ctx.traceparent),
@@ -498,7 +505,7 @@ class AmqpAdapter:
         ):
             if header and value:
                 if len(value.encode()) > MAX_HEADER_VALUE_BYTES:
-                    raise ValueError(f"the {header} value is longer than {MAX_HEADER_VALUE_BYTES} bytes")
+                    raise Unsendable(f"the {header} value is longer than {MAX_HEADER_VALUE_BYTES} bytes")
                 headers[header] = value
         return raw, headers
 

@@ -37,6 +37,7 @@ from connectors.adapters.common import (
     retry_after_ms,
     scalar_text,
 )
+from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.adapters.transport import ThreadTransport
 from connectors.auth import (
     CredentialsError,
@@ -57,6 +58,9 @@ from producers.wire import ErrorCode
 
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
 DEFAULT_MAX_DEPTH = 32  # nesting of ``data`` passed on (REACH_MAX_DEPTH): a receipt's JSON must stay cheap to handle
+_UNSAFE_SUGGESTION = (
+    "Remove control characters and path tricks from the params, keep URL and header values short, and send again."
+)
 _SYSTEM_MESSAGE_KEYS = ("detail", "message", "error_description", "error", "errors", "title")
 
 
@@ -66,7 +70,7 @@ def _sent(transport: httpx.BaseTransport, request: httpx.Request) -> httpx.Respo
     return response
 
 
-class UnsafeRequest(ValueError):
+class UnsafeRequest(Unsendable):
     """The request would leave the connector's endpoint or template, or cannot be formed; it is never sent.
 
     ``field`` names the param at fault, when one is, and ``code`` the problem as the params
@@ -74,9 +78,7 @@ class UnsafeRequest(ValueError):
     """
 
     def __init__(self, message: str, field: str | None = None, code: str = "max_length") -> None:
-        super().__init__(message)
-        self.field = field
-        self.code = code
+        super().__init__(message, field, code)
 
 
 def encode_path_segment(value: Any) -> str:
@@ -259,8 +261,10 @@ class HttpAdapter:
         if method not in ("GET", "DELETE") or body:
             try:
                 content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-            except (RecursionError, ValueError) as exc:
+            except RecursionError as exc:
                 raise UnsafeRequest("the params nest too deeply to be written as JSON") from exc
+            except ValueError as exc:  # text UTF-8 cannot carry (a lone surrogate)
+                raise UnsafeRequest(f"the params cannot be written as JSON: {exc}", code="unsendable") from exc
             headers["Content-Type"] = "application/json"
         headers.setdefault("Accept", "application/json")
         try:
@@ -294,17 +298,8 @@ class HttpAdapter:
         """One attempt. Never raises for anything the system or network does."""
         try:
             request = self.build_request(action, params, ctx)
-        except UnsafeRequest as exc:
-            details = [{"field": exc.field, "code": exc.code, "message": str(exc)}] if exc.field else []
-            return Outcome(
-                False,
-                code=ErrorCode.VALIDATION_FAILED,
-                message=str(exc),
-                sent=False,
-                details=details,
-                suggestion="Remove control characters and path tricks from the params, keep URL and "
-                "header values short, and send again.",
-            )
+        except Unsendable as exc:
+            return refused_outcome(exc, suggestion=_UNSAFE_SUGGESTION)
         safe_to_repeat = self.connector.safe_to_repeat(action)
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         request.extensions["timeout"] = httpx.Timeout(timeout, connect=min(timeout, 5.0)).as_dict()
@@ -352,14 +347,12 @@ class HttpAdapter:
                 started,
                 sent=False,
             )
-        except httpx.LocalProtocolError as exc:
-            # the HTTP library refused to form the request: nothing was sent
-            return self._failed(
-                ErrorCode.VALIDATION_FAILED,
-                f"the request could not be formed: {exc}",
-                "Remove control characters and surrounding spaces from the params and send again.",
-                started,
-                sent=False,
+        except (httpx.LocalProtocolError, UnicodeEncodeError) as exc:
+            # the HTTP library refused to form or encode the request: nothing was sent
+            return refused_outcome(
+                Unsendable(f"the request could not be formed: {exc}"),
+                suggestion="Remove control characters and surrounding spaces from the params and send again.",
+                started=started,
             )
         except _ResponseTooLarge as exc:
             omitted: dict[str, Any] = {

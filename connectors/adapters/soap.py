@@ -67,6 +67,7 @@ from connectors.adapters.common import (
     header_safe,
     retry_after_ms,
 )
+from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -557,15 +558,10 @@ class SoapAdapter:
         return Outcome(True, data={"_reach_omitted": reason}, downstream_ms=elapsed)
 
     def _refused(self, message: str, started: float, field: str | None = None) -> Outcome:
-        details = [{"field": field, "code": "soap_part", "message": message}] if field else []
-        return Outcome(
-            False,
-            code=ErrorCode.VALIDATION_FAILED,
-            message=message,
+        return refused_outcome(
+            Unsendable(message, field, "soap_part"),
             suggestion="Send only values the operation's types accept (no control characters) and send again.",
-            details=details,
-            sent=False,
-            downstream_ms=(time.perf_counter() - started) * 1000,
+            started=started,
         )
 
     def _failed(

@@ -58,6 +58,8 @@ SQLSTATE -> reach code (sent=False unless said otherwise; docs/contract.md keeps
     connection lost / no answer during COMMIT                    OUTCOME_UNKNOWN, sent=True
                                                                  (DOWNSTREAM_ERROR / _TIMEOUT, sent=True, if safe to repeat)
     any other SQLSTATE                                           DOWNSTREAM_ERROR
+    a param the driver refuses to send (psycopg: a NUL in text,  VALIDATION_FAILED (rejected: nothing was
+      a character the client encoding lacks)                     sent; not retried, not counted by the breaker)
 
 Bounds: the server's ``statement_timeout`` ends a slow statement; a watchdog shuts the socket of a
 connection that has not answered ``WATCHDOG_GRACE`` seconds after the action's timeout (a hung
@@ -79,7 +81,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from datetime import time as time_of_day
@@ -95,6 +98,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome, ProbeResult
+from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.auth import read_secret
 from connectors.spec import ActionSpec, ConnectorSpec, FieldSpec
 from producers.formats import json_depth, value_depth
@@ -232,6 +236,23 @@ class SqlAdapterBase(Generic[RoutineT]):
         """An agent's value as a query parameter of this driver."""
         raise NotImplementedError
 
+    def _unsendable(self, exc: BaseException) -> bool:
+        """``exc`` (raised by executing a statement with the params) is the driver refusing a param
+        before sending it, not the database's answer."""
+        raise NotImplementedError
+
+    @contextmanager
+    def _sending_params(self) -> Iterator[None]:
+        """Around a statement that carries the agent's params: the driver's refusal of a value
+        becomes Unsendable (the agent's input, never the database's health)."""
+        refusals: tuple[type[Exception], ...] = (UnicodeError, *self.driver_errors)
+        try:
+            yield
+        except refusals as exc:
+            if not self._unsendable(exc):
+                raise
+            raise Unsendable(f"the database driver refused a param before sending it: {exc}") from exc
+
     def _server_error(
         self, exc: Exception, action: ActionSpec, params: dict[str, Any], timeout: float, started: float
     ) -> Outcome:
@@ -284,6 +305,8 @@ class SqlAdapterBase(Generic[RoutineT]):
                     conn.rollback()
             finally:
                 watchdog.stop()
+        except Unsendable as exc:
+            return refused_outcome(exc, started=started)
         except self.driver_errors as exc:
             if phase == "done":
                 return Outcome(True, data=data, downstream_ms=_ms(started))
@@ -524,11 +547,19 @@ class SqlAdapter(SqlAdapterBase[_Routine]):
         with conn.cursor() as cursor:
             routine = self._routine(cursor, action, len(args))
             limit = [] if routine.shape == "call" else [self._max_rows + 1]
-            cursor.execute(routine.statement, [*args, *limit])
+            with self._sending_params():
+                cursor.execute(routine.statement, [*args, *limit])
             return self._data(cursor, routine.shape, ctx)
 
     def _bind(self, value: Any, spec: FieldSpec) -> Any:
         return _bind(value, spec)
+
+    def _unsendable(self, exc: BaseException) -> bool:
+        # psycopg dumps every param before it sends the statement: a DataError without a SQLSTATE
+        # (a NUL in text) or an encoding error comes from there; the server's own carry a SQLSTATE
+        if isinstance(exc, psycopg.DataError):
+            return exc.sqlstate is None
+        return isinstance(exc, UnicodeEncodeError)
 
     def _is_mismatch(self, exc: Exception) -> bool:
         return (getattr(exc, "sqlstate", None) or "").startswith("42")

@@ -47,6 +47,8 @@ PyMySQL reports the error number, not the SQLSTATE; number -> reach code (sent=F
     1305 no such routine, 1318 argument count, 1146, 1054, 1414    DOWNSTREAM_ERROR (catalog vs database)
     1205 lock wait timeout, 1213 deadlock, any other number        DOWNSTREAM_ERROR
     connection lost during COMMIT                                  OUTCOME_UNKNOWN, sent=True (as PostgreSQL)
+    a param PyMySQL cannot encode for the connection's charset     VALIDATION_FAILED (nothing sent; not retried,
+                                                                   not counted by the breaker)
 
 A SIGNAL that sets its own MYSQL_ERRNO is read by that number.
 """
@@ -162,12 +164,14 @@ class MariadbAdapter(SqlAdapterBase[_Routine]):
             call_args = [a for a, slot in zip(args, routine.slots, strict=False) if slot == "call"]
             call_args += args[len(routine.slots) :]  # more params than arguments: the server says so
             if routine.preset is not None:
-                plain.execute(
-                    routine.preset, [a for a, slot in zip(args, routine.slots, strict=False) if slot == "preset"]
-                )
+                with self._sending_params():
+                    plain.execute(
+                        routine.preset, [a for a, slot in zip(args, routine.slots, strict=False) if slot == "preset"]
+                    )
         cursor = conn.cursor(SSCursor)  # unbuffered: rows are read as far as the cap, never all into memory
         try:
-            cursor.execute(routine.statement, call_args)
+            with self._sending_params():
+                cursor.execute(routine.statement, call_args)
             if routine.function:
                 data = self._data(cursor, "scalar", ctx)
             else:
@@ -243,6 +247,10 @@ class MariadbAdapter(SqlAdapterBase[_Routine]):
         if isinstance(value, float) and not math.isfinite(value):
             return str(value)
         return value
+
+    def _unsendable(self, exc: BaseException) -> bool:
+        # PyMySQL escapes the params into the statement and encodes it before writing a byte
+        return isinstance(exc, UnicodeEncodeError)
 
     def _is_mismatch(self, exc: Exception) -> bool:
         return _errno(exc) in _MISMATCHES
