@@ -777,6 +777,8 @@ class Generator:
         "reply_to",
         "long_strings",
         "control_chars",
+        "regex",
+        "odd_code_points",
     )
 
     def body(self, kind: str) -> bytes:
@@ -882,6 +884,13 @@ class Generator:
                     context={"description": "d" * 100_000, "domain": "x" * 1000},
                 )
             )
+        if kind == "regex":  # almost matches the action's backtracking pattern (RE2 runs it in linear time)
+            n = rng.choice([28, 32, 64, 1000, 100_000])
+            tail = rng.choice(["!", "\u0000", " !", "\n"])
+            return dumps(intent(agent, action, {**base, "code": "a1 " * (n // 3) + "a" * (n % 3) + tail}))
+        if kind == "odd_code_points":
+            odd = rng.choice(["\u0000", "\ufffe", "\uffff", "\U0010ffff", "\u202e", "e\u0301" * 1000, "\u2028"])
+            return dumps(intent(agent, action, {"title": f"t{odd}", "code": odd, "extra": {odd: odd}}))
         if kind == "control_chars":
             return dumps(intent(agent + "\u0000\r\n", action, {"title": "t\r\nX-Injected: 1", "extra": {"\u0000": 1}}))
         raise ValueError(kind)

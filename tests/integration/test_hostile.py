@@ -85,6 +85,7 @@ connector:
         token: {{ type: string, sensitive: true, description: an API token of the agent's user }}
         extra: {{ type: object, description: free-form attributes }}
         tags: {{ type: array, items: {{ type: string }} }}
+        code: {{ type: string, pattern: '^([a-zA-Z0-9]+\\s?)*$', description: a vendor's backtracking pattern }}
       permission: write
       idempotent: false
     - action: get_item
