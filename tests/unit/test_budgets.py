@@ -318,10 +318,15 @@ def test_non_finite_numbers_never_reach_the_budget(budgeted: Catalog) -> None:
     assert counter.reserved == []
 
 
-def test_a_zero_amount_passes_without_being_counted(budgeted: Catalog) -> None:
+@pytest.mark.parametrize("amount", [0, -0.0, 5e-324, 1e-300])
+def test_an_amount_that_would_count_nothing_is_refused(budgeted: Catalog, amount: float) -> None:
+    # it would run even with the window full: zero, subnormal, or lost in the window's float sum
     counter = RecordingCounter(0)
-    assert isinstance(decide(budgeted, counter, {"order": "o1", "amount": 0}), Dispatch)
-    assert counter.reserved == [("bot", "payments", "i-1", [])]
+    decision = decide(budgeted, counter, {"order": "o1", "amount": amount})
+    assert isinstance(decision, Answer) and decision.receipt.error is not None
+    assert decision.receipt.error.code is ErrorCode.VALIDATION_FAILED
+    assert decision.receipt.error.details[0]["code"] == "min"
+    assert counter.reserved == []
 
 
 def test_a_catalog_without_budgets_has_an_empty_index() -> None:

@@ -31,7 +31,7 @@ from workers.router.approvals import Park
 from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
 from workers.router.semantic import Choice, SemanticRouting, candidate_details
 from workers.state.breaker import AlwaysAvailable
-from workers.state.budgets import BudgetCounter, NoBudgets, Spend, budget_index, budget_tag
+from workers.state.budgets import BudgetCounter, NoBudgets, Spend, amount_problem, budget_index, budget_tag
 from workers.state.guards import Guards, SeparateGuards
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.transport.job import Job
@@ -300,28 +300,12 @@ class Router:
             amount = params.get(budget.param)
             if amount is None:  # an optional param left out (a budget's param may not be nullable)
                 continue
-            shown = repr(amount)[:40]
-            if amount < 0:
-                # a negative amount would give the window room it never had
+            problem = amount_problem(budget, amount)  # for every on_exceed: zero, subnormal, past the max...
+            if problem is not None:
                 return refuse(
-                    ErrorCode.VALIDATION_FAILED,
-                    f"{budget.param} is {shown}: an amount counted against a budget cannot be negative",
-                    f"Send {budget.param} as 0 or more.",
-                    ref=ref,
-                    details=[
-                        {"field": budget.param, "code": "min", "message": "must be at least 0 (a budget counts it)"}
-                    ],
+                    ErrorCode.VALIDATION_FAILED, problem.message, problem.suggestion, ref=ref, details=[problem.detail]
                 )
-            if amount > budget.max:  # for every on_exceed: no window could ever hold it
-                return refuse(
-                    ErrorCode.VALIDATION_FAILED,
-                    f"{budget.param} is {shown}, more than the whole budget of {budget.max:g} per {budget.per}",
-                    f"No single intent may exceed {budget.max:g}; ask your user before splitting it.",
-                    ref=ref,
-                    details=[{"field": budget.param, "code": "max", "message": f"must be at most {budget.max:g}"}],
-                )
-            if amount > 0:
-                spends.append(Spend(budget, amount))
+            spends.append(Spend(budget, amount))
         verdict = self.budgets.reserve(agent_id, ref.connector.name, intent_id, tag, spends)
         if verdict.allowed:
             return None

@@ -18,6 +18,8 @@ reused id can neither pass uncounted nor give back the amount of the intent that
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +35,8 @@ from workers.state.approvals import payload_hash
 from workers.state.client import eval_into, text
 
 __all__ = [
+    "MIN_AMOUNT_SHARE",
+    "AmountProblem",
     "BudgetCounter",
     "BudgetIndex",
     "BudgetVerdict",
@@ -40,6 +44,7 @@ __all__ = [
     "NoBudgets",
     "RedisBudgets",
     "Spend",
+    "amount_problem",
     "budget_index",
     "budget_tag",
     "gives_back",
@@ -181,6 +186,58 @@ class BudgetVerdict:
     over: tuple[Exceeded, ...] = ()  # every budget exceeded, in the order of the spends
     reused: bool = False  # the intent id was counted before for another payload (not counted now)
     stale: bool = False  # counted for this payload longer ago than a repeat is answered (not counted now)
+
+
+# the smallest amount a budget counts, as a share of its max: far above the scripts' relative 1e-12
+# of slack, so an amount counted into a full window always overflows it, and never so small that
+# adding it leaves the window's float sum unchanged (it would run uncounted, again and again)
+MIN_AMOUNT_SHARE = 1e-10
+
+
+@dataclass(frozen=True)
+class AmountProblem:
+    """Why an amount cannot be counted against a budget: a VALIDATION_FAILED answer."""
+
+    message: str
+    suggestion: str
+    detail: dict[str, str]
+
+
+def amount_problem(budget: BudgetSpec, amount: int | float) -> AmountProblem | None:
+    """Why ``amount`` (a number the params validator let through) cannot be counted against
+    ``budget``, or None. Refused whatever the window holds: not finite, zero (``-0.0`` too) or
+    negative (it would count nothing, or give the window room it never had), smaller than
+    ``MIN_AMOUNT_SHARE`` of the budget or subnormal (it would vanish in the window's sum), and more
+    than the whole budget (no window could ever hold it)."""
+    shown = repr(amount)[:40]
+    field = budget.param
+    if not math.isfinite(amount):
+        return AmountProblem(
+            f"{field} is {shown}: a budget counts finite amounts only",
+            f"Send {field} as a finite number.",
+            {"field": field, "code": "type", "message": "must be a finite number (a budget counts it)"},
+        )
+    if amount <= 0:
+        return AmountProblem(
+            f"{field} is {shown}: an amount counted against a budget must be more than 0",
+            f"Send {field} as a positive amount; leave out an intent that spends nothing.",
+            {"field": field, "code": "min", "message": "must be more than 0 (a budget counts it)"},
+        )
+    smallest = max(budget.max * MIN_AMOUNT_SHARE, sys.float_info.min)
+    if amount < smallest:
+        return AmountProblem(
+            f"{field} is {shown}: too small to count against a budget of {budget.max:g} per {budget.per} "
+            f"(at least {smallest:g})",
+            f"Send {field} as at least {smallest:g}.",
+            {"field": field, "code": "min", "message": f"must be at least {smallest:g} (a budget counts it)"},
+        )
+    if amount > budget.max:
+        return AmountProblem(
+            f"{field} is {shown}, more than the whole budget of {budget.max:g} per {budget.per}",
+            f"No single intent may exceed {budget.max:g}; ask your user before splitting it.",
+            {"field": field, "code": "max", "message": f"must be at most {budget.max:g}"},
+        )
+    return None
 
 
 def budget_tag(agent: str, connector: str, action: str, params: Any, idempotency_key: str) -> str:
