@@ -164,17 +164,17 @@ class AgentAdapter:
             doc = parse_answer(bytes(answer.body), self._max_bytes, max_depth)
             reply = AgentAnswer.model_validate(doc)
         except BadAnswer as exc:
-            return violation(self.connector.name, str(exc), elapsed)
+            return violation(self.connector.name, action, str(exc), elapsed)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or '(answer)'}: {e['msg']}"
                 for e in exc.errors(include_url=False, include_input=False)[:5]
             )
-            return violation(self.connector.name, f"not an agent answer ({problems})", elapsed)
+            return violation(self.connector.name, action, f"not an agent answer ({problems})", elapsed)
         if reply.error is not None:
             return error_outcome(reply.error, elapsed)
         data = {} if reply.data is None else reply.data
-        return success_outcome(self.connector.name, self._outputs[action.action], data, elapsed)
+        return success_outcome(self.connector.name, action, self._outputs[action.action], data, elapsed)
 
     def probe(self, timeout: float) -> ProbeResult:
         """Healthy when the agent consumes its request queue."""

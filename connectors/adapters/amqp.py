@@ -55,7 +55,7 @@ from pydantic import ValidationError
 
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import OMIT, convert_for_system
-from connectors.adapters.errors import Unsendable, refused_outcome
+from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
 from connectors.adapters.http import json_depth
 from connectors.auth import read_secret
 from connectors.schema import MAX_HEADER_VALUE_BYTES, Check, FieldProblem, Problems, compile_field
@@ -369,7 +369,9 @@ def output_problems(checks: Mapping[str, Check], data: dict[str, Any]) -> list[d
     return [p.to_detail() for p in problems]
 
 
-def success_outcome(connector: str, checks: Mapping[str, Check], value: Any, elapsed_ms: float) -> Outcome:
+def success_outcome(
+    connector: str, action: ActionSpec, checks: Mapping[str, Check], value: Any, elapsed_ms: float
+) -> Outcome:
     """An answer's value as ``data`` (an object as it is, anything else as ``{"result": value}``),
     checked against the declared output."""
     data = value if isinstance(value, dict) else {"result": value}
@@ -379,19 +381,19 @@ def success_outcome(connector: str, checks: Mapping[str, Check], value: Any, ela
             False,
             code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
             message=f"{connector} answered, but the answer breaks the declared output",
-            suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
+            suggestion=violation_suggestion(action, "ask an operator to check the connector's output schema."),
             details=problems,
             downstream_ms=elapsed_ms,
         )
     return Outcome(True, data=data, downstream_ms=elapsed_ms)
 
 
-def violation(connector: str, reason: str, elapsed_ms: float) -> Outcome:
+def violation(connector: str, action: ActionSpec, reason: str, elapsed_ms: float) -> Outcome:
     return Outcome(
         False,
         code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
         message=f"{connector} answered in a way that breaks the agreed answer format: {reason}",
-        suggestion="The action may have taken effect; tell an operator (the answer cannot be read).",
+        suggestion=violation_suggestion(action, "tell an operator (the answer cannot be read)."),
         downstream_ms=elapsed_ms,
     )
 
@@ -516,16 +518,20 @@ class AmqpAdapter:
         max_depth = ctx.max_depth if ctx.max_depth is not None else self._max_depth
         header_code = headers.get(ERROR_CODE_HEADER)
         if header_code is not None:
-            return self._header_error(header_code, headers.get(ERROR_MESSAGE_HEADER), body, max_depth, elapsed_ms)
+            return self._header_error(
+                action, header_code, headers.get(ERROR_MESSAGE_HEADER), body, max_depth, elapsed_ms
+            )
         try:
             value = parse_answer(body, self._max_bytes, max_depth)
             if isinstance(value, dict) and isinstance(value.get("error"), dict):
                 return error_outcome(answer_error(value["error"]), elapsed_ms)
         except BadAnswer as exc:
-            return violation(name, str(exc), elapsed_ms)
-        return success_outcome(name, self._outputs[action.action], value, elapsed_ms)
+            return violation(name, action, str(exc), elapsed_ms)
+        return success_outcome(name, action, self._outputs[action.action], value, elapsed_ms)
 
-    def _header_error(self, code: Any, message: Any, body: bytes, max_depth: int, elapsed_ms: float) -> Outcome:
+    def _header_error(
+        self, action: ActionSpec, code: Any, message: Any, body: bytes, max_depth: int, elapsed_ms: float
+    ) -> Outcome:
         """An error named by the ``x-error-code`` header; the message is ``x-error-message``, else the
         body's ``error.message`` / ``message``, else the body's text."""
         text = _text(message)
@@ -542,7 +548,7 @@ class AmqpAdapter:
         try:
             error = answer_error({"code": _text(code) or "?", "message": text or f"the system answered {code}"})
         except BadAnswer as exc:
-            return violation(self.connector.name, f"header {ERROR_CODE_HEADER}: {exc}", elapsed_ms)
+            return violation(self.connector.name, action, f"header {ERROR_CODE_HEADER}: {exc}", elapsed_ms)
         return error_outcome(error, elapsed_ms)
 
     def probe(self, timeout: float) -> ProbeResult:

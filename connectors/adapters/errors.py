@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from connectors.adapters.base import Outcome
+from connectors.spec import ActionSpec
 from producers.wire import ErrorCode
 
 MAX_REASON_CHARS = 300
@@ -58,4 +59,13 @@ def refused_outcome(exc: Unsendable, *, suggestion: str = DEFAULT_SUGGESTION, st
     )
 
 
-__all__ = ["Unsendable", "refused_outcome"]
+def violation_suggestion(action: ActionSpec, next_step: str) -> str:
+    """The advice on DOWNSTREAM_CONTRACT_VIOLATION, true to the action's kind: a write may have
+    taken effect (check before sending it again); a read changed nothing. ``next_step`` says
+    who can fix it ("tell an operator ...")."""
+    if action.is_write:
+        return f"The action may have taken effect: check its result before sending it again; {next_step}"
+    return f"Nothing was changed ({action.action} is a read); resending will not help. {next_step[:1].upper()}{next_step[1:]}"
+
+
+__all__ = ["Unsendable", "refused_outcome", "violation_suggestion"]

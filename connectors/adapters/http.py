@@ -37,7 +37,7 @@ from connectors.adapters.common import (
     retry_after_ms,
     scalar_text,
 )
-from connectors.adapters.errors import Unsendable, refused_outcome
+from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
 from connectors.adapters.transport import ThreadTransport
 from connectors.auth import (
     CredentialsError,
@@ -488,7 +488,7 @@ class HttpAdapter:
                     False,
                     code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
                     message=f"{self.connector.name} answered {status} but the response breaks the declared output",
-                    suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
+                    suggestion=violation_suggestion(action, "ask an operator to check the connector's output schema."),
                     details=problems,
                     http_status=status,
                     downstream_ms=elapsed_ms,

@@ -67,7 +67,7 @@ from connectors.adapters.common import (
     header_safe,
     retry_after_ms,
 )
-from connectors.adapters.errors import Unsendable, refused_outcome
+from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -507,9 +507,7 @@ class SoapAdapter:
         return self._failed(
             ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
             f"{name} answered with something its WSDL does not declare: {_bounded(str(exc))}",
-            "The action may have taken effect; tell an operator."
-            if action.is_write
-            else _SUGGESTIONS[ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION],
+            violation_suggestion(action, "tell an operator."),
             started,
             status=status,
         )
@@ -537,7 +535,7 @@ class SoapAdapter:
                 False,
                 code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION,
                 message=f"{self.connector.name} answered but the response breaks the declared output",
-                suggestion="The action may have taken effect; ask an operator to check the connector's output schema.",
+                suggestion=violation_suggestion(action, "ask an operator to check the connector's output schema."),
                 details=problems,
                 downstream_ms=elapsed,
             )
