@@ -47,6 +47,17 @@ APPROVAL_NOTICES_LOST = Counter(
     "reach_approval_notices_lost",
     "approval_pending notices the broker refused (the intent stays parked; its receipt still comes)",
 )
+APPROVALS_EXPIRING_WITHIN_SECONDS = 900
+# counted by every router's sweep from Redis: each reports the fleet's count (alert on max)
+APPROVALS_EXPIRING = Gauge(
+    "reach_approvals_expiring_soon",
+    "Pending approvals that expire within 15 minutes unless a person decides, fleet-wide",
+    ["connector"],
+)
+APPROVAL_RESENDS_HELD = Counter(
+    "reach_approval_resends_held",
+    "Messages not answered because their intent id waits for an approval (answered by the notice again)",
+)
 RECEIPTS_PUBLISHED = Counter("reach_receipts_published", "Receipts published, by status", ["status"])
 DOWNSTREAM_SECONDS = Histogram(
     "reach_downstream_call_seconds",

@@ -8,6 +8,10 @@ person was shown — the parked payload is still exactly that. The decision is t
 atomically in Redis (one approval id is decided once) and carried out at once: the parked job is
 dispatched to its connector's queue, or the APPROVAL_DENIED receipt is sent. Who, when, the hash
 and the reason go to the audit trail (``reach trace INTENT_ID``).
+
+Listing is fair to every agent: one agent's many waiting approvals never push another's off the
+page. The order is each agent's soonest-to-expire approval first, then each agent's second, and so
+on (by expiry within a round); pages reach all of them, and the counts per agent come with every page.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
+import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,7 +33,7 @@ from connectors.spec import PERSON_PATTERN
 from workers.observability.audit import Audit
 from workers.router.approvals import PublisherOutlet, Settler
 from workers.settings import Settings
-from workers.state.approvals import ApprovalRecord, ApprovalStore
+from workers.state.approvals import ApprovalRecord, ApprovalStore, Waiting
 from workers.transport.app import JobMessages, create_app
 from workers.transport.dispatch import Dispatcher
 from workers.transport.job import JobDecodeError, parse_job_json
@@ -39,6 +45,7 @@ log = logging.getLogger("reach.audit")
 
 RECEIPT_TTL_SECONDS = int(Settings.model_fields["receipt_ttl_seconds"].default)  # REACH_RECEIPT_TTL's default
 REASON_CHARS = 1000
+LIST_SCAN = 50_000  # entries of the due list a listing looks at (agents x REACH_MAX_PENDING_APPROVALS)
 
 
 def named(person: str, people: list[str]) -> bool:
@@ -89,6 +96,7 @@ DecisionCode = Literal[
     "not_an_approver",
     "hash_mismatch",
     "invalid_person",
+    "not_run",
 ]
 
 
@@ -121,11 +129,74 @@ def _view(record: ApprovalRecord) -> PendingApproval:
     )
 
 
+@dataclass(frozen=True)
+class Listing:
+    """One page of the waiting approvals, fair to every agent, and the counts behind it."""
+
+    rows: list[PendingApproval]
+    total: int  # waiting approvals (of ``agent`` when one is chosen)
+    per_agent: dict[str, int]  # waiting approvals of every agent, whatever the page or the choice
+    page: int  # 1-based, within 1..pages
+    pages: int
+    per_page: int
+    agent: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "approvals": [r.to_dict() for r in self.rows],
+            "total": self.total,
+            "per_agent": self.per_agent,
+            "page": self.page,
+            "pages": self.pages,
+            "per_page": self.per_page,
+            "agent": self.agent,
+        }
+
+
+def fair_order(entries: Sequence[Waiting]) -> list[Waiting]:
+    """Each agent's soonest-to-expire entry first, then each agent's second, and so on; within
+    one round, the soonest to expire first."""
+    rank: Counter[str] = Counter()
+    keyed = []
+    for entry in sorted(entries, key=lambda e: (e.expires_ms, e.created_ms, e.approval_id)):
+        keyed.append((rank[entry.agent], entry.expires_ms, entry.created_ms, entry.approval_id, entry))
+        rank[entry.agent] += 1
+    return [k[-1] for k in sorted(keyed, key=lambda k: k[:4])]
+
+
+def pending_page(client: redis.Redis, per_page: int = 100, page: int = 1, agent: str | None = None) -> Listing:
+    """A page of the approvals that still wait, in :func:`fair_order`, with the count per agent.
+
+    Args:
+        per_page: Rows per page.
+        page: 1 for the first; past the last, the last.
+        agent: Only this agent's approvals (the counts still cover every agent).
+    """
+    store = ApprovalStore(client)
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    waiting = [w for w in store.waiting(LIST_SCAN) if w.state == "pending" and w.expires_ms > now_ms]
+    per_agent = dict(sorted(Counter(w.agent for w in waiting).items()))
+    if agent is not None:
+        waiting = [w for w in waiting if w.agent == agent]
+    ordered = fair_order(waiting)
+    per_page = max(1, per_page)
+    pages = max(1, math.ceil(len(ordered) / per_page))
+    page = min(max(1, page), pages)
+    chosen = ordered[(page - 1) * per_page : page * per_page]
+    # read again: one may have been decided in between (then it is left out of this page)
+    rows = [_view(r) for r in store.records([w.approval_id for w in chosen]) if r.state == "pending"]
+    return Listing(rows, len(ordered), per_agent, page, pages, per_page, agent)
+
+
 def list_pending(client: redis.Redis, limit: int = 100) -> list[PendingApproval]:
-    """The approvals that still wait for a person, the soonest to expire first."""
-    now_ms = time.time() * 1000
-    records = ApprovalStore(client).entries(limit + 100)  # the due list also holds claims being carried out
-    return [_view(r) for r in records if r.state == "pending" and r.expires_ms > now_ms][:limit]
+    """The first ``limit`` approvals that still wait, fair to every agent (:func:`pending_page`)."""
+    return pending_page(client, limit).rows
+
+
+def waiting_per_agent(client: redis.Redis) -> dict[str, int]:
+    """How many approvals of each agent wait (the pending bound's own counts: one Redis read)."""
+    return ApprovalStore(client).per_agent()
 
 
 def get_approval(client: redis.Redis, approval_id: str) -> PendingApproval | None:
@@ -236,7 +307,7 @@ def _decide(
     )
     claimed = dataclasses.replace(record, state=claim, decided_by=approver, reason=reason)
     try:
-        Settler(store, _outlet(broker_url, client, receipt_ttl_seconds), audit).settle(claimed, claim)
+        finished = Settler(store, _outlet(broker_url, client, receipt_ttl_seconds), audit).settle(claimed, claim)
     except Exception as exc:  # the claim stands: the routers' sweep carries it out after its grace
         log.warning("approval %s: could not %s at once (%s); the router's sweep will", approval_id, verb, exc)
         return Decision(
@@ -245,11 +316,20 @@ def _decide(
             f"{decided} by {approver}; carrying it out failed for now ({type(exc).__name__}: {exc}), "
             "the router retries within a minute",
         )
+    if claim == "approving" and finished == "failed":  # answered by another message with its id just before
+        return Decision(
+            False,
+            "not_run",
+            f"{decided} by {approver}, but intent {job.intent_id} was not run: it already had its receipt "
+            "(or its parked job could not be read); its agent was answered APPROVAL_DENIED, its budget given back",
+        )
+    joined = len(record.followers)
+    also = f" (and the {joined} repeat{'s' if joined != 1 else ''} of its request that joined it)" if joined else ""
     if claim == "approving":
         return Decision(
-            True, "approved", f"approved by {approver}: intent {job.intent_id} dispatched to {job.connector}"
+            True, "approved", f"approved by {approver}: intent {job.intent_id} dispatched to {job.connector}{also}"
         )
-    return Decision(True, "denied", f"denied by {approver}: intent {job.intent_id} answered APPROVAL_DENIED")
+    return Decision(True, "denied", f"denied by {approver}: intent {job.intent_id} answered APPROVAL_DENIED{also}")
 
 
 class _LoggedAudit(Audit):

@@ -160,6 +160,8 @@ class RouterRuntime:
 
     def _carry_out(self, decision: Decision, raw: RawMessage) -> None:
         received = {"ts": round(raw.received_at, 6), "bytes": raw.size}
+        if self.parking is not None and not isinstance(decision, Park) and self._held(decision):
+            return  # its intent id waits for a person: that approval's work gets the one receipt
         if isinstance(decision, Dispatch):
             self._dispatch(decision, received, raw.received_at)  # raises Unroutable, Refused: see handle
             return
@@ -169,7 +171,9 @@ class RouterRuntime:
             if self.sink.already_sent(decision.job.agent_id, decision.intent_id):
                 self._answered_before(decision)
                 return
-            self.parking.park(decision, received)
+            granted = self.parking.park(decision, received)
+            if granted is not None:  # the very request a person approved: its pool answers it from the ledger
+                self._dispatch(Dispatch(granted), received, raw.received_at)
             return
         receipt = decision.receipt
         self.sink.send(receipt, decision.routing_key)
@@ -211,6 +215,16 @@ class RouterRuntime:
         # after the receipt: a receipt that cannot be sent must not leave a letter per attempt
         if decision.dead_letter_reason is not None:
             self._dead_letter(raw, decision, decision.dead_letter_reason)
+
+    def _held(self, decision: Dispatch | Answer) -> bool:
+        assert self.parking is not None
+        if isinstance(decision, Dispatch):
+            job = decision.job
+            return self.parking.hold(self.router.catalog.approvals, job.agent_id, job.intent_id, job.reply_to)
+        receipt = decision.receipt
+        return self.parking.hold(
+            self.router.catalog.approvals, receipt.agent_id, receipt.intent_id, decision.routing_key
+        )
 
     def _dispatch(self, decision: Dispatch, received: dict[str, Any], received_at: float) -> None:
         """Publish the job to its connector's queue (confirmed), then write its audit stages. Raises

@@ -44,6 +44,7 @@ touch them together; intents that wait for a person are few, so one node holds t
     reach:approvals-due:{approvals}                   zset    approval ids by when the sweep must look at them
     reach:approvals-count:{approvals}                 hash    pending approvals per agent (the bound)
     reach:approval-intent:{approvals}:<agent>:<intent_id>  string  the approval of an agent's intent (redelivery)
+    reach:approval-key:{approvals}:<agent>:<connector>:<action>:<key>  string  the approval of a request's key
 
 The approval id is the fleet's own (random); the one key holding an agent's input (its intent id)
 names the agent right after the tag, so agents cannot reach each other's entries.
@@ -88,6 +89,7 @@ ABANDONED_PREFIX = PREFIX + "abandoned:"
 EMBEDDING_PREFIX = PREFIX + "embedding:"
 APPROVAL_PREFIX = PREFIX + "approval:"
 APPROVAL_INTENT_PREFIX = PREFIX + "approval-intent:"
+APPROVAL_KEY_PREFIX = PREFIX + "approval-key:"
 APPROVALS_TAG = "{approvals}"
 
 
@@ -248,3 +250,9 @@ def approvals_count() -> str:
 
 def approval_of_intent(agent: str, intent_id: str) -> str:
     return f"{APPROVAL_INTENT_PREFIX}{APPROVALS_TAG}:{agent}:{intent_id}"
+
+
+def approval_of_key(agent: str, connector: str, action: str, idempotency_key: str) -> str:
+    """The approval of an agent's request (its idempotency key, as the ledger's scope has it): a
+    repeat of the key joins it instead of asking a person again."""
+    return f"{APPROVAL_KEY_PREFIX}{APPROVALS_TAG}:{agent}:{connector}:{action}:{idempotency_key}"
