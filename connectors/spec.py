@@ -22,6 +22,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 PATH_PARAM = re.compile(r"\{([^{}]*)\}")
 HOURS_WINDOW = re.compile(r"^\s*(\d{2}):(\d{2})\s*-\s*(\d{2}):(\d{2})\s+(\S+)\s*$")
+# an HTTP field name (RFC 7230 token), at most an AMQP short string: header names the catalog
+# writes are checked by `reach validate`, not found out on every call (a newline in one broke them all)
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}$")
 
 ConnectorType = Literal["http", "soap", "sql", "amqp", "agent"]
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
@@ -33,6 +36,16 @@ RESERVED_AGENT_NAMES = frozenset({"intent"})
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def header_name_problem(what: str, name: str) -> str | None:
+    """Why ``name`` cannot be an HTTP header name (``what`` says whose), or None."""
+    if HEADER_NAME.fullmatch(name):  # (match would let a trailing newline through `$`)
+        return None
+    return (
+        f"{what} {name[:80]!r} is not a valid HTTP header name: use 1-255 letters, digits and "
+        "!#$%&'*+-.^_`|~ (no spaces, colons or control characters)"
+    )
 
 
 class FieldSpec(_Spec):
@@ -96,6 +109,8 @@ class FieldSpec(_Spec):
             raise ValueError("`min` is greater than `max`")
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
             raise ValueError("`min_length` is greater than `max_length`")
+        if self.in_ == "header" and self.name is not None and (problem := header_name_problem("`name`", self.name)):
+            raise ValueError(problem)
         return self
 
 
@@ -190,6 +205,9 @@ class AuthSpec(_Spec):
         missing = [k for k in needed if getattr(self, k) is None]
         if missing:
             raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
+        if self.type == "api_key" and self.in_ == "header" and self.name is not None:
+            if problem := header_name_problem("api_key header name", self.name):
+                raise ValueError(problem)
         return self
 
 
@@ -353,6 +371,14 @@ class ActionSpec(_Spec):
             raise ValueError(problem)
         return self
 
+    @model_validator(mode="after")
+    def _header_inputs_named(self) -> ActionSpec:
+        for key, spec in self.input.items():
+            # a header field without `name` is sent under its input name (a `name` is checked on the field)
+            if spec.in_ == "header" and spec.name is None and (problem := header_name_problem("input", key)):
+                raise ValueError(f"{problem}; give it a `name`")
+        return self
+
     @property
     def method(self) -> str:
         """The HTTP method (POST for the non-HTTP types: what a call to them is)."""
@@ -437,6 +463,13 @@ class ConnectorSpec(_Spec):
         if parts.query or parts.fragment or parts.username or parts.password:
             raise ValueError(f"endpoint {v!r} must not carry a query, fragment or credentials (use auth)")
         return v.rstrip("/")
+
+    @field_validator("idempotency_header")
+    @classmethod
+    def _idempotency_header(cls, v: str | None) -> str | None:
+        if v is not None and (problem := header_name_problem("idempotency_header", v)):
+            raise ValueError(problem)
+        return v
 
     @field_validator("agent")
     @classmethod
