@@ -214,6 +214,23 @@ class Settings(EnvironSettings):
     console_login_rate: RateText = Field(
         "10/min", description="failed console logins per user name and per address, then 429 until the window passes"
     )
+    # every HTTP server of the fleet: slow and half-open clients (workers/observability/http_guard.py)
+    http_header_timeout_seconds: Seconds = Field(
+        10,
+        validation_alias="REACH_HTTP_HEADER_TIMEOUT",
+        description="a request's line and headers must arrive within this of its connection or first byte",
+    )
+    http_body_timeout_seconds: Seconds = Field(
+        30,
+        validation_alias="REACH_HTTP_BODY_TIMEOUT",
+        description="a request's body must arrive within this of its headers",
+    )
+    http_max_connections: int = Field(
+        1024, ge=1, description="open connections of one MCP facade or console process (past it: 503)"
+    )
+    http_max_connections_per_client: int = Field(
+        64, ge=1, description="open connections from one client address (past it a new one is closed at once)"
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

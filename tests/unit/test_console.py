@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from workers.console.app import create_app
+from workers.console.security import Attempt, Sessions
 from workers.console.users import UsersFile, UsersFileError, check_login, hash_password, parse_users, verify_password
 from workers.console.views import Page, SearchBusy
 from workers.ops.cli import main
@@ -72,12 +73,46 @@ class MemoryLoginLimiter:
                 wait = max(wait, self.window - (now - times[-self.limit]))
         return wait
 
+    def reserve(self, *names: str) -> Attempt:
+        wait = self.retry_after(*names)
+        if wait == 0:
+            self.failed(*names)
+        return Attempt(names, "m", wait)
+
     def failed(self, *names: str) -> None:
         for name in names:
             self.failures.setdefault(name, []).append(time.monotonic())
 
-    def succeeded(self, name: str) -> None:
+    def succeeded(self, name: str, attempt: Attempt | None = None) -> None:
         self.failures.pop(name, None)
+        for other in attempt.names if attempt is not None else ():
+            if other != name and self.failures.get(other):
+                self.failures[other].pop()
+
+
+class MemorySessions(Sessions):
+    """The console's sessions (workers.console.security.Sessions, in Redis) in memory, over the
+    stand-in fleet's records and its Redis switches."""
+
+    def __init__(self, fleet: RecordingFleet, key: str) -> None:
+        self._key = key.encode()
+        self.fleet = fleet
+
+    def _redis(self, writing: bool = False) -> None:
+        if self.fleet.redis_down or (writing and self.fleet.ending_fails):
+            raise redis.ConnectionError("Redis is down")
+
+    def stands(self, session_id: str, user_name: str, began: float) -> bool:
+        self._redis()
+        return session_id not in self.fleet.ended and began > self.fleet.ended_before.get(user_name, 0.0)
+
+    def end(self, session_id: str, seconds_left: float) -> None:
+        self._redis(writing=True)
+        self.fleet.ended[session_id] = seconds_left
+
+    def end_all(self, user_name: str, at: float, keep_seconds: int) -> None:
+        self._redis(writing=True)
+        self.fleet.ended_before[user_name] = max(at, self.fleet.ended_before.get(user_name, 0.0))
 
 
 class RecordingFleet:
@@ -91,6 +126,7 @@ class RecordingFleet:
         self.search_busy = False
         self.audit: list[dict[str, Any]] = []
         self.ended: dict[str, float] = {}  # session id -> seconds it is remembered
+        self.ended_before: dict[str, float] = {}  # user -> sessions begun before this time are over
         self.redis_down = False
         self.ending_fails = False
 
@@ -133,15 +169,8 @@ class RecordingFleet:
     def login_limiter(self, limit: int, window_seconds: float) -> MemoryLoginLimiter:
         return MemoryLoginLimiter(limit, window_seconds)
 
-    def end_session(self, session_id: str, seconds_left: float) -> None:
-        if self.redis_down or self.ending_fails:
-            raise redis.ConnectionError("Redis is down")
-        self.ended[session_id] = seconds_left
-
-    def session_ended(self, session_id: str) -> bool:
-        if self.redis_down:
-            raise redis.ConnectionError("Redis is down")
-        return session_id in self.ended
+    def sessions(self, key: str) -> MemorySessions:
+        return MemorySessions(self, key)
 
 
 @pytest.fixture(scope="module")

@@ -140,6 +140,10 @@ BAD = {
     "REACH_CONSOLE_SECURE_COOKIE": ["maybe"],
     "REACH_CONSOLE_SESSION_TTL": ["soon"],
     "REACH_CONSOLE_LOGIN_RATE": ["fast"],
+    "REACH_HTTP_HEADER_TIMEOUT": ["0", "500ms", "never"],
+    "REACH_HTTP_BODY_TIMEOUT": ["0", "never"],
+    "REACH_HTTP_MAX_CONNECTIONS": ["0", "many"],
+    "REACH_HTTP_MAX_CONNECTIONS_PER_CLIENT": ["0"],
 }
 
 

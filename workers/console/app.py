@@ -69,21 +69,36 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
     templates = Jinja2Templates(env=env)
     rate = parse_rate(settings.console_login_rate)
     limiter = fleet.login_limiter(rate.count, rate.period_ms / 1000)
+    key = settings.console_session_key.get_secret_value() if settings.console_session_key else secrets.token_hex(32)
+    sessions = fleet.sessions(key)
+    ttl = settings.console_session_ttl_seconds
+
+    def removed(names: set[str], at: float) -> None:
+        for name in names:  # ended for good: the same name added again does not get them back
+            try:
+                sessions.end_all(name, at, ttl)
+            except redis.RedisError as exc:  # they stay refused while the user is not in the file
+                log.warning("console: sessions of the removed user %r not ended in Redis: %s", name, exc)
+
+    users.on_removed = removed
 
     def current_user(request: Request) -> User | None:
         name, session_id = request.session.get("user"), request.session.get("sid")
-        started = request.session.get("at", 0)
+        started, credential = request.session.get("at", 0), request.session.get("cred")
         if not isinstance(name, str) or not isinstance(session_id, str) or not isinstance(started, (int, float)):
             return None
-        if time.time() - started > settings.console_session_ttl_seconds:
+        if time.time() - started > ttl:
             return None
+        user = users.users().get(name)  # a user removed from the file is logged out at once
+        if user is None or credential != sessions.fingerprint(user.name, user.password_hash):
+            return None  # a changed password (or a user added again) ends the sessions of the old one
         try:
-            if fleet.session_ended(session_id):  # logged out: a copy of the cookie is worth nothing
+            if not sessions.stands(session_id, name, started):  # logged out, here or everywhere
                 return None
         except redis.RedisError as exc:
             log.warning("console: cannot tell whether session %s was logged out (%s); refusing it", session_id, exc)
             return None
-        return users.users().get(name)  # a user removed from the file is logged out at once
+        return user
 
     def render(request: Request, template: str, user: User | None, **context: Any) -> Response:
         context.update(
@@ -166,11 +181,12 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         name, password = _field(data, "name")[:64], _field(data, "password")
         if not same_origin(request, settings.console_public_url) or not csrf_ok(request, _field(data, CSRF_FIELD)):
             return PlainTextResponse("refused: reload the login page and try again", status_code=403)
-        try:
-            wait = limiter.retry_after(f"user:{name}", f"addr:{client}")
+        try:  # counted before the password is checked: concurrent guesses cannot pass the limit together
+            attempt = limiter.reserve(f"user:{name}", f"addr:{client}")
         except redis.RedisError as exc:  # failed logins cannot be counted: no guessing meanwhile
             fleet.audited(name or "-", "-", "login", result="refused", why=f"Redis did not answer: {exc}")
             return PlainTextResponse("login unavailable: Redis did not answer; try again shortly", status_code=503)
+        wait = attempt.retry_after
         if wait > 0:
             fleet.audited(name or "-", "-", "login", result="refused", why="too many failed logins", address=client)
             response = render(request, "login.html", None, page="login", live=None, next=_local(data.get("next")))
@@ -178,33 +194,35 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
             response.headers["Retry-After"] = str(int(wait) + 1)
             return response
         user = await run_in_threadpool(check_login, users.users(), name, password)  # scrypt: ~50 ms of CPU
-        if user is None:
-            try:
-                limiter.failed(f"user:{name}", f"addr:{client}")
-            except redis.RedisError as exc:
-                log.warning("console: a failed login of %r was not counted: %s", name, exc)
+        if user is None:  # already counted
             fleet.audited(name or "-", "-", "login", result="failed", address=client)
             request.session["flash"] = {"ok": False, "message": "wrong name or password"}
             return RedirectResponse("/login", status_code=303)
         try:
-            limiter.succeeded(f"user:{name}")
+            limiter.succeeded(f"user:{name}", attempt)
         except redis.RedisError as exc:  # its earlier failures just stay counted until they expire
             log.warning("console: failed logins of %r not cleared: %s", name, exc)
         request.session.clear()  # a fresh session, and a fresh CSRF token, for the logged-in user
         request.session.update(
-            user=user.name, at=time.time(), sid=secrets.token_urlsafe(16), csrf=secrets.token_urlsafe(32)
+            user=user.name,
+            at=time.time(),
+            sid=secrets.token_urlsafe(16),
+            cred=sessions.fingerprint(user.name, user.password_hash),
+            csrf=secrets.token_urlsafe(32),
         )
         fleet.audited(user.name, user.role.name, "login", result="ok", address=client)
         return RedirectResponse(_local(data.get("next")) or "/fleet", status_code=303)
 
     async def logout(request: Request) -> Response:
         try:
-            user, _ = await authorize(request, Role.viewer, "logout", "-")
+            user, data = await authorize(request, Role.viewer, "logout", "-")
         except Refused as exc:
             return refused(request, exc)
-        left = settings.console_session_ttl_seconds - (time.time() - request.session["at"])
+        left = ttl - (time.time() - request.session["at"])
         try:
-            fleet.end_session(request.session["sid"], left)
+            sessions.end(request.session["sid"], left)
+            if _field(data, "everywhere") == "1":  # every session of this user, on every replica
+                sessions.end_all(user.name, time.time(), ttl)
         except redis.RedisError as exc:
             fleet.audited(user.name, user.role.name, "logout", result="failed", why=f"Redis did not answer: {exc}")
             return JSONResponse({"ok": False, "message": f"not logged out: Redis did not answer: {exc}"}, 503)
@@ -329,7 +347,6 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         Route("/trace", trace),
         Mount("/static", StaticFiles(packages=[("workers.console", "static")]), name="static"),
     ]
-    key = settings.console_session_key.get_secret_value() if settings.console_session_key else secrets.token_hex(32)
     middleware = [
         Middleware(SecurityHeaders),
         Middleware(

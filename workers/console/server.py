@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from workers.console.app import create_app
 from workers.console.users import UsersFile
 from workers.console.views import Fleet
+from workers.observability import uvicorn_guard
+from workers.observability.http_guard import HttpLimits
 from workers.settings import Settings
 from workers.state.client import connect_redis
 
@@ -27,4 +27,5 @@ def run_console(settings: Settings, host: str, port: int) -> None:
     users = UsersFile(settings.console_users)
     app = create_app(settings, Fleet(settings, connect_redis(settings)), users)
     # one process; the blocking calls to Redis and the broker run on Starlette's thread pool
-    uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False, server_header=False)
+    limits = HttpLimits.from_settings(settings)
+    uvicorn_guard.run(app, host, port, limits, "console", log_level="warning", proxy_headers=False, server_header=False)

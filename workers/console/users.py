@@ -8,7 +8,8 @@ The users file (``REACH_CONSOLE_USERS``, usually a mounted Secret) is YAML or JS
 ``reach console hash-password`` prints a hash. Roles are ordered: a viewer sees; an approver
 also decides approvals (as the person of the same name in the catalog's approver groups); an
 operator also pauses, resumes and replays dead letters. The file is read again when it changes,
-so removing a user ends their sessions at their next request.
+so removing a user ends their sessions at their next request (``UsersFile.on_removed`` hears of
+it, so that the console can end them for good: a user added again does not get old sessions back).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +135,8 @@ class UsersFile:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._users: dict[str, User] = {}
+        # called with the names a new version of the file no longer has, and that version's time
+        self.on_removed: Callable[[set[str], float], None] | None = None
         self.users()  # a missing or broken file stops the console at start, not at the first login
 
     def users(self) -> dict[str, User]:
@@ -160,5 +164,8 @@ class UsersFile:
                 if self._stamp is None:
                     raise UsersFileError(f"{self._path}: {exc}") from None
                 return self._users
+            removed = set(self._users) - set(users)
             self._users, self._stamp = users, stamp
-            return users
+        if removed and self.on_removed is not None:
+            self.on_removed(removed, info.st_mtime)
+        return users

@@ -19,7 +19,7 @@ import redis
 
 from connectors.catalog import build
 from connectors.loader import load_directory
-from workers.console.security import LoginLimiter
+from workers.console.security import LoginLimiter, Sessions
 from workers.observability.audit import Audit, read_trace, trace_agents
 from workers.ops import approvals
 from workers.ops.approvals import Decision, PendingApproval
@@ -33,7 +33,6 @@ from workers.ops.fleet import (
     was_redacted,
 )
 from workers.settings import Settings
-from workers.state import keys
 from workers.state.control import set_paused
 from workers.transport.app import JobMessages, create_app
 from workers.transport.topology import connector_queue
@@ -195,13 +194,10 @@ class Fleet:
     def login_limiter(self, limit: int, window_seconds: float) -> LoginLimiter:
         return LoginLimiter(self.client, limit, window_seconds)
 
-    # sessions: the cookie is signed, not stored; a logout is remembered here so that every
-    # replica refuses a copy of the cookie until it would have expired anyway
-    def end_session(self, session_id: str, seconds_left: float) -> None:
-        self.client.set(keys.console_session_ended(session_id), b"1", ex=max(1, int(seconds_left) + 1))
-
-    def session_ended(self, session_id: str) -> bool:
-        return bool(self.client.exists(keys.console_session_ended(session_id)))
+    # sessions: the cookie is signed, not stored; when one ends is remembered in Redis, so that
+    # every replica refuses a copy of the cookie (workers.console.security.Sessions)
+    def sessions(self, key: str) -> Sessions:
+        return Sessions(self.client, key)
 
     # audit
     def audited(

@@ -54,12 +54,12 @@ from workers.mcp.clients import AgentClients
 from workers.mcp.exchange import SingleExchange
 from workers.mcp.metrics import CountRefusals
 from workers.mcp.server import ENVELOPE_BYTES, Facade, build_server
-from workers.observability import probes
+from workers.observability import probes, uvicorn_guard
+from workers.observability.http_guard import HttpLimits
 from workers.settings import Settings
 
 log = logging.getLogger("reach.mcp")
 
-MAX_CONNECTIONS = 1024  # open HTTP connections and tasks of one facade process
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # answers a plain request (its parsed body, the body, its protocol version) and says so, or leaves it
 Direct = Callable[[Any, bytes, str, Scope, Send], Awaitable[bool]]
@@ -206,17 +206,10 @@ def run_http(settings: Settings, catalog: Catalog, host: str, port: int) -> None
     Raises:
         tokens.TokenConfigError: As :func:`http_app`.
     """
-    import uvicorn
-
     app = http_app(settings, catalog, host, port)
-    probes.serve(settings.metrics_port)
+    limits = HttpLimits.from_settings(settings)
+    probes.serve(settings.metrics_port, limits=limits)
     log.info("MCP over Streamable HTTP on %s:%d (%s)", host, port, settings.mcp_url or local_url(host, port))
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        lifespan="on",
-        limit_concurrency=MAX_CONNECTIONS,  # past it, 503 at once rather than an unbounded queue
+    uvicorn_guard.run(
+        app, host, port, limits, "mcp", log_level=settings.log_level.lower(), access_log=False, lifespan="on"
     )

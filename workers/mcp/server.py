@@ -15,6 +15,7 @@ once when the intent is sent, naming its id, then every second.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import time
@@ -38,6 +39,7 @@ from workers.mcp.metrics import CountRequests, count_tool_call
 from workers.mcp.stdio import stdio_streams
 from workers.mcp.tools import AgentTools, agent_tools, output_check
 from workers.observability import probes
+from workers.observability.http_guard import HttpLimits
 from workers.settings import Settings
 
 log = logging.getLogger("reach.mcp")
@@ -60,7 +62,11 @@ class Facade:
         clients: AgentClients,
         settings: Settings,
         identify: Callable[[ServerRequestContext[Any, Any]], str],
+        refusal: tuple[str, str] | None = None,
     ) -> None:
+        """``refusal``: (message, suggestion) every tools/call is answered PERMISSION_DENIED with,
+        at once, when the router is known to refuse every intent this facade could send."""
+        self.refusal = refusal
         self.catalog = catalog
         self.clients = clients
         self.identify = identify
@@ -91,6 +97,8 @@ class Facade:
     async def _call(
         self, ctx: ServerRequestContext[Any, Any], agent: str, params: types.CallToolRequestParams
     ) -> tuple[types.CallToolResult, str]:
+        if self.refusal is not None:
+            return results.refused(ErrorCode.PERMISSION_DENIED, *self.refusal), "refused"
         arguments = params.arguments or {}
         # params is level 1 (docs/contract.md §2); bounded, before anything recursive sees it
         if value_depth(arguments) > self.max_depth:
@@ -201,6 +209,7 @@ async def _progress(ctx: ServerRequestContext[Any, Any], progress: float, messag
 def build_server(facade: Facade) -> Server[None]:
     server: Server[None] = Server(
         "agent-reach",
+        version=package_version(),
         title="agent-reach",
         instructions=INSTRUCTIONS,
         on_list_tools=facade.list_tools,
@@ -210,6 +219,14 @@ def build_server(facade: Facade) -> Server[None]:
     return server
 
 
+def package_version() -> str:
+    """agent-reach's version, as installed (serverInfo.version)."""
+    try:
+        return importlib.metadata.version("agent-reach")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def broker_login(broker_url: str) -> str:
     """The user name of an AMQP URL (guest when it has none, as the client defaults)."""
     return unquote(urlsplit(broker_url).username or "guest")
@@ -217,18 +234,31 @@ def broker_login(broker_url: str) -> str:
 
 def run_stdio(settings: Settings, catalog: Catalog, agent: str) -> None:
     """Serve ``agent`` on stdin/stdout until the client closes them."""
-    own_login = broker_login(settings.broker_url) == agent
-    if not own_login:
+    login = broker_login(settings.broker_url)
+    own_login = login == agent
+    refusal: tuple[str, str] | None = None
+    if not own_login and settings.require_user_id:
+        # the router would refuse every intent without a user_id, and tell nobody (it cannot know
+        # who sent it): each call would wait REACH_MCP_WAIT for nothing. Say so at once instead.
+        refusal = (
+            f"this fleet accepts intents only with the broker-validated AMQP user_id (REACH_REQUIRE_USER_ID=1), "
+            f"and this reach mcp --stdio is logged in to the broker as {login!r}, not as the agent {agent!r}",
+            f"Start reach mcp --stdio with REACH_BROKER_URL naming {agent!r}'s own broker user "
+            "(reach agent-user create), or use reach mcp --http.",
+        )
+        log.error("every tools/call will be refused: %s", refusal[0])
+    elif not own_login:
         log.warning(
             "the broker login %r is not the agent %r: intents carry agent_id without user_id, which a "
-            "fleet with REACH_REQUIRE_USER_ID=1 refuses (give the agent its own user: reach agent-user create)",
-            broker_login(settings.broker_url),
+            "fleet with REACH_REQUIRE_USER_ID=1 refuses (give the agent its own user: reach agent-user create); "
+            "set REACH_REQUIRE_USER_ID=1 here as for the fleet, and such calls are refused at once",
+            login,
             agent,
         )
     clients = AgentClients(settings.broker_url, per_agent=settings.mcp_clients_per_agent, set_user_id=own_login)
-    facade = Facade(catalog, clients, settings, lambda _ctx: agent)
+    facade = Facade(catalog, clients, settings, lambda _ctx: agent, refusal)
     server = build_server(facade)
-    probes.serve(settings.metrics_port)
+    probes.serve(settings.metrics_port, limits=HttpLimits.from_settings(settings))
 
     async def serve() -> None:
         async with facade.running(), stdio_streams(settings.max_intent_bytes + ENVELOPE_BYTES) as (read, write):

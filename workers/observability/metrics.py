@@ -87,6 +87,14 @@ POOL_PAUSED = Gauge(
     "reach_pool_paused", "1 while this process does not consume the connector's queue (reach pause)", ["connector"]
 )
 
+# every HTTP server of the process (workers/observability/http_guard.py)
+HTTP_CONNECTIONS_CLOSED = Counter(
+    "reach_http_connections_closed",
+    "Connections an HTTP server closed unserved, by server (mcp, console, probes) and reason "
+    "(header_timeout, body_timeout, per_client_limit, max_connections)",
+    ["server", "reason"],
+)
+
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 _HEALTH_VALUE = {"up": 1, "down": 0, "unknown": -1}
 

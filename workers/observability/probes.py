@@ -14,14 +14,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from celery import Celery, bootsteps
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from workers.observability.http_guard import GuardedHandler, GuardedHTTPServer, HttpLimits
+
 log = logging.getLogger("reach.probes")
 STALE_AFTER = 30.0  # seconds without a loop heartbeat before liveness fails
+# a thread per connection: a few scrapers and the kubelet need far fewer than the fleet's other servers
+MAX_CONNECTIONS, MAX_PER_CLIENT = 32, 8
 
 
 class ProbeState:
@@ -40,7 +43,7 @@ class ProbeState:
 PROBE = ProbeState()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     server: _ProbeServer
 
     def log_message(self, *args: Any) -> None:
@@ -71,19 +74,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"try /metrics, /healthz or /readyz\n")
 
 
-class _ProbeServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, state: ProbeState) -> None:
-        super().__init__(("0.0.0.0", port), _Handler)
+class _ProbeServer(GuardedHTTPServer):
+    def __init__(self, port: int, state: ProbeState, limits: HttpLimits) -> None:
+        super().__init__(("0.0.0.0", port), _Handler, limits.at_most(MAX_CONNECTIONS, MAX_PER_CLIENT), "probes")
         self.state = state
 
 
-def serve(port: int | None, state: ProbeState = PROBE) -> None:
-    """Serve /metrics, /healthz and /readyz on ``port`` (REACH_METRICS_PORT); nothing when unset."""
+def serve(port: int | None, state: ProbeState = PROBE, limits: HttpLimits | None = None) -> None:
+    """Serve /metrics, /healthz and /readyz on ``port`` (REACH_METRICS_PORT); nothing when unset.
+
+    ``limits``: the REACH_HTTP_* settings (``HttpLimits.from_settings``), capped at
+    MAX_CONNECTIONS and MAX_PER_CLIENT; their defaults when not given.
+    """
     if port is None:
         return
-    server = _ProbeServer(port, state)
+    server = _ProbeServer(port, state, limits or HttpLimits())
     threading.Thread(target=server.serve_forever, name="reach-metrics", daemon=True).start()
     log.info("metrics and probes on :%d (/metrics /healthz /readyz)", port)
 

@@ -54,7 +54,9 @@ Keyed by process or by what the catalog says (no agent's input reaches them; unt
     reach:alive:<worker_id>                           string  a worker process's heartbeat
     reach:embedding:<model>:<sha256 of the text>      string  an action text's embedding (float32, little-endian)
     reach:console-ended:<session_id>                  string  a console session logged out (until it would expire)
-    reach:console-login:<sha256 of a name or address> zset    failed console logins in the window (the limiter)
+    reach:console-user:<sha256 of a user name>        string  the user's sessions that began before this time are over
+    reach:console-login:{console}:<sha256 of a name or address>  zset  login attempts in the window (the limiter;
+                                                      one tag: a login reserves its name's and address's at once)
 
 The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
@@ -222,9 +224,15 @@ def console_session_ended(session_id: str) -> str:
 
 
 def console_login_failures(digest: str) -> str:
-    """Failed console logins of one user name or client address (its digest: typed text never
-    becomes a key), shared by every console replica."""
-    return f"{PREFIX}console-login:{digest}"
+    """Console login attempts of one user name or client address (its digest: typed text never
+    becomes a key), shared by every console replica; all in one slot (a login's script takes two)."""
+    return f"{PREFIX}console-login:{{console}}:{digest}"
+
+
+def console_user(digest: str) -> str:
+    """When a console user's sessions were last ended (logout everywhere, removal from the users
+    file), under the digest of the name, shared by every console replica."""
+    return f"{PREFIX}console-user:{digest}"
 
 
 def embedding(model_and_digest: str) -> str:
