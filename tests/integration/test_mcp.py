@@ -532,8 +532,9 @@ def test_the_facade_user_may_act_as_any_agent_but_read_none_of_their_own_receipt
 def test_over_stdio_an_agent_named_without_its_own_login_gets_nothing_done(
     mcp: Sessions, downstream: CountingSystem
 ) -> None:
-    """``--agent ALPHA`` with beta's broker login: the broker does not let that login bind alpha's
-    receipts (and could not let it set user_id = alpha either); nothing is sent."""
+    """``--agent ALPHA`` with beta's broker login on a fleet with REACH_REQUIRE_USER_ID=1: the
+    router would refuse every intent without alpha's user_id (and the broker does not let that
+    login bind alpha's receipts either), so each call is refused at once; nothing is sent."""
 
     async def scenario() -> types.CallToolResult:
         beta_login = {"REACH_BROKER_URL": mcp.logins[BETA]}
@@ -542,7 +543,8 @@ def test_over_stdio_an_agent_named_without_its_own_login_gets_nothing_done(
 
     result = mcp.run(scenario)
     text = text_of(result)
-    assert result.is_error and text.startswith(f"NOT SENT: cannot bind {ALPHA}'s receipts") and "ACCESS_REFUSED" in text
+    assert result.is_error and text.startswith("PERMISSION_DENIED (rejected, nothing was sent)"), text
+    assert f"not as the agent {ALPHA!r}" in text and "reach agent-user create" in text
     assert result.meta is None
     assert downstream.requests() == []
 
