@@ -21,7 +21,9 @@ NAME's broker user may publish there only with keys that start with ``NAME.`` (w
 Loop guard: a request carries ``hops`` = the job's hops + 1. An agent sending intents while it
 handles a request passes that on (intent ``context.hops``), so a chain of agents calling each other
 grows it by one per call; past ``MAX_AGENT_HOPS`` the call is refused without publishing
-(DOWNSTREAM_VALIDATION_FAILED, sent False).
+(DOWNSTREAM_VALIDATION_FAILED, sent False). Each level of a chain holds a handler thread, so the
+chains looping between two agents at once are bounded too (connectors.adapters.loops, default one per
+pair; ``extra["max_loops"]``): a loop past that is refused the same way before it takes a thread.
 
 Failures as in the amqp adapter, plus: nobody consumes the agent's queue (it is not running) ->
 DOWNSTREAM_UNREACHABLE, sent False; an answer that is not an AgentAnswer ->
@@ -61,6 +63,7 @@ from connectors.adapters.amqp import (
 )
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.errors import Unsendable, refused_outcome
+from connectors.adapters.loops import DEFAULT_MAX_LOOPS_PER_PAIR, Entered, PairLoops, chain_of
 from connectors.spec import ActionSpec, ConnectorSpec
 from producers.serve import (
     AGENT_REPLIES_EXCHANGE_NAME,
@@ -98,6 +101,9 @@ class AgentAdapter:
             connect_timeout=float(options.extra.get("connect_timeout", CONNECT_TIMEOUT)),
         )
         self._outputs = compile_outputs(connector)
+        self._max_loops = int(options.extra.get("max_loops", DEFAULT_MAX_LOOPS_PER_PAIR))
+        # without shared state (single-process tools) only the hop limit guards
+        self._loops = PairLoops(options.redis, self._max_loops) if options.redis is not None else None
 
     def _reply_queue(self, channel: amqp.Channel, on_answer: Callable[[amqp.Message], None]) -> str:
         """This thread's reply queue. Bounded: an answer far past the size limit is dropped by the
@@ -136,6 +142,33 @@ class AgentAdapter:
                 sent=False,
             )
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
+        caller = ctx.agent_id or ""
+        entered = (
+            self._loops.enter(caller, self.agent, chain_of(ctx.traceparent, ctx.intent_id), timeout)
+            if self._loops is not None and caller
+            else Entered(True)
+        )
+        if not entered.allowed:
+            return Outcome(
+                False,
+                code=ErrorCode.DOWNSTREAM_VALIDATION_FAILED,
+                message=(
+                    f"refused to call agent {self.agent}: {entered.loops} chain(s) of calls between {caller} and "
+                    f"{self.agent} already loop back and forth, and the limit is {self._max_loops} at once"
+                ),
+                suggestion="Answer from what you have, without calling back the agent that asked you; "
+                "do not resend unchanged.",
+                details=[{"field": "context", "code": "agent_loops", "message": f"at most {self._max_loops} at once"}],
+                sent=False,
+            )
+        try:
+            return self._call(action, params, ctx, timeout)
+        finally:
+            if self._loops is not None:
+                self._loops.leave(caller, self.agent, entered)
+
+    def _call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext, timeout: float) -> Outcome:
+        hops = ctx.hops + 1
         try:
             body = AgentRequest(
                 intent_id=ctx.intent_id,
