@@ -203,3 +203,67 @@ def test_a_denial_answers_every_intent_that_joined(
         assert receipt.error is not None and receipt.error.code == ErrorCode.APPROVAL_DENIED
         assert "not eligible" in receipt.error.message
     assert system.requests(title="repeat-denied") == []
+
+
+def test_the_mcp_facades_retry_advice_joins_the_waiting_approval_and_runs_the_grant_once(
+    fleet: Fleet, system: CountingSystem, store: redis.Redis
+) -> None:
+    """`reach mcp --stdio`: a call that waits for a person ends with "call again with this key";
+    doing so (twice, and once more after the approval) never parks a second approval, and the
+    approved refund reaches the system once."""
+    import re
+    import sys
+    from pathlib import Path
+
+    import anyio
+    import mcp_types as types
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    tool, title = f"{CONNECTOR}__refund", f"mcp-{uuid.uuid4().hex[:8]}"
+    decided: list[approvals.Decision] = []
+
+    def text(result: types.CallToolResult) -> str:
+        return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+    async def calls() -> list[types.CallToolResult]:
+        server = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", AGENT],
+            env={**fleet.env, "REACH_MCP_WAIT": "3s"},
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        with open(fleet.log_dir / "mcp-stdio-resend.log", "a") as errlog:
+            async with stdio_client(server, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                args = {"title": title, "amount": 900}
+                first = await session.call_tool(tool, args)
+                key = re.search(r'"idempotency_key": "([^"]+)"', text(first))
+                assert first.is_error and key is not None, text(first)
+                meta = {"idempotency_key": key.group(1)}
+                again = [await session.call_tool(tool, args, meta=meta) for _ in range(2)]
+                [waiting] = await anyio.to_thread.run_sync(lambda: [p for p in pending_of_title(store, title)])
+                decided.append(await anyio.to_thread.run_sync(approvals.approve, store, BROKER_URL, waiting, "alice"))
+                answered = await session.call_tool(tool, args, meta=meta)
+                for _ in range(40):  # CONNECTOR_UNAVAILABLE while the approved call still runs: ask again
+                    if not answered.is_error:
+                        break
+                    await anyio.sleep(0.5)
+                    answered = await session.call_tool(tool, args, meta=meta)
+                return [first, *again, answered]
+
+    first, second, third, answered = anyio.run(calls)
+    for waited in (first, second, third):
+        assert waited.is_error and "waits for a person's approval" in text(waited), text(waited)
+        assert "joins the same approval" in text(waited)
+    assert decided[0].ok, decided
+    assert not answered.is_error, text(answered)
+    receipt = (answered.meta or {})["agent-reach/receipt"]
+    assert receipt["status"] == "succeeded" and receipt["execution"]["deduplicated"] is True
+    assert len(system.requests(title=title)) == 1  # the grant ran once
+    assert pending_of_title(store, title) == []
+
+
+def pending_of_title(store: redis.Redis, title: str) -> list[str]:
+    """The approvals (ids) that wait for a refund of this title: asked of a person once, or more."""
+    return [p.approval_id for p in approvals.list_pending(store, 10_000) if p.params.get("title") == title]

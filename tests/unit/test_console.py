@@ -153,7 +153,7 @@ class RecordingFleet:
             raise SearchBusy(intent_id)
         return "shop_bot", [], [{"offset_ms": "0.0", "stage": "received", "details": "<script>x</script>"}]
 
-    def pending(self) -> Page:
+    def pending(self, agent: str | None = None, page: str | None = None) -> Page:
         return Page(rows=self.pending_rows)
 
     def get_approval(self, approval_id: str) -> Pending | None:

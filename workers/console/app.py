@@ -266,6 +266,14 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         return done(request, "/dead-letters", not kept, message)
 
     # approvals
+    def approvals_live(request: Request) -> Response:
+        """The approvals' live region: one page (``?page=N``), all agents or one (``?agent=A``)."""
+        user = current_user(request)
+        if user is None:
+            return PlainTextResponse("log in again", status_code=401)
+        query = request.query_params
+        return render(request, "approvals_live.html", user, data=fleet.pending(query.get("agent"), query.get("page")))
+
     async def decide(request: Request) -> Response:
         approval_id, verb = request.path_params["approval_id"], request.path_params["verb"]
         try:
@@ -339,7 +347,7 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         Route("/fleet/live", live("fleet_live.html", fleet.status)),
         Route("/fleet/{connector}/{verb}", pause_or_resume, methods=["POST"]),
         Route("/approvals", page("approvals.html", "/approvals/live")),
-        Route("/approvals/live", live("approvals_live.html", fleet.pending)),
+        Route("/approvals/live", approvals_live),
         Route("/approvals/{approval_id}/{verb}", decide, methods=["POST"]),
         Route("/dead-letters", page("dead_letters.html", "/dead-letters/live")),
         Route("/dead-letters/live", live("dead_letters_live.html", fleet.dead_letters)),

@@ -54,6 +54,25 @@ class Page:
     error: str = ""
 
 
+@dataclass
+class FleetPage(Page):
+    """The Fleet page: its connectors, and how many approvals of each agent wait."""
+
+    waiting: dict[str, int] = field(default_factory=dict)
+    waiting_error: str = ""
+
+
+@dataclass
+class ApprovalsPage(Page):
+    """One page of the waiting approvals (fair to every agent) and the counts behind it."""
+
+    per_agent: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    page: int = 1
+    pages: int = 1
+    agent: str | None = None
+
+
 class SearchBusy(Exception):
     """Another search for an intent's agent (a SCAN) is running in this console."""
 
@@ -96,10 +115,14 @@ class Fleet:
 
     def _status(self) -> Page:
         try:
+            waiting, waiting_error = approvals.waiting_per_agent(self.client), ""
+        except redis.RedisError as exc:
+            waiting, waiting_error = {}, f"Redis did not answer: {type(exc).__name__}: {exc}"
+        try:
             rows: list[ConnectorStatus] = fleet_status(self.connectors, self.settings.broker_url, self.client)
         except Unreachable as exc:
-            return Page(error=str(exc))
-        return Page(rows=rows)
+            return FleetPage(error=str(exc), waiting=waiting, waiting_error=waiting_error)
+        return FleetPage(rows=rows, waiting=waiting, waiting_error=waiting_error)
 
     def known_connector(self, name: str) -> bool:
         if not NAME.match(name):
@@ -165,12 +188,23 @@ class Fleet:
         return agent, [], rows
 
     # approvals (workers/ops/approvals.py)
-    def pending(self) -> Page:
+    def pending(self, agent: str | None = None, page: str | None = None) -> Page:
+        """One page of the waiting approvals, each agent's soonest first (``agent``: only its own;
+        ``page``: as the query string gave it, anything but a page number is the first)."""
+        chosen = agent if agent and NAME.match(agent) else None
+        number = int(page) if page and page.isdigit() and len(page) <= 6 else 1
         try:
-            rows = approvals.list_pending(self.client, limit=APPROVALS_SHOWN)
+            listing = approvals.pending_page(self.client, APPROVALS_SHOWN, number, chosen)
         except redis.RedisError as exc:
             return Page(error=f"Redis did not answer: {type(exc).__name__}: {exc}")
-        return Page(rows=rows)
+        return ApprovalsPage(
+            rows=listing.rows,
+            per_agent=listing.per_agent,
+            total=listing.total,
+            page=listing.page,
+            pages=listing.pages,
+            agent=chosen,
+        )
 
     def get_approval(self, approval_id: str) -> PendingApproval | None:
         return approvals.get_approval(self.client, approval_id)

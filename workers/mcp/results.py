@@ -16,8 +16,10 @@ A call that got no receipt says so. When the intent may have been published (a p
 failed half-way, or no answer within REACH_MCP_WAIT) the outcome is unknown, and the text says
 how to learn it without running the action twice: call again with the same
 ``_meta.idempotency_key`` (the intent id when the caller gave none), which the fleet answers from
-its idempotency ledger. When surely nothing was published, calling again is safe. Nothing here
-raises; every case is a result.
+its idempotency ledger. A call that waits for a person's approval is no exception: the repeat joins
+that same approval (the router never asks a person twice for one key and payload) and, once it is
+approved, gets the approved call's outcome. When surely nothing was published, calling again is
+safe. Nothing here raises; every case is a result.
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def no_receipt(intent_id: str, idempotency_key: str, tool: str, why: str) -> typ
         f"Outcome unknown: {why}. The action may or may not have taken effect. To learn its outcome "
         f"without running it twice, call {tool} again with the same arguments and "
         f'_meta {{"idempotency_key": "{idempotency_key}"}}: the fleet answers a repeated key with '
-        f"the first outcome (or CONNECTOR_UNAVAILABLE while it still runs). Intent {intent_id}.",
+        f"the first outcome (or CONNECTOR_UNAVAILABLE while it still runs). If it waits for a person's "
+        f"approval, that call joins the same approval (no second one is asked for) and gets its outcome "
+        f"once decided. A call without that key is a new request. Intent {intent_id}.",
         {INTENT_META_KEY: intent_id},
     )
 

@@ -878,33 +878,48 @@ def _approvals_client() -> tuple[Settings, Any]:
 
 
 @approvals.command("list")
-@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def approvals_list(limit: int, as_json: bool) -> None:
-    """The approvals that still wait, the soonest to expire first."""
+@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="Rows per page.")
+@click.option("--page", type=click.IntRange(1), default=1, show_default=True, help="Which page of --limit rows.")
+@click.option("--agent", default=None, help="Only this agent's approvals.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the rows (see --counts).")
+@click.option(
+    "--counts", is_flag=True, help="With --json: an object with the rows, the counts per agent and the pages."
+)
+def approvals_list(limit: int, page: int, agent: str | None, as_json: bool, counts: bool) -> None:
+    """The approvals that still wait, fair to every agent: each agent's soonest to expire first,
+    then each agent's second, and so on; the waiting count of every agent comes first."""
     from redis import RedisError
 
-    from workers.ops.approvals import list_pending
+    from workers.ops.approvals import pending_page
     from workers.ops.fleet import Unreachable
 
     settings, client = _approvals_client()
     try:
-        pending = list_pending(client, limit)
+        listing = pending_page(client, limit, page, agent)
     except RedisError as exc:
         _unreachable(settings, Unreachable("Redis", exc))
     if as_json:
-        click.echo(json.dumps([p.to_dict() for p in pending], indent=2, ensure_ascii=False))
+        shown: Any = listing.to_dict() if counts else [p.to_dict() for p in listing.rows]
+        click.echo(json.dumps(shown, indent=2, ensure_ascii=False))
         return
-    if not pending:
-        click.echo("no approvals wait")
+    waiting = ", ".join(f"{name} {n}" for name, n in listing.per_agent.items())
+    click.echo(f"waiting: {sum(listing.per_agent.values())}" + (f" ({waiting})" if waiting else ""))
+    if not listing.rows:
+        click.echo("no approvals wait" + (f" for {agent}" if agent else ""))
         return
     print_table(
         ("approval id", "expires", "agent", "action", "approvers", "summary"),
         [
             (p.approval_id, p.expires_at, p.agent_id, f"{p.connector}.{p.action}", ",".join(p.approvers), p.summary)
-            for p in pending
+            for p in listing.rows
         ],
     )
+    if listing.pages > 1:
+        first = (listing.page - 1) * listing.per_page + 1
+        more = f"; --page {listing.page + 1} for more" if listing.page < listing.pages else ""
+        click.echo(
+            f"rows {first}-{first + len(listing.rows) - 1} of {listing.total} (page {listing.page} of {listing.pages}{more})"
+        )
 
 
 @approvals.command("show")
