@@ -31,6 +31,12 @@ outlive its connection. The broker bounds them instead (:mod:`workers.ops.broker
 user gets per-user limits (max-connections, max-channels), and the vhost gets the operator policy
 ``reach-agent-queues`` (an unused ``amq.gen-*`` queue expires with its bindings; its length is
 capped) and a queue limit, because RabbitMQ has no per-user queue limit.
+
+The same write and read rights let an agent bind ``reach.receipts`` to ``reach.intents`` or
+``reach.agent-replies`` (``exchange.bind``), bindings that outlive its connections, without limit;
+no permission tells them apart from publishing and binding a queue. :func:`sweep_agent_bindings`
+(``reach agent-user sweep-bindings``) removes them all: the fleet itself binds no exchange to an
+exchange.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from workers.ops.broker_policy import (
     AgentQueuePolicy,
     check_max_queues,
     policy_command,
+    sweep_bindings_command,
     user_limits_command,
     vhost_limits_command,
 )
@@ -282,6 +289,21 @@ def _vhost_limits(prefix: list[str], vhost: str) -> dict[str, Any]:
     return limits
 
 
+def sweep_agent_bindings(vhost: str = "/", rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> int:
+    """Remove every exchange-to-exchange binding from ``reach.receipts`` in ``vhost`` (only agents
+    make them); the number removed.
+
+    Raises:
+        AgentUserError: rabbitmqctl is missing, cannot reach the node, or failed.
+    """
+    result = _run(_prefix(rabbitmqctl), sweep_bindings_command(vhost)[1:])
+    text = result.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        return int(text[0])
+    except ValueError as exc:
+        raise AgentUserError(f"unexpected output of rabbitmqctl eval: {result.stdout[:500]!r}") from exc
+
+
 def delete_agent_user(agent: str, vhost: str = "/", rabbitmqctl: str | Sequence[str] = "rabbitmqctl") -> None:
     """Revoke the agent's permissions in ``vhost``; delete the user when no other vhost grants it any.
 
@@ -464,3 +486,23 @@ def delete_cmd(name: str, vhost: str | None) -> None:
     except (ValueError, AgentUserError) as exc:
         _fail(f"cannot delete agent user {name!r}: {exc}")
     click.echo(f"agent user {name!r} removed from vhost {target!r}")
+
+
+@agent_user.command("sweep-bindings")
+@click.option("--vhost", help="Default: the vhost of $REACH_BROKER_URL.")
+@click.option("--print", "print_only", is_flag=True, help="Only print the rabbitmqctl command.")
+def sweep_cmd(vhost: str | None, print_only: bool) -> None:
+    """Remove the exchange-to-exchange bindings agents made from reach.receipts (run it on a schedule).
+
+    Permissions cannot forbid them (exchange.bind needs the rights an agent publishes and binds its
+    receipt queue with), and they outlive every connection; the fleet makes none.
+    """
+    target = _vhost(vhost)
+    if print_only:
+        click.echo(shlex.join(sweep_bindings_command(target)))
+        return
+    try:
+        removed = sweep_agent_bindings(target)
+    except AgentUserError as exc:
+        _fail(f"cannot sweep bindings in vhost {target!r}: {exc}")
+    click.echo(f"removed {removed} exchange-to-exchange binding(s) from reach.receipts in vhost {target!r}")

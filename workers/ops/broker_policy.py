@@ -23,6 +23,18 @@ proxy in front of the broker; instead the fleet has the broker bound what such a
         max-channels), so the number of queues an agent keeps alive while connected is bounded
         for the vhost as a whole. Well-behaved agents use one exclusive queue per connection.
 
+Exchange-to-exchange bindings cannot be forbidden by permissions: ``exchange.bind`` needs write on
+the destination and read on the source, exactly the rights an agent needs to publish intents
+(write on ``reach.intents``, and its answers on ``reach.agent-replies``) and to bind its receipt
+queue (read on ``reach.receipts``); RabbitMQ's checks do not see the kind of the destination, and
+its topic permission on the source is the same one a queue binding passes. Such a binding of an
+agent's, from ``reach.receipts`` to an exchange, outlives every connection (both exchanges are
+durable) and has no limit. The fleet makes none (every binding it declares ends at a queue), so
+:func:`sweep_bindings_command` removes all of them; ``reach agent-user sweep-bindings`` runs it
+(an operator runs it on a schedule: the bound is what agents can bind between two sweeps)::
+
+    exchange-to-exchange bindings from reach.receipts      removed by each sweep
+
 This module only builds the commands (rabbitmqctl, and the management-API requests for a broker
 where rabbitmqctl cannot be run); :func:`workers.ops.agents.apply_broker_policy` runs them.
 """
@@ -107,6 +119,32 @@ def user_limits_command(agent: str, limits: AgentLimits) -> list[str]:
 def vhost_limits_command(vhost: str, limits: dict[str, Any]) -> list[str]:
     """``rabbitmqctl set_vhost_limits``; unlike user limits it *replaces* all the vhost's limits."""
     return ["rabbitmqctl", "set_vhost_limits", f"--vhost={vhost}", _json(limits)]
+
+
+RECEIPTS_SOURCE = "reach.receipts"  # workers.transport.topology.RECEIPTS_EXCHANGE (the only one agents may read)
+
+
+def _erlang_binary(text: str) -> str:
+    """``text`` as an Erlang binary expression built from its bytes: nothing in it is ever parsed
+    as Erlang (a vhost may hold quotes or backslashes)."""
+    return "list_to_binary([" + ",".join(str(b) for b in text.encode("utf-8")) + "])"
+
+
+def sweep_bindings_command(vhost: str, source: str = RECEIPTS_SOURCE) -> list[str]:
+    """``rabbitmqctl eval`` that removes every binding from exchange ``source`` to an exchange in
+    ``vhost`` and prints how many it removed. Bindings to queues (agents' receipt queues) stay.
+
+    rabbitmqctl has no command to remove a binding, and its JSON listing loses array arguments (so
+    an ``exchange.unbind`` could not always name the binding); the broker's own ``rabbit_binding``
+    removes them exactly (checked against RabbitMQ 3.10 by tests/integration/test_agent_bindings.py).
+    """
+    expression = (
+        f"Src = rabbit_misc:r({_erlang_binary(vhost)}, exchange, {_erlang_binary(source)}), "
+        "Gone = [B || B = {binding, _, _, {resource, _, exchange, _}, _} <- rabbit_binding:list_for_source(Src)], "
+        '[rabbit_binding:remove(B, <<"reach-sweep">>) || B <- Gone], '
+        "length(Gone)."
+    )
+    return ["rabbitmqctl", "eval", expression]
 
 
 def management_api_requests(
