@@ -60,6 +60,11 @@ Keyed by process or by what the catalog says (no agent's input reaches them; unt
 
 The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
 
+Keyed by a pair of agents, tag ``{<a>|<b>}`` (``a`` < ``b``, names from identities; built by
+``connectors.adapters.loops.pair_key``, since connectors cannot import workers)::
+
+    reach:agent-calls:{<a>|<b>}                       zset    agent-to-agent calls in flight between them (loop guard)
+
 Every Lua script receives the keys it touches through KEYS, none builds a key itself, and all the
 keys one script is given share a tag (tests/unit/test_lua_keys.py, tests/unit/test_keys.py). What
 a script would need across two tags is split: the pool reads the breaker beside its ledger script
