@@ -32,7 +32,8 @@ log = logging.getLogger("reach.agent")
 
 DEFAULT_MAX_LOOPS_PER_PAIR = 1  # one loop fits AgentServer's default 4 threads under MAX_AGENT_HOPS 8
 LEASE_MARGIN_MS = 5_000
-KEY_PREFIX = "reach:agent-calls:"
+_PREFIX = "reach:"  # listed with every other key in workers/state/keys.py, which this layer cannot import
+KEY_PREFIX = _PREFIX + "agent-calls:"
 _TRACE = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 # KEYS[1] the pair's calls; ARGV[1] chain, ARGV[2] caller, ARGV[3] callee, ARGV[4] member,
