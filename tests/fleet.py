@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,14 +55,91 @@ def _isolated() -> tuple[str, str]:
     redis_parts = urlsplit(SHARED_REDIS_URL)
     # parallel workers of one run (pytest-xdist: gw0, gw1, ...) get databases of their own
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    database = 1 + (int(worker[2:]) if worker[2:].isdigit() else os.getpid()) % 15
-    redis_url = urlunsplit(redis_parts._replace(path=f"/{database}"))
-    # the database is this run's: what an earlier run left there (ledger records, open breakers under
-    # the same fixed names) must not answer this run's intents
+    first = (int(worker[2:]) if worker[2:].isdigit() else os.getpid()) % TEST_DATABASES
+    database = claim_database(lambda db: urlunsplit(redis_parts._replace(path=f"/{db}")), first)
+    return broker, urlunsplit(redis_parts._replace(path=f"/{database}"))
+
+
+# Redis databases 1..15 (0 is left alone: it is where real data usually lives)
+TEST_DATABASES = 15
+# set by the suite in every database it takes; a database with keys and without it is someone's data
+TEST_MARKER = "reach-test:owner"
+TEST_MARKER_TTL = 7 * 24 * 3600  # a run that was killed leaves a database the next run may take
+
+
+class NoTestDatabase(RuntimeError):
+    """Every Redis database the suite may use holds keys it did not write, or another live run's."""
+
+
+def claim_database(url_of: Callable[[int], str], first: int, me: str | None = None) -> int:
+    """The first of databases 1..15 (from ``first``) that is empty or the suite's own, marked as
+    this run's and emptied of what an earlier run left (ledger records, open breakers under the
+    same fixed names must not answer this run's intents).
+
+    Never empties a database with keys the suite did not write: such a database has no marker
+    (``TEST_MARKER``), and is passed over. One marked by a run still alive is passed over too.
+    ``me``: this run's name in the marker (default ``host:pid``).
+
+    Raises:
+        NoTestDatabase: No database qualifies (says which hold other data).
+    """
     import redis
 
-    redis.Redis.from_url(redis_url).flushdb()
-    return broker, redis_url
+    me = me or f"{socket.gethostname()}:{os.getpid()}"
+    passed: list[str] = []
+    for step in range(TEST_DATABASES):
+        database = 1 + (first + step) % TEST_DATABASES
+        client = redis.Redis.from_url(url_of(database))
+        try:
+            owner = client.get(TEST_MARKER)
+            if owner is None:
+                # an empty database becomes ours; NX: two runs starting at once cannot both take it
+                if client.dbsize() > 0 or not client.set(TEST_MARKER, me, nx=True, ex=TEST_MARKER_TTL):
+                    passed.append(f"{database} (holds keys the suite did not write)")
+                    continue
+            elif owner.decode() != me and _alive(owner.decode()):
+                passed.append(f"{database} (in use by test run {owner.decode()})")
+                continue
+            else:
+                # the suite's own leftovers: taken over (the marker first, so a dead run's is replaced)
+                client.set(TEST_MARKER, me, ex=TEST_MARKER_TTL)
+            _empty_but_marker(client)
+            return database
+        finally:
+            client.close()
+    raise NoTestDatabase(
+        "no Redis database the test suite may empty: "
+        + "; ".join(passed)
+        + f". The suite empties only databases that are empty or hold its marker key {TEST_MARKER!r}; "
+        "free a database 1..15, or point REACH_REDIS_URL at a Redis server kept for tests"
+    )
+
+
+def _alive(owner: str) -> bool:
+    """Whether the run that wrote this marker (``host:pid``) still runs; another host's: assumed so."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _empty_but_marker(client: Any) -> None:
+    """Delete every key but the marker (FLUSHDB would drop it and leave a moment without one)."""
+    batch: list[bytes] = []
+    for key in client.scan_iter(count=1000):
+        if key != TEST_MARKER.encode():
+            batch.append(key)
+        if len(batch) >= 1000:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
 
 
 _URLS: tuple[str, str] | None = None

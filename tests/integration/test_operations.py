@@ -1249,9 +1249,11 @@ def test_dlq_replay_sends_a_pool_job_as_the_router_does_and_it_runs_once(
         assert reach(fleet, "pause", PLAIN).returncode == 0
         wait_for(lambda: queue_depth(queue)[1] == 0, 5, "the pool kept consuming after `reach pause`")
         done = reach(fleet, "dlq", "replay", "--id", intent_id, "--id", raw_id)
-        assert done.returncode == 0, done.stdout + done.stderr
-        # each once: the copy the router dead-letters again while the replay runs is left alone
-        assert "replayed 2 dead letter(s)" in done.stdout
+        assert done.returncode == 1, done.stdout + done.stderr
+        # each once: the copy the router dead-letters again while the replay runs is left alone,
+        # and the replay says the router refused it again instead of counting it as replayed
+        assert "replayed 1 dead letter(s); 1 refused again by the router" in done.stdout
+        assert f"not replayed {raw_id}: sent back, and refused again: INVALID_INTENT" in done.stdout
         # the job waits in the paused queue; the other went to the router, which dead-letters it again
         wait_for(lambda: queue_depth(queue) == (1, 0), 10, "the replayed job is not in the connector queue")
         wait_for(dlq_depth, 20, "the router did not dead-letter the replayed non-job again", until=lambda n: n == 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import Path
 
@@ -82,21 +81,10 @@ def test_connector_keys() -> None:
     assert all(keys.connector_of(build("c")) == "c" for build in (keys.breaker, keys.health, keys.workers))
 
 
-def test_the_trace_scan_finds_only_the_intent_asked_for() -> None:
-    """``reach:trace:{*}:X`` is agent and id: the closing brace ends the agent (no agent or id
-    has one), so agent desk's intent "eu:X" is not X's."""
-    pattern = keys.trace_pattern("X")
-    mine, other_agent, longer_id = keys.trace("desk_eu", "X"), keys.trace("desk", "X"), keys.trace("desk", "eu:X")
-    assert all(fnmatch.fnmatchcase(k, pattern) for k in (mine, other_agent))
-    assert not fnmatch.fnmatchcase(longer_id, pattern)
-    assert keys.agent_of_trace(mine, "X") == "desk_eu" and keys.agent_of_trace(other_agent.encode(), "X") == "desk"
-    assert keys.agent_of_trace(longer_id, "X") is None
-    assert keys.agent_of_trace(longer_id, "eu:X") == "desk"
-
-
-def test_glob_characters_in_an_intent_id_match_only_themselves() -> None:
-    # intent ids cannot carry them today; the pattern must not widen if that ever changes
-    assert keys.trace_pattern("a*b") == "reach:trace:{*}:a\\*b"
+def test_the_trace_index_is_one_key_per_intent_id_whatever_the_agent() -> None:
+    """``reach trace`` without ``--agent`` reads this set instead of scanning for ``reach:trace:{*}:X``."""
+    assert keys.trace_agents("X") == "reach:trace-agents:X" != keys.trace_agents("eu:X")
+    assert keys.tag_of(keys.trace_agents("X")) == ""  # spans agents: no agent's slot
 
 
 def test_no_module_but_keys_spells_a_redis_key() -> None:

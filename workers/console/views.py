@@ -148,16 +148,21 @@ class Fleet:
         return Page(rows=[(letter, was_redacted(letter)) for letter in letters])
 
     def replay(self, message_id: str | None) -> tuple[list[str], list[tuple[str, str]]]:
-        """Replay one dead letter (or all): (replayed ids, (id, why) of those kept)."""
+        """Replay one dead letter (or all): (replayed ids, (id, why) of those not replayed: kept in
+        reach.dlq, or sent back and refused again by the router)."""
         if self._jobs is None:
             # the reach.execute message template only, as `reach dlq replay` builds it
             self._jobs = JobMessages(create_app(self.settings, [connector_queue("_replay")]))
         with self._dlq_lock:
             done = replay_dead_letters(
-                self.settings.broker_url, self.client, {message_id} if message_id else None, self._jobs
+                self.settings.broker_url,
+                self.client,
+                {message_id} if message_id else None,
+                self._jobs,
+                require_user_id=self.settings.require_user_id,
             )
         self.forget("dead_letters")
-        return done.replayed, done.kept
+        return done.replayed, done.kept + done.refused
 
     # trace
     def trace(self, intent_id: str, agent: str | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:

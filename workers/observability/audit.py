@@ -5,10 +5,17 @@ Stages: received, rejected | dispatched (router); attempt (one per downstream ca
 (pool, or router for rejections). Params never appear: only their names and a digest taken
 after sensitive fields were redacted. A binding's ``audit_level`` chooses how much is written:
 ``full`` every stage, ``summary`` the receipt only, ``none`` nothing.
+
+The trace in Redis keeps each stage once: a line equal to one already kept but for its time and
+process (the same receipt published again for a redelivered job, the same attempt) is not added
+again. Beside each trace, an index names the agents that have a trace for the intent id
+(``keys.trace_agents``), so ``reach trace`` without ``--agent`` reads one small set instead of
+scanning the keyspace.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -17,11 +24,43 @@ import redis
 
 from workers.state import keys
 from workers.state.batcher import Batcher, write_stdout
-from workers.state.client import scan_keys
+from workers.state.client import eval_into
 from workers.state.ledger import params_hash
 
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
+# agents read from an intent id's index at most (several agents may use one intent id)
+TRACE_AGENTS_READ = 100
+
+# KEYS[1] the trace list; ARGV[1] how many lines it keeps, ARGV[2] its TTL, ARGV[3..] new lines.
+# A line's identity is the line without its "ts" and "process" fields, which render() writes
+# first and fifth: a stage written again (a redelivery) differs from the kept one only there.
+_PUSH_ONCE = """
+local trace = KEYS[1]
+local function ident(line)
+  local id = string.gsub(line, '^{"ts":[^,]*,', '{', 1)
+  id = string.gsub(id, ',"process":"[^"]*"', '', 1)
+  return id
+end
+local seen = {}
+for _, line in ipairs(redis.call('LRANGE', trace, 0, -1)) do
+  seen[ident(line)] = true
+end
+local added = 0
+for i = 3, #ARGV do
+  local id = ident(ARGV[i])
+  if not seen[id] then
+    redis.call('RPUSH', trace, ARGV[i])
+    seen[id] = true
+    added = added + 1
+  end
+end
+if added > 0 then
+  redis.call('LTRIM', trace, -tonumber(ARGV[1]), -1)
+end
+redis.call('EXPIRE', trace, ARGV[2])
+return added
+"""
 
 
 def params_digest(redacted_params: Any) -> str:
@@ -90,10 +129,12 @@ class Audit:
 
     @staticmethod
     def push_into(pipe: Any, agent: str | None, intent_id: str, lines: list[str]) -> None:
-        key = keys.trace(agent, intent_id)
-        pipe.rpush(key, *lines)
-        pipe.ltrim(key, -TRACE_MAX_EVENTS, -1)
-        pipe.expire(key, TRACE_TTL_SECONDS)
+        """Queue the lines on ``pipe``: each stage kept once in the trace, and the agent in the
+        intent id's index (a key of its own: another slot on a cluster, so not in the script)."""
+        eval_into(pipe, _PUSH_ONCE, [keys.trace(agent, intent_id)], TRACE_MAX_EVENTS, TRACE_TTL_SECONDS, *lines)
+        index = keys.trace_agents(intent_id)
+        pipe.sadd(index, agent or keys.NO_AGENT)
+        pipe.expire(index, TRACE_TTL_SECONDS)
 
 
 def read_trace(client: redis.Redis, agent: str | None, intent_id: str) -> list[dict[str, Any]]:
@@ -102,14 +143,21 @@ def read_trace(client: redis.Redis, agent: str | None, intent_id: str) -> list[d
     return sorted((json.loads(raw) for raw in raw_lines), key=lambda e: e["ts"])
 
 
-def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10, max_scanned: int = 1_000_000) -> list[str]:
-    """The agents that have a trace for this intent id: a SCAN over ``reach:trace:{*}:<id>`` (every
-    node of a cluster) that stops after ``limit`` matches or ``max_scanned`` keys looked at, whichever comes first."""
-    found: set[str] = set()
-    for key in scan_keys(client, keys.trace_pattern(intent_id), count=1000, max_scanned=max_scanned):
-        agent = keys.agent_of_trace(key, intent_id)
-        if agent:
-            found.add(agent)
-            if len(found) >= limit:
-                break
-    return sorted(found)[:limit]
+def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10) -> list[str]:
+    """The agents that have a trace for this intent id (at most ``limit``), from its index: at most
+    ``TRACE_AGENTS_READ`` of its members are looked at, whatever it holds. ``-`` stands for an
+    intent whose agent was never known. Traces written before the index existed are found with
+    ``--agent`` only."""
+    members = [
+        m.decode() if isinstance(m, bytes) else str(m)
+        for m in itertools.islice(
+            client.sscan_iter(keys.trace_agents(intent_id), count=TRACE_AGENTS_READ), TRACE_AGENTS_READ
+        )
+    ]
+    if not members:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for agent in members:
+        pipe.exists(keys.trace(agent, intent_id))
+    # a trace that expired before its index (a later push renewed the index) is left out
+    return sorted(agent for agent, kept in zip(members, pipe.execute(), strict=True) if kept)[:limit]

@@ -613,16 +613,25 @@ def dlq_replay(ids: tuple[str, ...]) -> None:
     settings = _settings()
     # only for the reach.execute message template, as the router builds it (no params in headers)
     jobs = JobMessages(create_app(settings, [connector_queue("_replay")]))
-    done = replay_dead_letters(settings.broker_url, connect_redis(settings), set(ids) if ids else None, jobs)
+    done = replay_dead_letters(
+        settings.broker_url,
+        connect_redis(settings),
+        set(ids) if ids else None,
+        jobs,
+        require_user_id=settings.require_user_id,
+    )
     for message_id, why in done.kept:
         click.echo(f"not replayed {message_id or '(no message id)'}: {why}")
-    missing = set(ids) - set(done.replayed) - {message_id for message_id, _ in done.kept}
+    for message_id, why in done.refused:
+        click.echo(f"not replayed {message_id}: {why}")
+    missing = set(ids) - set(done.replayed) - {m for m, _ in done.kept} - {m for m, _ in done.refused}
     click.echo(
         f"replayed {len(done.replayed)} dead letter(s)"
         + (f"; {len(done.kept)} kept in reach.dlq" if done.kept else "")
+        + (f"; {len(done.refused)} refused again by the router" if done.refused else "")
         + (f"; not found: {', '.join(sorted(missing))}" if missing else "")
     )
-    sys.exit(EXIT_PROBLEMS if missing or done.kept else 0)
+    sys.exit(EXIT_PROBLEMS if missing or done.kept or done.refused else 0)
 
 
 @main.group("import")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis
 from kombu import Connection, Producer
 
-from producers.wire import INTENT_ROUTING_KEY
+from producers.wire import INTENT_ROUTING_KEY, Receipt
 from workers.observability.redaction import REDACTED_HEADER, contains_redacted
+from workers.router.intake import ON_BEHALF_OF_HEADER, fleet_login
 from workers.state import keys
 from workers.state.breaker import breaker_state
 from workers.state.client import text as _text
@@ -35,6 +36,12 @@ NOT_REPLAYED_REDACTED = (
     "its sensitive params were redacted when it was dead-lettered; ask the agent to send the intent again"
 )
 NOT_REPLAYED_NOT_A_JOB = "its body is not a job this version can run; it cannot be sent to its connector's pool"
+NOT_REPLAYED_NO_IDENTITY = (
+    "no identity the broker vouched for is known for it, and this fleet accepts only those "
+    "(REACH_REQUIRE_USER_ID=1): the router would refuse it again; ask the agent to send the intent again"
+)
+# how long a replay waits for the router's answer to each intent it sent back
+REPLAY_ANSWER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -221,9 +228,19 @@ def was_redacted(letter: DeadLetter) -> bool:
 class Replay:
     replayed: list[str]
     kept: list[tuple[str, str]]  # (message id, why it was not replayed): still in reach.dlq
+    # (message id, the router's answer): sent back, and refused again (not in ``replayed``)
+    refused: list[tuple[str, str]] = field(default_factory=list)
 
 
-def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | None, jobs: JobMessages) -> Replay:
+def replay_dead_letters(
+    broker_url: str,
+    client: redis.Redis,
+    ids: set[str] | None,
+    jobs: JobMessages,
+    *,
+    require_user_id: bool = False,
+    answer_seconds: float = REPLAY_ANSWER_SECONDS,
+) -> Replay:
     """Send dead letters (all, or those whose message id is in ``ids``) back through the fleet.
 
     A router dead letter (an intent it could not read) goes back to reach.intents; a pool dead
@@ -232,9 +249,19 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
     idempotency keys are kept, so the ledger still prevents a second execution; the intent's
     receipt marker is cleared so the replay is answered. A letter whose params were redacted is
     never sent (the system would get placeholders): it stays in reach.dlq and is in ``kept``.
+
+    Identity: a router letter whose agent the broker vouched for (``x-reach-agent-verified``) is
+    published as the fleet's own login (the ``user_id`` RabbitMQ checks) with that agent in
+    ``x-reach-on-behalf-of``, which the router accepts from that login only; others carry the
+    agent in the ``agent_id`` header, as the agent could. Under ``require_user_id`` a letter
+    without a vouched agent is kept: the router would refuse it again. Each router letter sent back
+    is then watched for ``answer_seconds``: one the router refuses again is in ``refused``, with
+    its answer, not in ``replayed``.
     """
     replayed: list[str] = []
     kept: list[tuple[str, str]] = []
+    sent_back: list[tuple[str, str, dict[str, bytes | None]]] = []  # router letters: id, agent, receipts before
+    login = fleet_login(broker_url)
     with Connection(broker_url, connect_timeout=5, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.auto_decode = False
@@ -263,6 +290,10 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
             if was_redacted(letter):
                 kept.append((letter.message_id, NOT_REPLAYED_REDACTED))
                 continue  # unacked: returned, and its markers stay as they are
+            vouched = letter.headers.get("x-reach-agent-verified") is True and bool(letter.agent)
+            if job is None and require_user_id and not vouched:
+                kept.append((letter.message_id, NOT_REPLAYED_NO_IDENTITY))
+                continue  # unacked: returned
             if letter.message_id:
                 client.delete(
                     keys.sent(letter.agent or None, letter.message_id),
@@ -274,6 +305,13 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
                 # also a letter with x-reach-queue only (not a job, found on a pool's queue): the
                 # router reads it as an intent, never a pool as a job
                 agent = letter.agent
+                if letter.message_id:
+                    sent_back.append((letter.message_id, agent, _receipts_now(client, agent, letter.message_id)))
+                identity: dict[str, Any] = (
+                    {"user_id": login, "headers": {ON_BEHALF_OF_HEADER: agent}}
+                    if vouched
+                    else {"headers": {"agent_id": agent} if agent else {}}
+                )
                 producer.publish(
                     letter.body,
                     exchange=INTENTS_EXCHANGE,
@@ -282,12 +320,49 @@ def replay_dead_letters(broker_url: str, client: redis.Redis, ids: set[str] | No
                     content_encoding="utf-8",
                     delivery_mode=2,
                     message_id=letter.message_id or None,
-                    headers={"agent_id": agent} if agent else {},
+                    **identity,
                 )
             channel.basic_ack(message.delivery_info["delivery_tag"])
             replayed.append(letter.message_id)
         channel.close()
-    return Replay(replayed, kept)
+    refused = _refused_again(client, sent_back, answer_seconds)
+    refused_ids = {message_id for message_id, _ in refused}
+    return Replay([m for m in replayed if m not in refused_ids], kept, refused)
+
+
+def _receipts_now(client: redis.Redis, agent: str, message_id: str) -> dict[str, bytes | None]:
+    """The receipts stored for this intent id under its agent and under no agent (the router files a
+    refusal whose identity it did not accept there), to tell the router's next answer by."""
+    names = {keys.receipt(agent or None, message_id), keys.receipt(None, message_id)}
+    return {name: client.get(name) for name in names}
+
+
+def _refused_again(
+    client: redis.Redis, sent_back: list[tuple[str, str, dict[str, bytes | None]]], seconds: float
+) -> list[tuple[str, str]]:
+    """The router letters sent back that were answered ``rejected`` within ``seconds`` (a receipt
+    stored since, other than the one before), with that answer. An intent the router dispatched
+    or parked has no new receipt that soon, and counts as replayed."""
+    refused: list[tuple[str, str]] = []
+    waiting = list(sent_back)
+    deadline = time.monotonic() + seconds
+    while waiting:
+        still = []
+        for message_id, agent, before in waiting:
+            now = _receipts_now(client, agent, message_id)
+            new = next((raw for name, raw in now.items() if raw is not None and raw != before.get(name)), None)
+            if new is None:
+                still.append((message_id, agent, before))
+                continue
+            receipt = Receipt.model_validate_json(new)
+            if receipt.status == "rejected" and receipt.error is not None:
+                why = f"sent back, and refused again: {receipt.error.code.value}: {receipt.error.message}"
+                refused.append((message_id, why[:500]))
+        waiting = still
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return refused
 
 
 def _publish_job(producer: Producer, jobs: JobMessages, job: Job, connector: str) -> None:

@@ -32,7 +32,7 @@ from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.redeliveries import Redeliveries
 from workers.transport.app import JobMessages, create_app
-from workers.transport.consuming import Bulkhead, bulkhead_consumer, sender_key, threaded_consumer
+from workers.transport.consuming import Bulkhead, bulkhead_consumer, lanes_for, threaded_consumer
 from workers.transport.delivery import handler_for
 from workers.transport.dispatch import Dispatcher
 from workers.transport.pause import Watched, install_pause_watcher
@@ -102,6 +102,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     # the router's own modules are imported here, not at the top: a pool process never loads them
     # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
     from workers.router.approvals import Parking, PublisherOutlet, Settler, Sweeper
+    from workers.router.intake import fleet_login
     from workers.router.routing import Router
     from workers.router.runtime import RouterRuntime
     from workers.router.semantic import SemanticRouting
@@ -134,6 +135,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         semantic=semantic,
         semantic_rate=parse_rate(settings.semantic_rate),
         budgets=RedisBudgets(redis_client, repeat_within_ms=repeat_window_ms(settings.idempotency_ttl_seconds)),
+        fleet_user=fleet_login(settings.broker_url),  # may publish for an agent: `reach dlq replay`
     )
     batcher = Batcher(redis_client)
     audit = Audit(redis_client, "router", batcher=batcher)
@@ -163,7 +165,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         handler_for(runtime.handle),
         settings.router_threads,
         "reach-route",
-        lane_of=sender_key if settings.router_fair else None,
+        lane_of=lanes_for(settings.require_user_id) if settings.router_fair else None,
         hold_bytes=settings.router_hold_bytes,
         drain_on_shutdown=False,
     )

@@ -11,6 +11,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
 
@@ -28,6 +29,16 @@ from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_
 from workers.transport.delivery import Delivery, text_or_none
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+# The agent the fleet's own broker login publishes for (`reach dlq replay`, workflow steps): the
+# identity only when the AMQP user_id is that login, which RabbitMQ checks; refused from anyone else.
+ON_BEHALF_OF_HEADER = "x-reach-on-behalf-of"
+
+
+def fleet_login(broker_url: str) -> str:
+    """The fleet's own RabbitMQ login: the user of (the first node of) REACH_BROKER_URL, as kombu
+    logs in with it (``guest`` when the URL names none)."""
+    return unquote(urlsplit(broker_url.split(";")[0].strip()).username or "") or "guest"
 
 
 RawMessage = Delivery  # the router's name for what the broker delivered
@@ -105,16 +116,30 @@ def fail_identity(raw: RawMessage) -> tuple[str, str | None]:
     return intent_id, agent if agent and AGENT_ID_PATTERN.match(agent) else None
 
 
+def vouched_identity(raw: RawMessage, fleet_user: str | None) -> str | None:
+    """The identity the broker vouches for: ``user_id``, or the ``x-reach-on-behalf-of`` agent when
+    ``user_id`` is the fleet's own login (``fleet_user``)."""
+    behalf = _header_text(raw.headers, ON_BEHALF_OF_HEADER)
+    if behalf is not None and fleet_user is not None and raw.user_id == fleet_user:
+        return behalf
+    return raw.user_id or None
+
+
 def parse(
-    raw: RawMessage, max_bytes: int, require_user_id: bool = False, max_depth: int = DEFAULT_MAX_DEPTH
+    raw: RawMessage,
+    max_bytes: int,
+    require_user_id: bool = False,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    fleet_user: str | None = None,
 ) -> ParsedIntent | ParseFailure:
     """Decode, detect the format, fix identity and ids, and type-check the intent.
 
     ``require_user_id`` (REACH_REQUIRE_USER_ID): only the broker-validated AMQP user_id counts
     as identity; an intent without one is refused. Size and nesting are checked before anything
-    recursive reads the body; params may nest ``max_depth`` levels.
+    recursive reads the body; params may nest ``max_depth`` levels. ``fleet_user``: the fleet's
+    own broker login, the only one whose ``x-reach-on-behalf-of`` header names the identity.
     """
-    intake = _Intake(raw, require_user_id)
+    intake = _Intake(raw, require_user_id, fleet_user)
     refused = intake.check_envelope(max_bytes)
     if refused is not None:
         return refused
@@ -132,10 +157,12 @@ class _Intake:
     """One message on its way to an intent. Every step returns a ``ParseFailure`` that names the
     best identity known so far, so whoever can be told gets the receipt."""
 
-    def __init__(self, raw: RawMessage, require_user_id: bool) -> None:
+    def __init__(self, raw: RawMessage, require_user_id: bool, fleet_user: str | None = None) -> None:
         self.raw = raw
         self.require_user_id = require_user_id
-        self.user_id = raw.user_id or None
+        self.user_id = vouched_identity(raw, fleet_user)
+        # the header from anyone but the fleet's login: a claim to act for another agent
+        self.forged_behalf = ON_BEHALF_OF_HEADER in raw.headers and (fleet_user is None or raw.user_id != fleet_user)
         header_agent = _header_text(raw.headers, "agent_id")
         self.header_agent = header_agent if header_agent is not None and AGENT_ID_PATTERN.match(header_agent) else None
         message_id = raw.message_id
@@ -172,6 +199,12 @@ class _Intake:
                 f"the broker login {self.user_id[:64]!r} is not a valid agent name (lowercase letters, digits and _)",
                 agent=None,
                 code=ErrorCode.PERMISSION_DENIED,
+            )
+        if self.forged_behalf:
+            return self.fail(
+                f"only the fleet's own broker login may send the {ON_BEHALF_OF_HEADER} header",
+                code=ErrorCode.PERMISSION_DENIED,
+                dead_letter=False,
             )
         if self.raw.unreadable is not None:
             # the headers are gone (the agent_id header too): only the broker's user_id can be told

@@ -20,7 +20,7 @@ from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
 from workers.observability.tracing import span
 from workers.router.approvals import Park, Parking
-from workers.router.intake import RawMessage, fail_identity, new_trace_id
+from workers.router.intake import RawMessage, fail_identity, new_trace_id, vouched_identity
 from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.state.budgets import gives_back
 from workers.state.redeliveries import Redeliveries
@@ -283,6 +283,9 @@ class RouterRuntime:
             "x-reach-reason": reason[:1000],
             "x-reach-intent-id": decision.receipt.intent_id,
             "x-reach-agent-id": decision.receipt.agent_id or "",
+            # the broker (or the fleet) vouched for that agent: `reach dlq replay` may restore it
+            "x-reach-agent-verified": bool(agent := decision.receipt.agent_id)
+            and vouched_identity(raw, self.router.fleet_user) == agent,
             "x-reach-received-at": datetime.fromtimestamp(raw.received_at, UTC).isoformat(),
             "x-reach-body-bytes": raw.size,
             "x-reach-body-sha256": raw.oversize[1] if raw.oversize else hashlib.sha256(raw.body).hexdigest(),

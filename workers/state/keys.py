@@ -24,6 +24,11 @@ Keyed by agent, tag ``{<agent>}`` (everything an agent's input reaches)::
     reach:budget-amounts:{<agent>}:<connector>:<param>:<ms>  hash  their amounts, and the window's total
     reach:budget-held:{<agent>}:<intent_id>           string  the budget keys an intent was counted in
 
+One key holds an intent id under no agent, untagged: the index ``reach trace`` finds an intent's
+traces by, whatever agent sent it (only the fleet writes it, and only agent names into it)::
+
+    reach:trace-agents:<intent_id>                    set     the agents with a trace for this intent id
+
 So one agent's intents all land on one node: an agent that sends most of the traffic makes that
 node the busy one (Redis Cluster spreads agents, not one agent's intents).
 
@@ -81,6 +86,7 @@ RECEIPT_PREFIX = PREFIX + "receipt:"
 SENT_PREFIX = PREFIX + "receipt-sent:"
 DELIVERIES_PREFIX = PREFIX + "deliveries:"
 TRACE_PREFIX = PREFIX + "trace:"
+TRACE_AGENTS_PREFIX = PREFIX + "trace-agents:"
 IDEMPOTENCY_PREFIX = PREFIX + "idem:"
 RATE_LIMIT_PREFIX = PREFIX + "rl:"
 BUDGET_PREFIX = PREFIX + "budget:"
@@ -138,21 +144,11 @@ def trace(agent: str | None, intent_id: str) -> str:
     return f"{TRACE_PREFIX}{_agent(agent)}:{intent_id}"
 
 
-def trace_pattern(intent_id: str) -> str:
-    """A SCAN pattern for one intent id's traces, whatever the agent (``reach trace`` without
-    ``--agent``). Glob characters in the id are escaped so they match only themselves."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in intent_id)
-    return f"{TRACE_PREFIX}{{*}}:{escaped}"
-
-
-def agent_of_trace(key: str | bytes, intent_id: str) -> str | None:
-    """The agent of a key built by ``trace`` for this intent id, or None when the key is another
-    intent's or not a trace key."""
-    text = key.decode() if isinstance(key, bytes) else key
-    if not text.startswith(TRACE_PREFIX + "{"):
-        return None
-    agent, sep, rest = text[len(TRACE_PREFIX) + 1 :].partition("}:")
-    return agent if sep and rest == intent_id else None
+def trace_agents(intent_id: str) -> str:
+    """The index of one intent id's traces: a set of agent names (``-`` for an unknown agent) that
+    only the fleet writes, one member per agent that used the id, so ``reach trace`` finds the
+    trace without a scan. Untagged: it spans agents, and holds no agent's input but the id."""
+    return f"{TRACE_AGENTS_PREFIX}{intent_id}"
 
 
 def idempotency(agent: str | None, connector: str, action: str, idempotency_key: str) -> str:

@@ -84,7 +84,10 @@ def sender_key(message: Message) -> str:
     RabbitMQ against the login), else a short ``agent_id`` header, else an ``"agent_id":"…"`` in the
     first 2 KiB of the body, else the anonymous lane. Never a parse of the whole body; a scheduling
     hint only (the router still decides identity from the full intent). Prefixes keep a claimed
-    name from sharing the lane of the authenticated login of the same name."""
+    name from sharing the lane of the authenticated login of the same name.
+
+    With REACH_REQUIRE_USER_ID=0 a claim is the identity, so it names the lane: a sender may share
+    another's lane by claiming its name, or take a lane per name it claims (``lanes_for``)."""
     properties = message.properties or {}
     user_id = properties.get("user_id")
     if user_id:
@@ -106,6 +109,23 @@ def sender_key(message: Message) -> str:
         if found_text:
             return "a:" + found_text.group(1)
     return ANONYMOUS
+
+
+def authenticated_sender_key(message: Message) -> str:
+    """The lane of a message when only the broker's word counts (REACH_REQUIRE_USER_ID=1): its
+    AMQP ``user_id``, else the anonymous lane. The router refuses a message without ``user_id``
+    anyway; claimed names must not give a flood of such messages a lane per name, ahead of the
+    agents that authenticate."""
+    user_id = (message.properties or {}).get("user_id")
+    if user_id:
+        text = user_id.decode("utf-8", "replace") if isinstance(user_id, bytes) else str(user_id)
+        return "u:" + text[:_MAX_SENDER]
+    return ANONYMOUS
+
+
+def lanes_for(require_user_id: bool) -> Callable[[Message], str]:
+    """The router's lane function: claims name lanes only where claims are the identity."""
+    return authenticated_sender_key if require_user_id else sender_key
 
 
 def held_size(message: Message) -> int:

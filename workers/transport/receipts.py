@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
-from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
+from producers.wire import NACK_PAUSES_SECONDS, ErrorCode, ErrorInfo, Execution, Receipt
 from workers.state import keys
 from workers.state.batcher import Write
+from workers.transport.delivery import Refused
 from workers.transport.job import Job
 from workers.transport.publisher import Publisher
 from workers.transport.topology import RECEIPTS_EXCHANGE
@@ -101,15 +105,36 @@ class ReceiptSink:
     published and marked sent after the broker confirmed it. A redelivered intent whose receipt
     was sent is acked silently; one whose receipt was decided but maybe not sent gets that same
     receipt again (a duplicate only if the process died between confirm and mark).
+
+    A receipt the broker nacks (a queue bound for its routing key refused it: one an agent bounded
+    with ``reject-publish``, a quorum queue electing a leader) is published again after each of
+    ``nack_pauses``; only then does the nack reach the caller, with the receipt still stored. One
+    thread at a time retries an agent's receipts, and for ``REFUSING_MEMORY_SECONDS`` after its
+    tries ran out that agent's receipts get one try each: an agent whose own queue keeps refusing
+    must not hold the router's or the pools' threads for seconds per intent.
+    A queue that took the nacked message may get it twice: the same receipt, which agents drop.
     """
 
     def __init__(
-        self, publisher: Publisher, redis_client: redis.Redis, ttl_seconds: int, limits: ReceiptLimits | None = None
+        self,
+        publisher: Publisher,
+        redis_client: redis.Redis,
+        ttl_seconds: int,
+        limits: ReceiptLimits | None = None,
+        *,
+        nack_pauses: Sequence[float] = NACK_PAUSES_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._publisher = publisher
         self._redis = redis_client
         self._ttl = ttl_seconds
         self.limits = limits or ReceiptLimits()
+        self._nack_pauses = tuple(nack_pauses)
+        self._sleep = sleep
+        self._clock = clock
+        self._refusing: OrderedDict[str, float] = OrderedDict()  # routing key -> until (monotonic), bounded
+        self._refusing_lock = threading.Lock()
 
     def encode(self, receipt: Receipt) -> tuple[Receipt, bytes]:
         """The receipt as it will be sent (within the limits) and its JSON."""
@@ -158,16 +183,63 @@ class ReceiptSink:
                 then(pipe)
                 pipe.execute()
             return
-        self._publisher.publish(
-            body,
-            exchange=RECEIPTS_EXCHANGE,
-            routing_key=routing_key,
-            correlation_id=receipt.intent_id,
-            message_id=receipt.intent_id,
-            headers={"status": receipt.status},
-            then=then,
-            first=first,
-        )
+        sender = receipt.agent_id or routing_key  # every routing key of one agent counts as one
+        pauses = iter(self._nack_pauses)
+        retrying = False
+        tries = 1
+        while True:
+            try:
+                self._publisher.publish(
+                    body,
+                    exchange=RECEIPTS_EXCHANGE,
+                    routing_key=routing_key,
+                    correlation_id=receipt.intent_id,
+                    message_id=receipt.intent_id,
+                    headers={"status": receipt.status},
+                    then=then,
+                    first=first,
+                )
+                if retrying:
+                    self._refusing_done(sender, None)
+                return
+            except Refused as exc:
+                # one thread at a time retries for an agent: the others, and every receipt for it
+                # shortly after its retries ran out, get one try
+                retrying = retrying or self._start_retrying(sender)
+                pause = next(pauses, None) if retrying else None
+                if pause is None:
+                    if retrying:
+                        self._refusing_done(sender, REFUSING_MEMORY_SECONDS)
+                    raise ReceiptRefused(receipt.intent_id, routing_key, tries) from exc
+                log.warning(
+                    "the broker nacked receipt %s for %s; publishing it again in %g s",
+                    receipt.intent_id,
+                    routing_key,
+                    pause,
+                )
+                first = None  # stored with the first try (the publisher stores it before it publishes)
+                self._sleep(pause)
+                tries += 1
+
+    def _start_retrying(self, sender: str) -> bool:
+        """Whether this thread may retry ``sender``'s receipt (no other one does, and its receipts
+        were not refused to the end lately)."""
+        now = self._clock()
+        with self._refusing_lock:
+            until = self._refusing.get(sender)
+            if until is not None and until > now:
+                return False
+            self._refusing.pop(sender, None)
+            self._refusing[sender] = now + sum(self._nack_pauses) + REFUSING_MEMORY_SECONDS  # while retrying
+            while len(self._refusing) > REFUSING_MEMORY_KEYS:
+                self._refusing.popitem(last=False)
+            return True
+
+    def _refusing_done(self, sender: str, remember_seconds: float | None) -> None:
+        with self._refusing_lock:
+            self._refusing.pop(sender, None)
+            if remember_seconds is not None:
+                self._refusing[sender] = self._clock() + remember_seconds
 
     def mark_sent_into(self, pipe: Any, receipt: Receipt) -> None:
         pipe.set(keys.sent(receipt.agent_id, receipt.intent_id), "1", ex=self._ttl)
@@ -179,6 +251,21 @@ class ReceiptSink:
         """The receipt decided for this agent's intent, if it is still kept."""
         raw = self._redis.get(keys.receipt(agent_id, intent_id))
         return None if raw is None else Receipt.model_validate_json(raw)
+
+
+REFUSING_MEMORY_SECONDS = 5.0
+REFUSING_MEMORY_KEYS = 10_000  # agents remembered as refusing, the oldest forgotten first
+
+
+class ReceiptRefused(Refused):
+    """The broker nacked a receipt on every try. It stays stored in Redis (``keys.receipt``): the
+    pool dead-letters its job, and ``reach dlq replay`` sends the outcome again."""
+
+    def __init__(self, intent_id: str, routing_key: str, tries: int) -> None:
+        super().__init__(f"the broker refused the receipt of {intent_id} for {routing_key!r} on {tries} tries (nack)")
+        self.intent_id = intent_id
+        self.routing_key = routing_key
+        self.tries = tries
 
 
 @dataclass(frozen=True)
