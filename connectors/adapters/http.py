@@ -38,7 +38,7 @@ from connectors.adapters.common import (
     scalar_text,
 )
 from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
-from connectors.adapters.transport import ThreadTransport
+from connectors.adapters.transport import PooledTransport
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -94,7 +94,7 @@ def encode_path_segment(value: Any) -> str:
 class HttpAdapter:
     """Calls one connector's HTTP system, with one httpx client per calling thread.
 
-    One instance per pool process. Each thread's client sends on a ``ThreadTransport`` of its own
+    One instance per pool process. Each thread's client sends on a ``PooledTransport`` of its own
     (one kept-alive connection to the system), so the pool's threads never wait on each other's
     connections; all threads share the auth (and its token cache) and the TLS context."""
 
@@ -135,7 +135,7 @@ class HttpAdapter:
         """This thread's client and the transport under it, which ``_send`` sends calls on."""
         made: tuple[httpx.Client, httpx.BaseTransport] | None = getattr(self._local, "made", None)
         if made is None:
-            transport = self._transport or ThreadTransport(verify=self._ssl)
+            transport = self._transport or PooledTransport(verify=self._ssl)
             client = CookielessClient(
                 auth=self._auth,
                 timeout=httpx.Timeout(15.0, connect=5.0),

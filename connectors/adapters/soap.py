@@ -68,6 +68,7 @@ from connectors.adapters.common import (
     retry_after_ms,
 )
 from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
+from connectors.adapters.transport import PooledTransport
 from connectors.auth import (
     CredentialsError,
     CredentialsUnavailable,
@@ -308,10 +309,11 @@ class SoapAdapter:
         self._outputs = compile_outputs(connector)
         self._http = CookielessClient(
             auth=build_auth(connector.auth, connector.name, options.environ, redis=options.redis),
-            verify=ssl_context(connector.auth, connector.name, options.environ),
             timeout=httpx.Timeout(15.0, connect=5.0),
-            limits=httpx.Limits(
-                max_connections=options.max_connections, max_keepalive_connections=options.max_connections
+            # the HTTP adapter's transport, shared by the pool's threads
+            transport=PooledTransport(
+                verify=ssl_context(connector.auth, connector.name, options.environ),
+                max_connections=options.max_connections,
             ),
             follow_redirects=False,  # a redirect could point anywhere
             trust_env=False,  # no proxies or .netrc from the environment

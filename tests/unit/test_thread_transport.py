@@ -1,4 +1,4 @@
-"""The HTTP adapter's transport (``connectors.adapters.transport``) against a real local server
+"""The HTTP adapter's transport (``connectors.adapters.transport``, on urllib3) against a real local server
 whose connections a test can see and break: kept-alive connections are reused, dead ones never
 are, and a request is never sent twice."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from connectors.adapters.base import CallContext
 from connectors.adapters.http import HttpAdapter
-from connectors.adapters.transport import ThreadTransport
+from connectors.adapters.transport import PooledTransport
 from producers.wire import ErrorCode
 from tests.unit.test_http_adapter import connector
 
@@ -123,7 +123,7 @@ def _get(client: httpx.Client, server: Server, path: str = "/x") -> httpx.Respon
 
 
 def test_calls_share_one_kept_alive_connection(server: Server) -> None:
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         answers = [_get(client, server).json() for _ in range(5)]
     assert answers == [{"ok": True}] * 5
     assert server.connections == 1
@@ -132,7 +132,7 @@ def test_calls_share_one_kept_alive_connection(server: Server) -> None:
 
 def test_a_connection_the_system_closed_while_idle_is_not_reused(server: Server) -> None:
     server.mode = "close_after"  # answers as if keeping the connection, then closes it
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         assert _get(client, server).json() == {"ok": True}
         assert server.closed.wait(5)
         time.sleep(0.05)  # the FIN reaches the client's socket
@@ -143,7 +143,7 @@ def test_a_connection_the_system_closed_while_idle_is_not_reused(server: Server)
 
 def test_connection_close_is_honoured(server: Server) -> None:
     server.mode = "close_header"
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         for _ in range(3):
             assert _get(client, server).json() == {"ok": True}
     assert server.connections == 3
@@ -151,7 +151,7 @@ def test_connection_close_is_honoured(server: Server) -> None:
 
 def test_a_chunked_answer_is_read_whole_and_the_connection_kept(server: Server) -> None:
     server.mode = "chunked"
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         assert _get(client, server).json() == {"ok": True}
         assert _get(client, server).json() == {"ok": True}
     assert server.connections == 1
@@ -159,7 +159,7 @@ def test_a_chunked_answer_is_read_whole_and_the_connection_kept(server: Server) 
 
 def test_an_answer_not_read_to_its_end_closes_its_connection(server: Server) -> None:
     server.mode = "big"
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         with client.stream("GET", f"http://127.0.0.1:{server.port}/big", timeout=5.0) as response:
             assert len(next(response.iter_raw())) > 0  # the first chunk only
         server.mode = "ok"
@@ -171,7 +171,7 @@ def test_a_refused_connection_is_a_connect_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
-    with httpx.Client(transport=ThreadTransport()) as client, pytest.raises(httpx.ConnectError):
+    with httpx.Client(transport=PooledTransport()) as client, pytest.raises(httpx.ConnectError):
         client.get(f"http://127.0.0.1:{port}/x")
 
 
@@ -193,7 +193,7 @@ def test_a_write_whose_connection_drops_unanswered_is_sent_once_and_unknown(serv
 
 def _raw(server: Server, answer: bytes) -> httpx.Response:
     server.mode, server.raw = "raw", answer
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         return _get(client, server)
 
 
@@ -251,14 +251,14 @@ def test_an_answer_sent_before_the_whole_body_was_taken_is_read(server: Server) 
                 time.sleep(0.5)  # unread bytes in the buffer: closing now resets the connection
 
         threading.Thread(target=refuse, daemon=True).start()
-        with httpx.Client(transport=ThreadTransport()) as client:
+        with httpx.Client(transport=PooledTransport()) as client:
             answer = client.post(f"http://127.0.0.1:{port}/upload", content=b"x" * (8 << 20), timeout=5.0)
     assert (answer.status_code, answer.content) == (413, b"too big!")
 
 
 @pytest.mark.parametrize("value", [b"abc\r\n X-Admin: 1", b"a\x00b", b" padded", b"tab\t"])
 def test_a_header_value_h11_would_refuse_is_refused_unsent(server: Server, value: bytes) -> None:
-    with httpx.Client(transport=ThreadTransport()) as client:
+    with httpx.Client(transport=PooledTransport()) as client:
         request = client.build_request("GET", f"http://127.0.0.1:{server.port}/x")
         request.headers["X-Token"] = "a"
         request.headers._list[-1] = (b"X-Token", b"x-token", value)  # as an auth flow could set it
@@ -268,7 +268,7 @@ def test_a_header_value_h11_would_refuse_is_refused_unsent(server: Server, value
 
 
 def test_an_idle_connection_past_its_expiry_is_not_reused(server: Server) -> None:
-    with httpx.Client(transport=ThreadTransport(keepalive_expiry=0.2)) as client:
+    with httpx.Client(transport=PooledTransport(keepalive_expiry=0.2)) as client:
         assert _get(client, server).json() == {"ok": True}
         time.sleep(0.3)
         assert _get(client, server).json() == {"ok": True}
@@ -276,7 +276,7 @@ def test_an_idle_connection_past_its_expiry_is_not_reused(server: Server) -> Non
 
 
 def test_a_connection_in_use_when_the_transport_closes_is_closed_after_it(server: Server) -> None:
-    transport = ThreadTransport()
+    transport = PooledTransport()
     with httpx.Client(transport=transport) as client:
         with client.stream("GET", f"http://127.0.0.1:{server.port}/x", timeout=5.0) as response:
             transport.close()  # from another thread at shutdown, in the adapter
