@@ -16,6 +16,7 @@ Keyed by agent, tag ``{<agent>}`` (everything an agent's input reaches)::
     reach:receipt:{<agent>}:<intent_id>               string  the receipt (JSON): redeliveries, lookups
     reach:receipt-sent:{<agent>}:<intent_id>          string  the broker confirmed the receipt
     reach:deliveries:{<agent>}:<intent_id>            counter deliveries of a job to its pool (poison)
+    reach:router-deliveries:{<agent>}:<digest>        counter redeliveries of one message to the router
     reach:trace:{<agent>}:<intent_id>                 list    the intent's audit lines (``reach trace``)
     reach:idem:{<agent>}:<connector>:<action>:<key>   hash    the idempotency ledger record
     reach:abandoned:{<agent>}:<attempt>               string  an attempt (at one of the agent's records) given up
@@ -85,6 +86,7 @@ NO_AGENT = "-"  # never an agent name: the pattern starts with a letter
 RECEIPT_PREFIX = PREFIX + "receipt:"
 SENT_PREFIX = PREFIX + "receipt-sent:"
 DELIVERIES_PREFIX = PREFIX + "deliveries:"
+ROUTER_DELIVERIES_PREFIX = PREFIX + "router-deliveries:"
 TRACE_PREFIX = PREFIX + "trace:"
 TRACE_AGENTS_PREFIX = PREFIX + "trace-agents:"
 IDEMPOTENCY_PREFIX = PREFIX + "idem:"
@@ -138,6 +140,12 @@ def sent(agent: str | None, intent_id: str) -> str:
 
 def deliveries(agent: str | None, intent_id: str) -> str:
     return f"{DELIVERIES_PREFIX}{_agent(agent)}:{intent_id}"
+
+
+def router_deliveries(sender: str | None, digest: str) -> str:
+    """Redeliveries of one message to the router, by its sender (the AMQP user_id, else ``-``)
+    and a digest of the message, so they count before anything in the body is trusted."""
+    return f"{ROUTER_DELIVERIES_PREFIX}{_agent(sender)}:{digest}"
 
 
 def trace(agent: str | None, intent_id: str) -> str:
