@@ -211,6 +211,8 @@ def amount_problem(budget: BudgetSpec, amount: int | float) -> AmountProblem | N
     than the whole budget (no window could ever hold it)."""
     shown = repr(amount)[:40]
     field = budget.param
+    if isinstance(amount, int) and amount.bit_length() > 1023:  # no float holds it: math.isfinite would raise
+        amount = sys.float_info.max  # more than any budget: refused as such below
     if not math.isfinite(amount):
         return AmountProblem(
             f"{field} is {shown}: a budget counts finite amounts only",
