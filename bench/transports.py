@@ -22,7 +22,7 @@ and, with --fleet, a third:
 
 Repetitions are interleaved (the variants' order shuffled in each), and medians reported with the
 ratio to the baseline. The fleet figure: the pool process is what bounds the fleet's throughput
-(BENCHMARKS.md, "Max throughput: the HTTP transport"), so a call costing d µs more than the own
+(BENCHMARKS.md, "Throughput and CPU per intent"), so a call costing d µs more than the own
 transport costs about d / (pool CPU per intent) of the throughput; --pool-ms is that CPU.
 
     .venv/bin/python bench/transports.py [--calls 2000] [--reps 7] [--pool-ms 1.4] [--fleet] [--json PATH]
