@@ -22,6 +22,7 @@ from tests.fleet import REDIS_URL, Fleet, free_port
 from tests.waiting import wait_for
 from workers.console.security import LoginLimiter
 from workers.console.users import hash_password
+from workers.state import keys
 
 LIMIT = 10  # REACH_CONSOLE_LOGIN_RATE's default, 10/min
 PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw"}
@@ -39,6 +40,19 @@ class Consoles:
         staged = self.users_file.with_suffix(".new")
         staged.write_text(text)
         os.replace(staged, self.users_file)
+
+
+@pytest.fixture(autouse=True)
+def _forget_login_attempts() -> Iterator[None]:
+    """These tests spend 127.0.0.1's login allowance on purpose; the next test file run in this
+    Redis database (another console logging in from the same address) must not inherit it."""
+    yield
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(match=keys.CONSOLE_LOGIN_MATCH, count=1000):
+            client.delete(key)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -179,4 +193,4 @@ def test_concurrent_attempts_on_two_replicas_reserve_exactly_the_limit() -> None
         thread.start()
     for thread in threads:
         thread.join()
-    assert waits.count(0) == LIMIT and all(0 < w <= 60 for w in waits if w)
+    assert waits.count(0) == LIMIT and all(0 < w <= 61 for w in waits if w)  # the window, rounded up

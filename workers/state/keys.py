@@ -232,6 +232,9 @@ def console_session_ended(session_id: str) -> str:
     return f"{PREFIX}console-ended:{session_id}"
 
 
+CONSOLE_LOGIN_MATCH = PREFIX + "console-login:{console}:*"  # every console login counter (tests forget them)
+
+
 def console_login_failures(digest: str) -> str:
     """Console login attempts of one user name or client address (its digest: typed text never
     becomes a key), shared by every console replica; all in one slot (a login's script takes two)."""
