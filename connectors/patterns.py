@@ -127,7 +127,7 @@ def _reason(source: str, exc: Exception) -> str:
     detail = exc.args[0] if exc.args else exc
     if isinstance(detail, bytes):
         detail = detail.decode("utf-8", "replace")
-    if "\\1" in source or re.search(r"\\[1-9]", source):
+    if re.search(r"\\[1-9]", source):
         return "it uses a backreference (\\1...), which RE2 (the linear-time engine) does not support"
     if "pattern too large" in str(detail):
         return f"it compiles to more than {MAX_PROGRAM_MEMORY >> 20} MiB; simplify it (e.g. smaller repetition counts)"
