@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.approvals import ApprovalPolicy, condition_problems, group_problems, policies_for
+from connectors.approval_policy import ApprovalPolicy, condition_problems, group_problems, policies_for
 from connectors.loader import CatalogError, LoadResult, Problem, load_directory
 from connectors.schema import ParamValidator, default_problems, object_json_schema
 from connectors.spec import (
@@ -79,7 +79,7 @@ class Catalog:
     by_action: dict[str, list[ActionRef]]
     grants: dict[str, dict[str, Binding]]
     routing: RoutingSpec = field(default_factory=RoutingSpec)
-    # (agent, connector, action) -> who must approve its intents (connectors/approvals.py); most
+    # (agent, connector, action) -> who must approve its intents (connectors/approval_policy.py); most
     # catalogs have none, and the router's lookup then finds nothing
     approvals: dict[tuple[str, str, str], ApprovalPolicy] = field(default_factory=dict)
 

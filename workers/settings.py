@@ -20,7 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from connectors.durations import parse_duration
 from connectors.rates import parse_rate
-from producers.settings import DEFAULT_BROKER_URL, EnvironSettings, env_name
+from producers.client_settings import DEFAULT_BROKER_URL, EnvironSettings, env_name
 
 __all__ = ["DEFAULT_BROKER_URL", "DEFAULT_REDIS_URL", "Settings", "SettingsError"]
 

@@ -27,7 +27,7 @@ from producers.client.reach import ReachClient
 from producers.client.receiving import KEPT_NOTICES as KEPT_NOTICES
 from producers.client.receiving import SEEN_RECEIPTS as SEEN_RECEIPTS
 from producers.client.session import INTENTS_EXCHANGE, RECEIPTS_EXCHANGE
-from producers.settings import DEFAULT_BROKER_URL
+from producers.client_settings import DEFAULT_BROKER_URL
 from producers.wire import INTENT_ROUTING_KEY
 
 __all__ = [

@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError
 from kombu.message import Message
 
 from producers.client.errors import ReachError
-from producers.settings import ClientSettings, broker_urls
+from producers.client_settings import ClientSettings, broker_urls
 from producers.wire import INTENT_ROUTING_KEY, INTENTS_EXCHANGE_NAME, RECEIPTS_EXCHANGE_NAME
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ from kombu import Connection
 from pydantic import ValidationError
 
 from producers.client import ReachClient
+from producers.client_settings import ClientSettings
 from producers.serve.contract import (
     AGENT_REPLIES_EXCHANGE_NAME,
     REQUEST_VERSION,
@@ -31,7 +32,6 @@ from producers.serve.contract import (
     parse_deadline,
 )
 from producers.serve.handlers import AgentError, Handler, Request
-from producers.settings import ClientSettings
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE, ErrorCode
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from producers.settings import env_name
+from producers.client_settings import env_name
 from tests.chart.chart import (
     CRDS,
     KUBE_VERSION,

@@ -26,7 +26,7 @@ from tests.fleet import BROKER_URL, REDIS_URL, Fleet, free_port
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
 from workers.console.users import hash_password
-from workers.ops import approvals
+from workers.ops import approval_decisions as approvals
 from workers.ops.cli import main
 from workers.state import keys
 

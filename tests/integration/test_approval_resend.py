@@ -20,7 +20,7 @@ from producers.wire import ApprovalNotice, ErrorCode
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.ops import approvals
+from workers.ops import approval_decisions as approvals
 
 AGENT = "resend_bot"
 CONNECTOR = "resend_shop"

@@ -15,14 +15,14 @@ import amqp
 import pytest
 import redis
 
-from connectors.approvals import ApprovalPolicy
+from connectors.approval_policy import ApprovalPolicy
 from connectors.spec import ApprovalSpec
 from producers.wire import ErrorCode, Receipt
 from tests.fleet import REDIS_URL
 from workers.observability.audit import Audit
-from workers.router.approvals import Park, Parking, Settler, Sweeper
+from workers.router.approval_gate import Park, Parking, Settler, Sweeper
 from workers.state import keys
-from workers.state.approvals import ApprovalStore, Parked, payload_hash
+from workers.state.approval_store import ApprovalStore, Parked, payload_hash
 from workers.transport.job import Job
 from workers.transport.receipts import ReceiptSink
 

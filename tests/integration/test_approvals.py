@@ -1,6 +1,6 @@
 """Approvals through the real fleet: an intent that needs a person waits (a notice, no receipt, no
 downstream call) until it is approved — then the parked payload runs exactly once — denied, or
-expired; each ends in exactly one receipt. The decisions go through workers/ops/approvals.py, as
+expired; each ends in exactly one receipt. The decisions go through workers/ops/approval_decisions.py, as
 `reach approvals` and the console make them.
 """
 
@@ -20,9 +20,9 @@ from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
 from workers.observability.audit import read_trace
-from workers.ops import approvals
+from workers.ops import approval_decisions as approvals
 from workers.state import keys
-from workers.state.approvals import ApprovalStore
+from workers.state.approval_store import ApprovalStore
 
 AGENT = "approval_bot"
 CONNECTOR = "approval_shop"

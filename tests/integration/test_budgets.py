@@ -20,7 +20,7 @@ from producers.wire import ErrorCode, Receipt
 from tests.fleet import REDIS_URL, Fleet, agent
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.ops.approvals import approve, deny, list_pending
+from workers.ops.approval_decisions import approve, deny, list_pending
 from workers.state.budgets import RedisBudgets, Spend, release_intent
 
 # -- the scripts on their own --------------------------------------------------------------

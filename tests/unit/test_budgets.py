@@ -24,7 +24,7 @@ from workers.router.routing import Answer, Dispatch, Router
 from workers.settings import Settings
 from workers.state import budgets as budgets_module
 from workers.state import keys
-from workers.state.approvals import RETENTION_MS as APPROVALS_KEPT_MS
+from workers.state.approval_store import RETENTION_MS as APPROVALS_KEPT_MS
 from workers.state.budgets import (
     BudgetVerdict,
     Exceeded,

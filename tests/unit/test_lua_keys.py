@@ -13,14 +13,14 @@ from redis.crc import key_slot
 from connectors.auth import _SAVE_IF_CURRENT, Tokens, _RedisTokens, state_key
 from connectors.rates import parse_rate
 from connectors.spec import BreakerSpec
-from workers.state import approvals, breaker, keys, ledger, ratelimit
+from workers.state import approval_store, breaker, keys, ledger, ratelimit
 from workers.state.breaker import SharedBreaker
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.ratelimit import RedisRateLimiter
 
 SCRIPTS = {
     name: getattr(module, name)
-    for module in (ledger, breaker, ratelimit, approvals)
+    for module in (ledger, breaker, ratelimit, approval_store)
     for name in dir(module)
     if re.fullmatch(r"_[A-Z_]+", name)
     and isinstance(getattr(module, name), str)

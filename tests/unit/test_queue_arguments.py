@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from connectors.spec import ConnectorSpec
-from producers.settings import broker_urls
+from producers.client_settings import broker_urls
 from workers.ops.agents import vhost_of
 from workers.ops.fleet import redact_url
 from workers.settings import Settings

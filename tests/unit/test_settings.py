@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from producers.settings import DEFAULT_BROKER_URL, ClientSettings, env_name
+from producers.client_settings import DEFAULT_BROKER_URL, ClientSettings, env_name
 from workers.settings import Settings, SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,7 +216,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
     """Configuration is read in one place; the catalog's own variables (secrets, ``${VAR}`` in
     endpoints) are data and are read where the catalog is, from an environ that can be passed in."""
     allowed = {
-        "producers/settings.py",
+        "producers/client_settings.py",
         "workers/settings.py",
         "connectors/loader.py",  # ${VAR} in endpoints
         "connectors/auth.py",  # the secrets a connector's auth names
@@ -232,7 +232,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         for path in (REPO / package).rglob("*.py")
         if readers.search(path.read_text()) and str(path.relative_to(REPO)) not in allowed
     )
-    assert not found, f"read the environment through workers.settings / producers.settings instead: {found}"
+    assert not found, f"read the environment through workers.settings / producers.client_settings instead: {found}"
 
 
 def test_no_module_reads_the_environment_at_import_time() -> None:

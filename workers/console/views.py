@@ -21,8 +21,8 @@ from connectors.catalog import build
 from connectors.loader import load_directory
 from workers.console.security import LoginLimiter, Sessions
 from workers.observability.audit import Audit, read_trace, trace_agents
-from workers.ops import approvals
-from workers.ops.approvals import Decision, PendingApproval
+from workers.ops import approval_decisions as approvals
+from workers.ops.approval_decisions import Decision, PendingApproval
 from workers.ops.fleet import (
     ConnectorStatus,
     DeadLetter,
@@ -192,7 +192,7 @@ class Fleet:
         ]
         return agent, [], rows
 
-    # approvals (workers/ops/approvals.py)
+    # approvals (workers/ops/approval_decisions.py)
     def pending(self, agent: str | None = None, page: str | None = None) -> Page:
         """One page of the waiting approvals, each agent's soonest first (``agent``: only its own;
         ``page``: as the query string gave it, anything but a page number is the first)."""

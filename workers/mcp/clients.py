@@ -35,7 +35,7 @@ from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from producers.client import intent_body, read_reply
-from producers.settings import broker_urls
+from producers.client_settings import broker_urls
 from producers.wire import (
     AGENT_ID_PATTERN,
     INTENT_ROUTING_KEY,

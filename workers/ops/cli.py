@@ -281,7 +281,7 @@ def setup(
     from kombu import Connection
     from kombu.exceptions import OperationalError
 
-    from producers.settings import broker_urls
+    from producers.client_settings import broker_urls
     from workers.ops.agents import AgentUserError, apply_broker_policy, vhost_of
     from workers.ops.broker_policy import (
         AGENT_QUEUE_POLICY,
@@ -899,7 +899,7 @@ def approvals_list(limit: int, page: int, agent: str | None, as_json: bool, coun
     then each agent's second, and so on; the waiting count of every agent comes first."""
     from redis import RedisError
 
-    from workers.ops.approvals import pending_page
+    from workers.ops.approval_decisions import pending_page
     from workers.ops.fleet import Unreachable
 
     settings, client = _approvals_client()
@@ -935,7 +935,7 @@ def approvals_list(limit: int, page: int, agent: str | None, as_json: bool, coun
 @click.argument("approval_id")
 def approvals_show(approval_id: str) -> None:
     """One approval: the exact (redacted) params, the payload hash, and its decision if any."""
-    from workers.ops.approvals import get_approval
+    from workers.ops.approval_decisions import get_approval
 
     _, client = _approvals_client()
     found = get_approval(client, approval_id)
@@ -946,7 +946,7 @@ def approvals_show(approval_id: str) -> None:
 
 
 def _decide_cmd(approve: bool, approval_id: str, person: str, reason: str | None, payload_hash: str | None) -> None:
-    from workers.ops import approvals as ops
+    from workers.ops import approval_decisions as ops
 
     settings, client = _approvals_client()
     decide = ops.approve if approve else ops.deny

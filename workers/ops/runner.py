@@ -101,12 +101,12 @@ def receipt_limits(settings: Settings) -> ReceiptLimits:
 def run_router(settings: Settings, catalog: Catalog) -> None:
     # the router's own modules are imported here, not at the top: a pool process never loads them
     # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
-    from workers.router.approvals import Parking, PublisherOutlet, Settler, Sweeper
+    from workers.router.approval_gate import Parking, PublisherOutlet, Settler, Sweeper
     from workers.router.intake import fleet_login
     from workers.router.routing import Router
     from workers.router.runtime import RouterRuntime
     from workers.router.semantic import SemanticRouting
-    from workers.state.approvals import ApprovalStore
+    from workers.state.approval_store import ApprovalStore
     from workers.state.budgets import RedisBudgets, repeat_window_ms
     from workers.state.embeddings import RedisVectorCache
     from workers.state.guards import RedisGuards

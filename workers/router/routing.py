@@ -27,7 +27,7 @@ from workers.observability import metrics
 from workers.observability.audit import params_digest
 from workers.observability.redaction import redact_params
 from workers.observability.tracing import traceparent_for
-from workers.router.approvals import Park
+from workers.router.approval_gate import Park
 from workers.router.intake import ParsedIntent, ParseFailure, RawMessage, new_trace_id, parse
 from workers.router.semantic import Choice, SemanticRouting, candidate_details
 from workers.state.breaker import AlwaysAvailable
@@ -276,7 +276,7 @@ class Router:
         policy = self.catalog.approvals.get((agent_id, ref.connector.name, ref.action.action))
         if policy is not None and over_budget is not None:
             return Park(job, policy, redact_params(params, ref.action.input), over_budget)
-        if policy is not None and policy.applies(params):  # a person decides (workers/router/approvals.py)
+        if policy is not None and policy.applies(params):  # a person decides (workers/router/approval_gate.py)
             why = policy.spec.when or "approval required"
             return Park(job, policy, redact_params(params, ref.action.input), why)
         return Dispatch(job)
@@ -329,7 +329,7 @@ class Router:
         hard = [e for e in verdict.over if e.budget.on_exceed == "reject"]
         gated = (agent_id, ref.connector.name, ref.action.action) in self.catalog.approvals
         if not hard and gated:
-            # held while a person decides: a denial or expiry gives it back (workers/router/approvals.py)
+            # held while a person decides: a denial or expiry gives it back (workers/router/approval_gate.py)
             self.budgets.reserve(agent_id, ref.connector.name, intent_id, tag, spends, force=True)
             return "; ".join(
                 f"over the budget of {e.budget.max:g} {e.budget.param} per {e.budget.per} ({e.used:g} counted)"

@@ -19,7 +19,7 @@ from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
 from workers.observability.tracing import span
-from workers.router.approvals import Park, Parking
+from workers.router.approval_gate import Park, Parking
 from workers.router.intake import RawMessage, fail_identity, new_trace_id, vouched_identity
 from workers.router.routing import Answer, Decision, Dispatch, Router
 from workers.state.budgets import gives_back
@@ -65,7 +65,7 @@ class RouterRuntime:
         self.retries = RetryCounts(max_deliveries)
         self.max_deliveries = max_deliveries
         self.redeliveries = redeliveries  # returns seen by any router (None: only this process's requeues)
-        self.parking = parking  # intents that wait for a person (workers/router/approvals.py)
+        self.parking = parking  # intents that wait for a person (workers/router/approval_gate.py)
 
     def handle(self, raw: RawMessage) -> Settle:
         """Route one delivery; say what must then happen to it (ack, or requeue when the decision

@@ -30,8 +30,8 @@ from connectors.catalog import ALL_ACTIONS, Catalog
 from connectors.spec import BudgetSpec
 from producers.wire import Receipt
 from workers.state import keys
-from workers.state.approvals import RETENTION_MS as APPROVALS_KEPT_MS
-from workers.state.approvals import payload_hash
+from workers.state.approval_store import RETENTION_MS as APPROVALS_KEPT_MS
+from workers.state.approval_store import payload_hash
 from workers.state.client import eval_into, text
 
 __all__ = [
@@ -250,7 +250,7 @@ def budget_tag(agent: str, connector: str, action: str, params: Any, idempotency
 def repeat_window_ms(idempotency_ttl_seconds: int) -> int:
     """How long a repeat of a counted intent counts as counted already (``RedisBudgets``'
     ``repeat_within_ms``): while the pools answer it from their ledger (REACH_IDEMPOTENCY_TTL)
-    *and* an approval it had is still on record (``workers.state.approvals.RETENTION_MS``),
+    *and* an approval it had is still on record (``workers.state.approval_store.RETENTION_MS``),
     whichever ends first. Past the ledger's time it would run again; past the approval's, it
     would be parked, and given back, again."""
     return min(idempotency_ttl_seconds * 1000, APPROVALS_KEPT_MS)

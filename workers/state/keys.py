@@ -253,7 +253,7 @@ def embedding(model_and_digest: str) -> str:
     return EMBEDDING_PREFIX + model_and_digest
 
 
-# approvals (workers/state/approvals.py)
+# approvals (workers/state/approval_store.py)
 
 
 def approval(approval_id: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.state.approvals import payload_hash
+from workers.state.approval_store import payload_hash
 
 JOB_VERSION: Literal[1] = 1
 

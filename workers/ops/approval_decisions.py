@@ -31,9 +31,9 @@ from kombu.pools import producers
 
 from connectors.spec import PERSON_PATTERN
 from workers.observability.audit import Audit
-from workers.router.approvals import PublisherOutlet, Settler
+from workers.router.approval_gate import PublisherOutlet, Settler
 from workers.settings import Settings
-from workers.state.approvals import ApprovalRecord, ApprovalStore, Waiting
+from workers.state.approval_store import ApprovalRecord, ApprovalStore, Waiting
 from workers.transport.app import JobMessages, create_app
 from workers.transport.dispatch import Dispatcher
 from workers.transport.job import JobDecodeError, parse_job_json

@@ -1,18 +1,18 @@
 """Intents that wait for a person: parked by the router, settled once decided or expired.
 
 After every check passed, an intent whose action (or binding) has an ``approval:`` that applies is
-not dispatched: :class:`Parking` keeps its job in Redis (``workers.state.approvals``) and tells
+not dispatched: :class:`Parking` keeps its job in Redis (``workers.state.approval_store``) and tells
 the agent with an ``approval_pending`` notice on its reply topic. The intent's one receipt comes
 later, from :class:`Settler`: the parked job is dispatched once approved (its pool sends the
 receipt), or APPROVAL_DENIED / APPROVAL_EXPIRED is sent. ``reach approvals`` and the console decide
-through ``workers.ops.approvals``; :class:`Sweeper` (a thread in every router) expires what
+through ``workers.ops.approval_decisions``; :class:`Sweeper` (a thread in every router) expires what
 nobody decided and finishes decisions whose process died before carrying them out.
 
 An intent id that waits is held: another message with that id (a resend with other params, a
 typo in the action, a redelivery) is answered with the ``approval_pending`` notice again, naming
 the waiting approval, and nothing else — no receipt, no dispatch (:meth:`Parking.hold`), so the
 approval still ends in the intent's one receipt. A repeat of the request's idempotency key under a
-new intent id joins the waiting approval instead of asking a person twice (``workers.state.approvals``).
+new intent id joins the waiting approval instead of asking a person twice (``workers.state.approval_store``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from connectors.approvals import ApprovalPolicy
+from connectors.approval_policy import ApprovalPolicy
 from producers.wire import APPROVAL_PENDING, ApprovalNotice, ErrorCode, Execution, Receipt
 from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
-from workers.state.approvals import IN_PROGRESS, MAX_FOLLOWERS, ApprovalRecord, ApprovalStore, Parked
+from workers.state.approval_store import IN_PROGRESS, MAX_FOLLOWERS, ApprovalRecord, ApprovalStore, Parked
 from workers.state.budgets import release_intent
 from workers.transport.dispatch import Dispatcher
 from workers.transport.job import Job, JobDecodeError, parse_job_json
