@@ -26,6 +26,15 @@ from urllib.parse import quote
 
 import httpx
 
+from connectors.adapters.auth import (
+    CredentialsError,
+    CredentialsUnavailable,
+    TokenError,
+    bind_call,
+    build_auth,
+    ssl_context,
+    tls_refusal,
+)
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import (
     OMIT,
@@ -39,15 +48,6 @@ from connectors.adapters.common import (
 )
 from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
 from connectors.adapters.transport import PooledTransport
-from connectors.auth import (
-    CredentialsError,
-    CredentialsUnavailable,
-    TokenError,
-    bind_call,
-    build_auth,
-    ssl_context,
-    tls_refusal,
-)
 from connectors.schema import (
     MAX_HEADER_VALUE_BYTES,
     MAX_PATH_SEGMENT_BYTES,

@@ -7,7 +7,7 @@ element text, so nothing an agent sends is ever spliced into the XML. A value XM
 part the operation lacks or a wrong type is refused before sending (VALIDATION_FAILED).
 
 Every HTTP exchange goes through one httpx client with the connector's auth (any
-``connectors.auth.build_auth`` kind, since httpx runs its auth flow on each request) and TLS context
+``connectors.adapters.auth.build_auth`` kind, since httpx runs its auth flow on each request) and TLS context
 (``mtls``): zeep's requests session would need each auth kind written twice. Answers are bounded
 like the http adapter's (``max_response_bytes``, the action's timeout over the whole exchange),
 parsed without DTDs or entities, and documents the WSDL imports must come from where the WSDL
@@ -54,6 +54,16 @@ from zeep.proxy import ServiceProxy
 from zeep.wsdl.bindings.soap import SoapBinding
 from zeep.wsdl.utils import etree_to_string
 
+from connectors.adapters.auth import (
+    CredentialsError,
+    CredentialsUnavailable,
+    MissingSecret,
+    TokenError,
+    bind_call,
+    build_auth,
+    ssl_context,
+    tls_refusal,
+)
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome, ProbeResult
 
 # the http adapter's rules, kept identical here: field conversions (null_as, format/timezone, as: string),
@@ -69,16 +79,6 @@ from connectors.adapters.common import (
 )
 from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
 from connectors.adapters.transport import PooledTransport
-from connectors.auth import (
-    CredentialsError,
-    CredentialsUnavailable,
-    MissingSecret,
-    TokenError,
-    bind_call,
-    build_auth,
-    ssl_context,
-    tls_refusal,
-)
 from connectors.schema import MAX_HEADER_VALUE_BYTES
 from connectors.spec import ActionSpec, ConnectorSpec, split_path
 from producers.wire import ErrorCode

@@ -97,9 +97,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
+from connectors.adapters.auth import read_secret
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome, ProbeResult
 from connectors.adapters.errors import Unsendable, refused_outcome
-from connectors.auth import read_secret
 from connectors.spec import ActionSpec, ConnectorSpec, FieldSpec
 from producers.formats import json_depth, value_depth
 from producers.wire import ErrorCode

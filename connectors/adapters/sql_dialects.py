@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from connectors.adapters.auth import MissingSecret, read_secret
 from connectors.adapters.base import AdapterOptions
 from connectors.adapters.sql import SqlAdapter, SqlAdapterBase, database_url
-from connectors.auth import MissingSecret, read_secret
 from connectors.spec import ConnectorSpec
 
 

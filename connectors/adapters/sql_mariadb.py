@@ -67,9 +67,9 @@ from pymysql.cursors import Cursor, SSCursor
 from sqlalchemy import event
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from connectors.adapters.auth import read_secret
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
 from connectors.adapters.sql import MISMATCH, SUGGESTIONS, Settings, SqlAdapterBase, database_url
-from connectors.auth import read_secret
 from connectors.spec import ActionSpec, ConnectorSpec, FieldSpec
 from producers.wire import ErrorCode
 

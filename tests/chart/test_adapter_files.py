@@ -13,9 +13,9 @@ import kubernetes_validate
 import pytest
 import trustme
 
+from connectors.adapters.auth import ssl_context
 from connectors.adapters.base import AdapterOptions
 from connectors.adapters.soap import SoapAdapter
-from connectors.auth import ssl_context
 from connectors.catalog import load_catalog
 from tests.chart.chart import (
     CRDS,

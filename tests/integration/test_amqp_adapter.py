@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from connectors.adapters.amqp import DIRECT_REPLY_TO, AmqpAdapter
+from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import AdapterOptions, CallContext
 from connectors.adapters.factory import build_adapter
-from connectors.auth import MissingSecret
 from connectors.spec import ConnectorSpec
 from tests.fleet import Fleet, agent
 from tests.integration.legacy_responder import LegacyResponder, Reply, close_connections, legacy_vhost

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from connectors.auth import state_key
+from connectors.adapters.auth import state_key
 from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet

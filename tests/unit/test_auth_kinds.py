@@ -16,9 +16,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from connectors.adapters.auth import MissingSecret, RefreshTokenAuth, build_auth, state_key
 from connectors.adapters.base import CallContext, Outcome
 from connectors.adapters.http import HttpAdapter
-from connectors.auth import MissingSecret, RefreshTokenAuth, build_auth, state_key
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
 from tests.integration.auth_servers import FormLoginApp, JwtApi, MtlsServer, OAuthServer, TlsFiles

@@ -20,9 +20,9 @@ from urllib.parse import parse_qs, unquote
 
 import pytest
 
+from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import CallContext, Outcome
 from connectors.adapters.http import HttpAdapter
-from connectors.auth import MissingSecret
 from connectors.spec import ConnectorSpec
 from examples.ticket_system import TicketSystem
 from producers.wire import ErrorCode

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from connectors.auth import state_key
+from connectors.adapters.auth import state_key
 from producers.wire import AGENT_ID_PATTERN, Intent
 from workers.state import keys
 

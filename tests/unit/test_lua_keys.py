@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from connectors.auth import _SAVE_IF_CURRENT, Tokens, _RedisTokens, state_key
+from connectors.adapters.auth import Tokens, state_key
+from connectors.adapters.auth.token_store import _SAVE_IF_CURRENT
+from connectors.adapters.auth.token_store import RedisTokens as _RedisTokens
 from connectors.rates import parse_rate
 from connectors.spec import BreakerSpec
 from workers.state import approval_store, breaker, keys, ledger, ratelimit

@@ -13,9 +13,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import CallContext
 from connectors.adapters.http import HttpAdapter
-from connectors.auth import MissingSecret
 from connectors.spec import ConnectorSpec
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import redis
 from celery import signals
 
+from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import AdapterOptions
 from connectors.adapters.factory import build_adapter
-from connectors.auth import MissingSecret
 from connectors.catalog import Catalog
 from workers.observability import metrics, probes
 from workers.observability.audit import Audit

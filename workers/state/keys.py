@@ -64,7 +64,7 @@ Keyed by process or by what the catalog says (no agent's input reaches them; unt
     reach:console-login:{console}:<sha256 of a name or address>  zset  login attempts in the window (the limiter;
                                                       one tag: a login reserves its name's and address's at once)
 
-The two ``auth`` keys are built by ``connectors.auth.state_key`` (connectors cannot import workers).
+The two ``auth`` keys are built by ``connectors.adapters.auth.state_key`` (connectors cannot import workers).
 
 Keyed by a pair of agents, tag ``{<a>|<b>}`` (``a`` < ``b``, names from identities; built by
 ``connectors.adapters.loops.pair_key``, since connectors cannot import workers)::
