@@ -167,7 +167,7 @@ async def mcp_session(
                 yield session
         return
     server = StdioServerParameters(
-        command=PYTHON, args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", catalogs.AGENT], env=env, cwd=cwd
+        command=PYTHON, args=["-m", "workers.cli", "mcp", "--stdio", "--agent", catalogs.AGENT], env=env, cwd=cwd
     )
     async with stdio_client(server, errlog=errlog) as (read, write):
         async with ClientSession(read, write) as session:
@@ -273,7 +273,7 @@ def main() -> int:
                 REACH_MCP_TOKENS_FILE=str(work / "tokens.yaml"),
                 REACH_METRICS_PORT=str(before_metrics),
             )
-            argv = [PYTHON, "-m", "workers.ops.cli", "mcp", "--http", "--port", str(before_port)]
+            argv = [PYTHON, "-m", "workers.cli", "mcp", "--http", "--port", str(before_port)]
             procs.start("mcp-before", argv, env, cwd=args.before.resolve())
         metrics_port = fleet.metrics_ports["mcp"]
         deadline = time.time() + 60

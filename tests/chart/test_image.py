@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 
 from connectors.catalog import load_catalog
 from tests.chart.chart import REPO, container, env_of, pod_spec, render
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
@@ -74,7 +74,7 @@ def test_the_image_runs_reach_in_exec_form_as_a_non_root_user() -> None:
     final = _final_stage()
     entrypoint = [json.loads(args) for name, args in final if name == "ENTRYPOINT"]
     assert entrypoint == [["reach"]], "exec form, so reach is PID 1 and SIGTERM reaches Celery"
-    assert PYPROJECT["project"]["scripts"]["reach"] == "workers.ops.cli:main"
+    assert PYPROJECT["project"]["scripts"]["reach"] == "workers.cli:main"
     user = [args for name, args in final if name == "USER"][-1]
     assert user.split(":")[0] not in ("0", "root")
     # the chart's podSecurityContext runs as the same uid

@@ -21,7 +21,7 @@ from tests.chart.chart import (
     render_error,
     scenario_values,
 )
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 from workers.settings import Settings
 
 MCP = scenario_values("mcp")

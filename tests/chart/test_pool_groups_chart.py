@@ -23,7 +23,7 @@ from tests.chart.chart import (
     scenario_values,
 )
 from tests.chart.test_values import _catalog_of
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 from workers.ops.runner import GROUP_NAME, parse_members
 
 GROUPS = scenario_values("pool-groups")

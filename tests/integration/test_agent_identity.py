@@ -27,8 +27,8 @@ from examples.ticket_system import TicketSystem
 from producers.client import ReachClient, ReachError
 from producers.wire import Receipt
 from tests.fleet import BROKER_URL, Fleet
+from workers.cli import main as reach_cli
 from workers.ops.agents import agent_permissions, create_agent_user, delete_agent_user, rabbitmqctl_commands, vhost_of
-from workers.ops.cli import main as reach_cli
 from workers.transport.app import EXECUTE_TASK
 from workers.transport.topology import DLQ, INTENTS_QUEUE, connector_queue, declare_all
 

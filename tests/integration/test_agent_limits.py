@@ -23,8 +23,8 @@ from kombu import Connection
 
 from producers.client import ReachClient
 from tests.fleet import SHARED_BROKER_URL
+from workers.cli import main as reach_cli
 from workers.ops.broker_policy import AGENT_QUEUE_POLICY
-from workers.ops.cli import main as reach_cli
 from workers.transport.topology import declare_all
 
 RUN = uuid.uuid4().hex[:8]

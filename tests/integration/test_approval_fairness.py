@@ -25,9 +25,9 @@ from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet, free_port
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
+from workers.cli import main
 from workers.console.users import hash_password
 from workers.ops import approval_decisions as approvals
-from workers.ops.cli import main
 from workers.state import keys
 
 RUN = uuid.uuid4().hex[:6]

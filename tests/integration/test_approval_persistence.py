@@ -21,8 +21,8 @@ from tests.fleet import Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.integration.redis_topologies import LocalRedis, gather
 from tests.integration.test_approvals import no_receipt, parked
+from workers.cli import main as reach_cli
 from workers.ops import approval_decisions as approvals
-from workers.ops.cli import main as reach_cli
 
 AGENT = "persisted_bot"
 CONNECTOR = "persisted_shop"

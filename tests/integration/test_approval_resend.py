@@ -229,7 +229,7 @@ def test_the_mcp_facades_retry_advice_joins_the_waiting_approval_and_runs_the_gr
     async def calls() -> list[types.CallToolResult]:
         server = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", AGENT],
+            args=["-m", "workers.cli", "mcp", "--stdio", "--agent", AGENT],
             env={**fleet.env, "REACH_MCP_WAIT": "3s"},
             cwd=Path(__file__).resolve().parents[2],
         )

@@ -179,7 +179,7 @@ def test_an_approved_intent_runs_exactly_the_parked_payload_once(
     # what an operator sees of it: `reach trace INTENT_ID` names the decision, who made it and the hash
     from click.testing import CliRunner
 
-    from workers.ops.cli import main
+    from workers.cli import main
 
     traced = CliRunner().invoke(
         main, ["trace", intent], env={"REACH_REDIS_URL": REDIS_URL, "REACH_BROKER_URL": BROKER_URL}
@@ -341,7 +341,7 @@ def test_a_parked_intent_survives_a_router_restart(
 def test_the_cli_lists_shows_and_decides(client: ReachClient, system: CountingSystem, fleet: Fleet) -> None:
     from click.testing import CliRunner
 
-    from workers.ops.cli import main
+    from workers.cli import main
 
     env = {"REACH_REDIS_URL": REDIS_URL, "REACH_BROKER_URL": BROKER_URL}
     runner = CliRunner()

@@ -84,7 +84,7 @@ def test_the_demo_from_the_wheel_passes_in_another_directory_on_a_vhost_never_se
     )
     assert where.stdout.startswith(str(installed)), where  # the wheel's code, not the checkout's
     done = subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", "demo"],
+        [sys.executable, "-m", "workers.cli", "demo"],
         cwd=elsewhere,
         env=env,
         capture_output=True,
@@ -108,7 +108,7 @@ def test_status_without_a_catalog_lists_the_connectors_of_a_running_fleet(tmp_pa
         operator = {k: v for k, v in fleet.env.items() if k != "REACH_CATALOG"}
         for args in (["status", "--json"], ["status"]):
             done = subprocess.run(
-                [sys.executable, "-m", "workers.ops.cli", *args],
+                [sys.executable, "-m", "workers.cli", *args],
                 cwd=tmp_path,
                 env=operator,
                 capture_output=True,

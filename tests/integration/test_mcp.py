@@ -271,7 +271,7 @@ async def session(
         return
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", agent],
+        args=["-m", "workers.cli", "mcp", "--stdio", "--agent", agent],
         env={**fleet.env, "REACH_BROKER_URL": logins[agent], **env},
         cwd=REPO,
     )
@@ -577,7 +577,7 @@ def close_facade_connections() -> None:
 def reach_cli(fleet: Fleet, *args: str) -> None:
     """The `reach` CLI as an operator runs it, with the fleet's environment."""
     subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=fleet.env,
         cwd=REPO,
         check=True,

@@ -53,7 +53,7 @@ async def call_once(fleet: Fleet) -> tuple[str, float, bool, str]:
     """The server's version, and one tools/call: how long it took, whether it is an error, its text."""
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "workers.ops.cli", "mcp", "--stdio", "--agent", AGENT],
+        args=["-m", "workers.cli", "mcp", "--stdio", "--agent", AGENT],
         env={**fleet.env, "REACH_MCP_WAIT": "20s"},  # the fleet's own login (guest), not the agent's
         cwd=REPO,
     )

@@ -112,7 +112,7 @@ class PetstoreServer(ThreadingHTTPServer):
 
 def reach(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "workers.cli", *args], capture_output=True, text=True, timeout=120, check=False
     )
 
 

@@ -97,7 +97,7 @@ def client(fleet: Fleet, systems: dict[str, CountingSystem]) -> Iterator[ReachCl
 def reach_cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     """The `reach` CLI as an operator runs it, with the fleet's environment."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=fleet.env,
         cwd=REPO,
         capture_output=True,

@@ -84,7 +84,7 @@ def url_of(vhost: str) -> str:
 def reach(vhost: str, catalog_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The `reach` CLI, as an operator runs it against ``vhost``."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("REACH_")},
             "REACH_BROKER_URL": url_of(vhost),

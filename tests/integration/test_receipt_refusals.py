@@ -155,7 +155,7 @@ def test_reach_trace_finds_an_intent_by_its_index_without_scanning(fleet: Fleet,
 
     assert trace_agents(NoScan.from_url(fleet.redis_url), intent_id) == [AGENT]
     done = subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", "trace", intent_id],
+        [sys.executable, "-m", "workers.cli", "trace", intent_id],
         env=fleet.env,
         cwd=REPO,
         capture_output=True,

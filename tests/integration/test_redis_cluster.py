@@ -149,7 +149,7 @@ def test_the_breaker_opens_for_every_process_and_reach_status_sees_it(
     assert len(system.requests("POST")) == 3  # the open breaker kept the fourth away
     assert cluster.client().hget(keys.breaker(FLAKY_CONNECTOR), "state") == b"open"
     done = subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", "status", "--json"],
+        [sys.executable, "-m", "workers.cli", "status", "--json"],
         env=fleet.env,
         cwd=REPO,
         capture_output=True,

@@ -22,7 +22,7 @@ from producers.client import ReachClient
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 from workers.router.semantic import SemanticRouting
 from workers.state import keys
 from workers.state.embeddings import RedisVectorCache

@@ -29,13 +29,13 @@ from click.testing import CliRunner
 
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
 from connectors.adapters.factory import build_adapter
-from connectors.adapters.sql_mariadb import MariadbAdapter
+from connectors.adapters.sql.mariadb import MariadbAdapter
 from connectors.spec import ConnectorSpec
 from producers.client import ReachClient
 from producers.wire import ErrorCode
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.waiting import wait_for
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 from workers.ops.processes import free_port
 from workers.state import keys
 

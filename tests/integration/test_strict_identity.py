@@ -99,7 +99,7 @@ def urls(fleet: Fleet) -> Iterator[dict[str, str]]:
 
 def reach(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=fleet.env,
         cwd=REPO,
         capture_output=True,

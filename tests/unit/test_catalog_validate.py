@@ -17,7 +17,7 @@ import connectors.loader as loader
 from connectors.catalog import ActionRef, Catalog, Refusal, build
 from connectors.loader import Problem, load_directory
 from producers.wire import ErrorCode
-from workers.ops.cli import main
+from workers.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 

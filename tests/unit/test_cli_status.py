@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from workers.ops.cli import main
+from workers.cli import main
 from workers.ops.fleet import redact_url
 from workers.state import keys
 

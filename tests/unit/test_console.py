@@ -15,11 +15,11 @@ import redis
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from workers.cli import main
 from workers.console.app import create_app
 from workers.console.security import Attempt, Sessions
 from workers.console.users import UsersFile, UsersFileError, check_login, hash_password, parse_users, verify_password
 from workers.console.views import Page, SearchBusy
-from workers.ops.cli import main
 from workers.ops.fleet import ConnectorStatus
 from workers.settings import Settings
 

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from tests.chart.chart import CRDS, KUBE_VERSION, container, env_of, lint, pod_spec, render, render_error
-from workers.ops.cli import main as reach_cli
+from workers.cli import main as reach_cli
 from workers.settings import Settings
 
 NAME = "reach-agent-reach-console"

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from connectors.spec import HEADER_NAME, header_name_problem
-from workers.ops.cli import main
+from workers.cli import main
 
 CATALOG = """\
 connector:

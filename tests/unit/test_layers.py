@@ -22,7 +22,8 @@ WORKER_LAYERS = {
     "ops": 5,
 }
 WORKER_LAYERS["mcp"] = 4  # the MCP facade: a role beside router and pool
-WORKER_LAYERS["console"] = 5  # the operator web page: over ops' functions, beside the CLI
+WORKER_LAYERS["console"] = 5  # the operator web page: over ops' functions
+WORKER_LAYERS["cli"] = 6  # the `reach` command: the top floor, over everything it starts
 
 
 def modules() -> dict[str, Path]:

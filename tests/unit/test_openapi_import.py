@@ -35,7 +35,7 @@ from connectors.openapi import (
 from connectors.schema import ParamValidator
 from connectors.spec import ActionSpec, ConnectorSpec
 from tests import openapi_docs as docs
-from workers.ops.cli import main
+from workers.cli import main
 
 # -- helpers -------------------------------------------------------------------------------------
 

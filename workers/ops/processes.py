@@ -157,7 +157,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 class FleetProcesses:
     """The fleet's own processes (``reach router``, ``reach worker NAME``, ``reach beat``) on one
-    broker, Redis and catalog, as ``python -m workers.ops.cli`` children of this process. Each
+    broker, Redis and catalog, as ``python -m workers.cli`` children of this process. Each
     gets a REACH_METRICS_PORT of its own unless ``metrics=False``."""
 
     def __init__(
@@ -172,7 +172,7 @@ class FleetProcesses:
         metrics: bool = True,
         cwd: Path = REPO,
     ) -> None:
-        """``cwd``: the source tree the processes run (``-m workers.ops.cli`` imports from it)."""
+        """``cwd``: the source tree the processes run (``-m workers.cli`` imports from it)."""
         self.group = group
         self.cwd = cwd
         self.broker_url = broker_url
@@ -200,7 +200,7 @@ class FleetProcesses:
             env["REACH_METRICS_PORT"] = str(free_port())
         if "REACH_METRICS_PORT" in env:
             self.metrics_ports[name] = int(env["REACH_METRICS_PORT"])
-        proc = self.group.start(self.full(name), [sys.executable, "-m", "workers.ops.cli", *args], env, cwd=self.cwd)
+        proc = self.group.start(self.full(name), [sys.executable, "-m", "workers.cli", *args], env, cwd=self.cwd)
         if name not in self.names:
             self.names.append(name)
         return proc

@@ -218,7 +218,7 @@ def reach(
 ) -> subprocess.CompletedProcess[str]:
     """Run the `reach` CLI as an operator would, with the fleet's environment."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.ops.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=dict(fleet.env, **(env or {})),
         cwd=REPO,
         capture_output=True,

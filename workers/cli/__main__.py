@@ -1,0 +1,5 @@
+"""``python -m workers.cli``: the same as ``reach``."""
+
+from workers.cli import main
+
+main()
