@@ -220,8 +220,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         "workers/settings.py",
         "connectors/loader.py",  # ${VAR} in endpoints
         "connectors/auth.py",  # the secrets a connector's auth names
-        "workers/ops/agents.py",  # --password-env VAR: the operator names the variable
-        "workers/mcp/broker_user.py",  # the same for the MCP facade's user
+        "workers/cli/users.py",  # --password-env VAR: the operator names the variable
         "workers/ops/processes.py",  # the environment of the processes demo, tests and bench start
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables
     }
