@@ -24,7 +24,7 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
 
         return SoapAdapter(connector, options)
     if connector.type == "sql":
-        from connectors.adapters.sql_dialects import sql_adapter
+        from connectors.adapters.sql import sql_adapter
 
         return sql_adapter(connector, options)
     if connector.type == "amqp":
@@ -47,7 +47,7 @@ def system_problems(connector: ConnectorSpec) -> list[str]:
 
         return wsdl_problems(connector)
     if connector.type == "sql":
-        from connectors.adapters.sql_dialects import sql_problems
+        from connectors.adapters.sql import sql_problems
 
         return sql_problems(connector)
     return []

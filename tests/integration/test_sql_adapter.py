@@ -15,7 +15,7 @@ import pytest
 
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
 from connectors.adapters.factory import build_adapter
-from connectors.adapters.sql import SqlAdapter
+from connectors.adapters.sql.postgres import SqlAdapter
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
 from tests.integration.faultproxy import FaultProxy

@@ -219,7 +219,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         "producers/client_settings.py",
         "workers/settings.py",
         "connectors/loader.py",  # ${VAR} in endpoints
-        "connectors/auth.py",  # the secrets a connector's auth names
+        "connectors/adapters/auth/secrets.py",  # the secrets a connector's auth names
         "workers/cli/users.py",  # --password-env VAR: the operator names the variable
         "workers/ops/processes.py",  # the environment of the processes demo, tests and bench start
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables

@@ -1,6 +1,6 @@
 """The sql adapter's MariaDB / MySQL dialect: a URL ``mariadb+pymysql://`` or ``mysql+pymysql://``,
 driver PyMySQL. What every dialect shares (the pool, one transaction per call, the watchdog, what a
-failure before or during COMMIT means, the bounds and shape of ``data``) is in sql.py; this module
+failure before or during COMMIT means, the bounds and shape of ``data``) is in transaction.py; this module
 says how MariaDB begins a transaction, calls a routine and reports errors.
 
 Each call, on one connection::
@@ -69,7 +69,8 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from connectors.adapters.auth import read_secret
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
-from connectors.adapters.sql import MISMATCH, SUGGESTIONS, Settings, SqlAdapterBase, database_url
+from connectors.adapters.sql.dialects import database_url
+from connectors.adapters.sql.transaction import MISMATCH, SUGGESTIONS, Settings, SqlAdapterBase
 from connectors.spec import ActionSpec, ConnectorSpec, FieldSpec
 from producers.wire import ErrorCode
 
