@@ -745,7 +745,7 @@ def test_document_that_is_neither_connector_nor_agent_app_is_a_problem(
 ) -> None:
     text = TICKETS + "---\n" + document
     path = write(tmp_path, "mixed.yaml", text)
-    assert_reported(tmp_path, path, TICKETS.count("\n") + 1 + line, "exactly one of connector: or agent_app:")
+    assert_reported(tmp_path, path, TICKETS.count("\n") + 1 + line, "a document must hold exactly one of connector:")
 
 
 def test_all_problems_of_a_file_are_reported_in_one_run(tmp_path: Path) -> None:

@@ -1,0 +1,184 @@
+"""One semantic action: its target on the system, its fields, errors, hours and approval."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from connectors.durations import Duration
+from connectors.spec.base import NAME_PATTERN, OPERATION_NAME, ROUTINE_NAME, Spec, check_hours
+from connectors.spec.fields import FieldSpec
+from connectors.spec.http_parts import header_name_problem, path_param_problems, split_path
+from connectors.spec.policies import RetryPolicy
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE
+
+MAX_APPROVAL_SECONDS = 7 * 86400
+
+
+class ErrorRule(Spec):
+    """Maps a downstream answer to a reach code with the system's own words for a model."""
+
+    status: int = Field(ge=100, le=599)
+    field: str | None = None  # dotted path into the JSON body, e.g. error.code
+    equals: Any = None
+    code: str
+    message: str | None = None
+    suggestion: str | None = None
+
+    @field_validator("code")
+    @classmethod
+    def _known_code(cls, v: str) -> str:
+        from producers.wire import ErrorCode
+
+        if v not in ErrorCode.__members__:
+            raise ValueError(f"unknown error code {v!r}")
+        return v
+
+
+class ApprovalSpec(Spec):
+    """``approval:`` on an action or a binding: the intent waits for a person (docs/contract.md
+    "Approvals"). Either ``required: true`` or a ``when`` condition over the action's params."""
+
+    required: bool = False
+    when: str | None = None
+    approvers: list[str] = Field(min_length=1, max_length=20)  # approver group names (``approvers:`` document)
+    expires: Duration = 3600.0
+
+    @field_validator("when")
+    @classmethod
+    def _parses(cls, v: str | None) -> str | None:
+        if v is not None:
+            from connectors.conditions import parse_condition
+
+            parse_condition(v)  # its ConditionError (a ValueError) says what is wrong
+        return v
+
+    @field_validator("approvers")
+    @classmethod
+    def _groups(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not AGENT_ID_PATTERN.match(name):
+                raise ValueError(f"approver group {name!r} must be {NAME_RULE}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> ApprovalSpec:
+        if self.required == (self.when is not None):
+            raise ValueError("give either `required: true` or a `when:` condition")
+        if not 0 < self.expires <= MAX_APPROVAL_SECONDS:
+            raise ValueError("`expires` must be more than 0 and at most 7 days")
+        return self
+
+
+class ActionSpec(Spec):
+    """One semantic action: what an agent may ask for, and how it reaches the system."""
+
+    action: str
+    description: str | None = None
+    # how the action reaches its system; which one is needed depends on the connector's type
+    path: str | None = None  # http: "METHOD /template"
+    operation: str | None = None  # soap: the WSDL operation
+    procedure: str | None = None  # sql: CALL schema.name(...)
+    function: str | None = None  # sql: SELECT * FROM schema.name(...)
+    exchange: str | None = None  # amqp: where the request is published ("" = the default exchange)
+    routing_key: str | None = None  # amqp
+    input: dict[str, FieldSpec] = Field(default_factory=dict)
+    output: dict[str, FieldSpec] | None = None
+    permission: Literal["read", "write", "read_only"] = "read"
+    timeout: Duration | None = None
+    idempotent: bool | None = None
+    retry: RetryPolicy | None = None
+    errors: list[ErrorRule] = Field(default_factory=list)
+    allowed_hours: str | None = None
+    approval: ApprovalSpec | None = None  # a person approves each intent (or those matching `when`)
+
+    @field_validator("action")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v) or "__" in v or "." in v:
+            raise ValueError(f"action name {v!r} must start with a letter and use letters, digits, _ or - (no '__')")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_path(v)
+        return v
+
+    @field_validator("procedure", "function")
+    @classmethod
+    def _routine(cls, v: str | None) -> str | None:
+        if v is not None and not ROUTINE_NAME.match(v):
+            raise ValueError(f"{v!r} must be a routine name like name or schema.name (letters, digits, _)")
+        return v
+
+    @field_validator("operation")
+    @classmethod
+    def _operation(cls, v: str | None) -> str | None:
+        if v is not None and not OPERATION_NAME.match(v):
+            raise ValueError(f"operation {v!r} must be a WSDL operation name (letters, digits, _ . -)")
+        return v
+
+    @field_validator("allowed_hours")
+    @classmethod
+    def _hours(cls, v: str | None) -> str | None:
+        return check_hours(v)
+
+    @model_validator(mode="after")
+    def _path_params_declared(self) -> ActionSpec:
+        # the loader reports the same problems from the raw YAML with lines (structure_problems);
+        # this keeps programmatically built specs honest too
+        for problem in path_param_problems(self.path, {k: v.in_ for k, v in self.input.items()}):
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _header_inputs_named(self) -> ActionSpec:
+        for key, spec in self.input.items():
+            # a header field without `name` is sent under its input name (a `name` is checked on the field)
+            if spec.in_ == "header" and spec.name is None and (problem := header_name_problem("input", key)):
+                raise ValueError(f"{problem}; give it a `name`")
+        return self
+
+    @property
+    def method(self) -> str:
+        """The HTTP method (POST for the non-HTTP types: what a call to them is)."""
+        return split_path(self.path)[0] if self.path else "POST"
+
+    @property
+    def template(self) -> str:
+        return split_path(self.path)[1] if self.path else ""
+
+    @property
+    def target(self) -> str:
+        """What one call does, for people: ``POST /tickets``, ``soap CreateInvoice``, ..."""
+        if self.path:
+            return self.path
+        if self.operation:
+            return f"soap {self.operation}"
+        if self.procedure:
+            return f"CALL {self.procedure}"
+        if self.function:
+            return f"SELECT {self.function}"
+        if self.routing_key is not None:
+            return f"amqp {self.exchange or '(default)'} / {self.routing_key}"
+        return f"agent {self.action}"
+
+    @property
+    def is_write(self) -> bool:
+        return self.permission == "write"
+
+    @property
+    def is_idempotent(self) -> bool:
+        """Explicit `idempotent`, else true for reads (safe to repeat)."""
+        if self.idempotent is not None:
+            return self.idempotent
+        return not self.is_write
+
+    @property
+    def timeout_seconds(self) -> float:
+        if self.timeout is not None:
+            return self.timeout
+        return 15.0 if self.is_write else 5.0

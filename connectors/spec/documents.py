@@ -1,0 +1,74 @@
+"""The catalog's document types: what the top-level key of one YAML document holds.
+
+A catalog file holds several documents; each has exactly one top-level key, and the loader picks
+the model by that key. A new document type is a wrapper here and a branch in connectors/loader.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+
+from connectors.spec.agent_app import AgentApp
+from connectors.spec.base import PERSON_PATTERN, Spec
+from connectors.spec.connector import ConnectorSpec
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE
+
+# sentence-embedding models semantic routing can use (connectors/routing/embedders.py); "none"
+# ranks by the lexical scorer and the domain rules only
+EmbeddingModel = Literal["use-m3+e5-small", "use-m3", "e5-small", "none"]
+
+
+class RoutingWeights(Spec):
+    """How much each path counts in a candidate's score (docs/contract.md "Semantic routing")."""
+
+    semantic: float = Field(default=1.0, ge=0, le=10)  # cosine of description and action text
+    lexical: float = Field(default=0.1, ge=0, le=10)  # BM25 over the most the request could score, in [0, 1]
+    domain: float = Field(default=0.3, ge=0, le=10)  # the connector's domain is the intent's context.domain
+    # ... or the agent app's own domain: above the margin, so it decides when nothing else differs,
+    # yet a clear description for another connector outweighs it
+    agent_domain: float = Field(default=0.05, ge=0, le=10)
+
+
+class RoutingSpec(Spec):
+    """The catalog's ``routing:`` document: how a bare action offered by several of an agent's
+    connectors is routed. At most one per catalog; without one these defaults apply."""
+
+    model: EmbeddingModel = "use-m3+e5-small"
+    # the winner must lead the runner-up by this much, else AMBIGUOUS_ACTION
+    margin: float = Field(default=0.046, ge=0, le=10)
+    weights: RoutingWeights = Field(default_factory=RoutingWeights)
+
+
+class ConnectorDocument(Spec):
+    connector: ConnectorSpec
+
+
+class AgentAppDocument(Spec):
+    agent_app: AgentApp
+
+
+class RoutingDocument(Spec):
+    routing: RoutingSpec
+
+
+def _group_name(v: str) -> str:
+    if not AGENT_ID_PATTERN.match(v):
+        raise ValueError(f"approver group {v!r} must be {NAME_RULE}")
+    return v
+
+
+def _person(v: str) -> str:
+    if not PERSON_PATTERN.match(v):
+        raise ValueError(f"{v!r} must be 1-128 letters, digits or . _ @ + - (a login or an email)")
+    return v
+
+
+class ApproversDocument(Spec):
+    """``approvers:`` maps each approver group to the people in it (several documents may add groups)."""
+
+    approvers: dict[
+        Annotated[str, AfterValidator(_group_name)],
+        Annotated[list[Annotated[str, AfterValidator(_person)]], Field(min_length=1, max_length=1000)],
+    ]

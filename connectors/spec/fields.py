@@ -1,0 +1,79 @@
+"""``input:`` and ``output:`` fields of an action: a type, its bounds, and where the field goes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from connectors.patterns import compile_pattern
+from connectors.spec.base import Spec
+from connectors.spec.http_parts import header_name_problem
+
+FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
+
+
+class FieldSpec(Spec):
+    """One input or output field of an action."""
+
+    type: FieldType = "string"
+    required: bool = False
+    default: Any = None
+    description: str | None = None
+    values: list[Any] | None = None
+    min: float | None = None
+    max: float | None = None
+    min_length: int | None = Field(default=None, ge=0)
+    max_length: int | None = Field(default=None, ge=0)
+    pattern: str | None = None
+    nullable: bool = False
+    sensitive: bool = False
+    in_: Literal["path", "query", "body", "header"] | None = Field(default=None, alias="in")
+    name: str | None = None
+    as_: Literal["string"] | None = Field(default=None, alias="as")
+    format: str | None = None
+    timezone: str | None = None
+    null_as: Literal["", "omit", "null"] | None = None
+    items: FieldSpec | None = None
+    properties: dict[str, FieldSpec] | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            compile_pattern(v)  # PatternError is a ValueError: reach validate reports it with file and line
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str | None) -> str | None:
+        if v is not None:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ValueError(f"unknown timezone {v!r}; use an IANA name such as Asia/Shanghai") from exc
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldSpec:
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum field needs a non-empty `values` list")
+        if self.type == "array" and self.items is None:
+            raise ValueError("an array field needs `items`")
+        if self.items is not None and self.type != "array":
+            raise ValueError("`items` only applies to type array")
+        if self.properties is not None and self.type != "object":
+            raise ValueError("`properties` only applies to type object")
+        if self.as_ is not None and self.type not in ("boolean", "integer", "number"):
+            raise ValueError("`as: string` only applies to boolean, integer and number fields")
+        if (self.format or self.timezone) and self.type not in ("datetime", "date"):
+            raise ValueError("`format` and `timezone` only apply to datetime and date fields")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError("`min` is greater than `max`")
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            raise ValueError("`min_length` is greater than `max_length`")
+        if self.in_ == "header" and self.name is not None and (problem := header_name_problem("`name`", self.name)):
+            raise ValueError(problem)
+        return self
