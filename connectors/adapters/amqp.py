@@ -57,7 +57,7 @@ from connectors.adapters.auth import read_secret
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import OMIT, convert_for_system
 from connectors.adapters.errors import Unsendable, refused_outcome, violation_suggestion
-from connectors.adapters.http import json_depth
+from connectors.adapters.json_nesting import json_depth
 from connectors.schema import MAX_HEADER_VALUE_BYTES, Check, FieldProblem, Problems, compile_field
 from connectors.spec import ActionSpec, ConnectorSpec
 from producers.serve import AnswerError

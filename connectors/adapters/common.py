@@ -1,11 +1,10 @@
 """What the HTTP-based adapters (http, soap) share: values shaped the way a system expects
-them, header safety, a client that keeps no cookies, Retry-After, and the check of declared output."""
+them, header safety, a client that keeps no cookies, and the check of declared output."""
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from datetime import date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -78,21 +77,6 @@ class CookielessClient(httpx.Client):
 
 
 NO_COOKIES = NoCookies()
-
-
-def retry_after_ms(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        return max(0, int(float(value) * 1000))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0, int((when.timestamp() - time.time()) * 1000))
 
 
 def compile_outputs(connector: ConnectorSpec) -> dict[str, dict[str, Check]]:

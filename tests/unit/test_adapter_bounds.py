@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from connectors.adapters.base import CallContext, Outcome
-from connectors.adapters.http import DEFAULT_MAX_DEPTH, HttpAdapter, json_depth
+from connectors.adapters.http import DEFAULT_MAX_DEPTH, HttpAdapter
+from connectors.adapters.json_nesting import json_depth
 from connectors.schema import DEFAULT_MAX_PROBLEMS, MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES
 from connectors.spec import ConnectorSpec
 from producers.wire import ErrorCode
