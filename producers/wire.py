@@ -13,8 +13,9 @@ Error codes, grouped by the receipt status they produce::
       DOWNSTREAM_VALIDATION_FAILED  DOWNSTREAM_AUTH_FAILED  DOWNSTREAM_NOT_FOUND
       DOWNSTREAM_CONFLICT  DOWNSTREAM_RATE_LIMITED*  DOWNSTREAM_ERROR*  DOWNSTREAM_UNREACHABLE*
       DOWNSTREAM_TIMEOUT*  DOWNSTREAM_CONTRACT_VIOLATION  INTERNAL*
+      STEP_FAILED (a workflow's step failed; retryable as that step's error was)
     unknown   (the call may or may not have taken effect)
-      OUTCOME_UNKNOWN
+      OUTCOME_UNKNOWN  STEP_OUTCOME_UNKNOWN  COMPENSATION_FAILED (a workflow's run)
 
     * retryable: sending the same intent again later can succeed.
 """
@@ -80,6 +81,10 @@ class ErrorCode(StrEnum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     DOWNSTREAM_CONTRACT_VIOLATION = "DOWNSTREAM_CONTRACT_VIOLATION"
     INTERNAL = "INTERNAL"
+    # the final receipt of a workflow run (docs/contract.md "Workflows")
+    STEP_FAILED = "STEP_FAILED"
+    STEP_OUTCOME_UNKNOWN = "STEP_OUTCOME_UNKNOWN"
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
 
     @property
     def status(self) -> Status:
@@ -116,6 +121,9 @@ _CODE_TABLE: dict[ErrorCode, tuple[Status, bool]] = {
     ErrorCode.OUTCOME_UNKNOWN: ("unknown", False),
     ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION: ("failed", False),
     ErrorCode.INTERNAL: ("failed", True),
+    ErrorCode.STEP_FAILED: ("failed", False),  # the receipt says retryable as the failed step's error was
+    ErrorCode.STEP_OUTCOME_UNKNOWN: ("unknown", False),
+    ErrorCode.COMPENSATION_FAILED: ("unknown", False),
 }
 
 
@@ -146,6 +154,9 @@ class Execution(BaseModel):
     # how the connector was chosen when several offer the bare action (docs/contract.md "Semantic
     # routing"): method, candidates with scores, lead and margin; absent otherwise
     routing: dict[str, Any] | None = None
+    # a workflow run's final receipt: each step's {"step", "intent_id", "status", "code", "undone"};
+    # absent otherwise
+    steps: list[dict[str, Any]] | None = None
 
 
 class Receipt(BaseModel):
@@ -171,6 +182,8 @@ class Receipt(BaseModel):
             doc["error"].pop("retry_after_ms", None)
         if doc["execution"].get("routing") is None:
             doc["execution"].pop("routing", None)
+        if doc["execution"].get("steps") is None:
+            doc["execution"].pop("steps", None)
         return doc
 
     def to_json(self) -> bytes:

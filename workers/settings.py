@@ -136,6 +136,16 @@ class Settings(EnvironSettings):
     )
     router_fair: Flag = Field(True, description="one lane per sender; 0 routes in arrival order (for benchmarks)")
     router_threads: int = Field(8, ge=1, description="intents the router routes at once")
+    # the workflow runner (reach workflows, workers/workflows/)
+    workflow_threads: int = Field(8, ge=1, description="messages the workflow runner handles at once")
+    workflow_retention_seconds: Seconds = Field(
+        7 * 24 * 3600,
+        validation_alias="REACH_WORKFLOW_RETENTION",
+        description="how long a finished (or parked) workflow run stays in Redis after its last change",
+    )
+    workflow_crash_at: Literal["after_state_write", "after_publish", "before_ack"] | None = Field(
+        None, description="tests only: the workflow runner dies as by kill -9 the first time it gets there"
+    )
     # one job in hand and the rest ready: a thread that finishes one takes the next at once instead
     # of sleeping until the broker has seen the ack and sent another (workers/transport/consuming.py)
     pool_prefetch_per_thread: int = Field(

@@ -52,6 +52,17 @@ touch them together; intents that wait for a person are few, so one node holds t
     reach:approval-intent:{approvals}:<agent>:<intent_id>  string  the approval of an agent's intent (redelivery)
     reach:approval-key:{approvals}:<agent>:<connector>:<action>:<key>  string  the approval of a request's key
 
+Workflow runs (workers/state/workflow_runs.py): a run's id is the id of the intent that started it,
+so it is filed under its owner's tag, beside the index of its step intents (one script touches both)::
+
+    reach:wf-run:{<owner>}:<run_id>                   hash    v (version), doc (the run, JSON), sent (outbound confirmed)
+    reach:wf-step:{<owner>}:<intent_id>               string  the run a step or undo intent belongs to
+
+and two indexes of runs, tag ``{workflows}``, members ``<owner>:<run_id>`` (no agent name holds a ``:``)::
+
+    reach:wf-runs:{workflows}                         zset    every run kept, by start time (``reach workflow list``)
+    reach:wf-due:{workflows}                          zset    runs not finished, by when the runner's sweep looks
+
 The approval id is the fleet's own (random); the one key holding an agent's input (its intent id)
 names the agent right after the tag, so agents cannot reach each other's entries.
 
@@ -251,6 +262,29 @@ def embedding(model_and_digest: str) -> str:
     """An action text's embedding: ``<model>:<sha256 hex>`` (connectors.routing.ActionIndex.cache_key);
     shared by every router, so a restart or a second replica embeds nothing again."""
     return EMBEDDING_PREFIX + model_and_digest
+
+
+# workflow runs (workers/state/workflow_runs.py)
+
+WORKFLOW_RUN_PREFIX = PREFIX + "wf-run:"
+WORKFLOW_STEP_PREFIX = PREFIX + "wf-step:"
+WORKFLOWS_TAG = "{workflows}"
+
+
+def workflow_run(owner: str, run_id: str) -> str:
+    return f"{WORKFLOW_RUN_PREFIX}{_agent(owner)}:{run_id}"
+
+
+def workflow_step(owner: str, intent_id: str) -> str:
+    return f"{WORKFLOW_STEP_PREFIX}{_agent(owner)}:{intent_id}"
+
+
+def workflow_runs() -> str:
+    return f"{PREFIX}wf-runs:{WORKFLOWS_TAG}"
+
+
+def workflow_due() -> str:
+    return f"{PREFIX}wf-due:{WORKFLOWS_TAG}"
 
 
 # approvals (workers/state/approval_store.py)

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from kombu import Connection
+from kombu import Connection, Queue
 
 from producers.wire import NACK_PAUSES_SECONDS
 from workers.transport.app import JobMessages
@@ -36,7 +36,6 @@ from workers.transport.topology import (
     DISPATCH_EXCHANGE,
     QueueType,
     connector_queue,
-    connector_queue_name,
     declare_queue,
 )
 
@@ -64,7 +63,7 @@ class Dispatcher:
         self.queue_type = queue_type
         self.sleep = sleep
         self.clock = clock
-        self._refused_until: dict[str, float] = {}  # connector -> monotonic time (one per catalog connector)
+        self._refused_until: dict[str, float] = {}  # queue -> monotonic time (one per catalog connector)
 
     def dispatch(self, job: Job) -> None:
         """Returns once the job is confirmed in its connector's queue.
@@ -73,8 +72,13 @@ class Dispatcher:
             Unroutable: The queue is missing and could not be declared again (or ``connect`` is None).
             Refused: The broker nacked the job on every try (it is not in the queue).
         """
+        self.dispatch_to(connector_queue(job.connector, self.queue_type), job)
+
+    def dispatch_to(self, target: Queue, job: Job) -> None:
+        """``dispatch`` to a queue of the fleet bound on reach.dispatch by its own name: a
+        connector's, or the workflow runner's (``topology.workflows_queue``). Raises as ``dispatch``."""
         body, headers, properties = self.jobs.build(job, f"{job.intent_id}:{time.time_ns()}")
-        queue = connector_queue_name(job.connector)
+        queue = target.name
         pauses = iter(NACK_PAUSES_SECONDS)
         declared = False
         while True:
@@ -83,19 +87,19 @@ class Dispatcher:
                     body, exchange=DISPATCH_EXCHANGE, routing_key=queue, headers=headers, mandatory=True, **properties
                 )
                 if self._refused_until:
-                    self._refused_until.pop(job.connector, None)
+                    self._refused_until.pop(queue, None)
                 return
             except Unroutable as exc:
                 if self.connect is None or declared:
                     raise
                 log.warning("%s is missing (%s); declaring it again for intent %s", queue, exc, job.intent_id)
-                self._declare(job.connector)
+                self._declare(target)
                 declared = True
             except Refused:
-                refusing = self._refused_until.get(job.connector, 0.0) > self.clock()
+                refusing = self._refused_until.get(queue, 0.0) > self.clock()
                 pause = None if refusing else next(pauses, None)
                 if pause is None:
-                    self._refused_until[job.connector] = self.clock() + REFUSED_MEMORY_SECONDS
+                    self._refused_until[queue] = self.clock() + REFUSED_MEMORY_SECONDS
                     raise
                 log.warning(
                     "the broker nacked the job of intent %s on %s; publishing it again in %g s",
@@ -105,9 +109,9 @@ class Dispatcher:
                 )
                 self.sleep(pause)
 
-    def _declare(self, connector: str) -> None:
+    def _declare(self, queue: Queue) -> None:
         assert self.connect is not None
         with self.connect() as connection:
-            refused = declare_queue(connection, connector_queue(connector, self.queue_type))
+            refused = declare_queue(connection, queue)
         if refused is not None:  # it exists (declared meanwhile, with other arguments): publish again
-            log.warning("declaring %s was refused (%s)", connector_queue_name(connector), refused)
+            log.warning("declaring %s was refused (%s)", queue.name, refused)

@@ -147,6 +147,35 @@ def connector_queue(connector: str, queue_type: QueueType = DEFAULT_QUEUE_TYPE) 
     return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True, queue_arguments=queue_arguments(queue_type))
 
 
+# Workflows (workers/workflows/): the runner's start jobs come on reach.dispatch as a connector's
+# do; the receipts of the step intents it sends come under a routing key no agent can bind or
+# name as its reply_to (agent names hold no "-", and agents may bind only their own names). Step
+# intents carry the run's id and the owner they are sent for; the router takes both only from the
+# fleet's own broker login.
+WORKFLOWS_QUEUE_NAME = "reach.workflows"
+WORKFLOW_REPLY_KEY = "reach-workflows"
+WORKFLOW_RECEIPTS_QUEUE_NAME = "reach.workflows.receipts"
+ON_BEHALF_OF_HEADER = "x-reach-on-behalf-of"
+RUN_ID_HEADER = "x-reach-run-id"
+
+
+def workflows_queue(queue_type: QueueType = DEFAULT_QUEUE_TYPE) -> Queue:
+    """Where the router sends the start of each workflow run (only the runner reads it)."""
+    name = WORKFLOWS_QUEUE_NAME
+    return Queue(name, DISPATCH_EXCHANGE, routing_key=name, durable=True, queue_arguments=queue_arguments(queue_type))
+
+
+def workflow_receipts_queue(queue_type: QueueType = DEFAULT_QUEUE_TYPE) -> Queue:
+    """The receipts (and approval notices) of the runner's step intents."""
+    return Queue(
+        WORKFLOW_RECEIPTS_QUEUE_NAME,
+        RECEIPTS_EXCHANGE,
+        routing_key=WORKFLOW_REPLY_KEY,
+        durable=True,
+        queue_arguments=queue_arguments(queue_type),
+    )
+
+
 def agent_queue(agent: str, queue_type: QueueType = DEFAULT_QUEUE_TYPE) -> Queue:
     """Where the pools of the connectors that ``agent`` answers send it requests; only it may read."""
     return Queue(

@@ -1,0 +1,170 @@
+"""Workflow runs in Redis: one record per run, changed only by compare-and-set.
+
+A run is a hash under its owner's tag (``keys.workflow_run``): ``v`` its version, ``doc`` the run
+as JSON (the workflow runner's model, workers/workflows/model.py; this module never reads it), and
+``sent`` the outbound message the broker last confirmed. Every transition is one script: compare
+the version, write the new document, and file the step intent it is about to send under the run
+(``keys.workflow_step``), so a receipt finds its run and the router can check that a delegated step
+intent belongs to a run of the agent it is sent for.
+
+Two indexes, tag ``{workflows}``, hold ``<owner>:<run_id>``: every run kept, by start time (for
+``reach workflow list``), and the runs the runner's sweep must look at, by when. They are written
+beside the run, not in its script (another slot under Redis Cluster): the due index is written
+*before* a transition, so a run is never left out of the sweep, and an entry whose run is gone is
+dropped when the sweep or a listing meets it.
+
+Retention: a run's keys expire ``retention`` after its last change (a run still going is kept
+until its deadline, then ``retention`` longer), so finished runs cost nothing forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from workers.state import keys
+
+log = logging.getLogger("reach.workflow_runs")
+
+# KEYS[1] the run, KEYS[2] (optional) a step intent's index entry;
+# ARGV: expected version, new version, the document, time to live (ms), the run id
+_WRITE = """
+local v = redis.call('HGET', KEYS[1], 'v')
+if (v or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'doc', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if #KEYS > 1 then redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[4]) end
+return 1
+"""
+# KEYS[1] the run; ARGV: what was confirmed (never creates a run that expired meanwhile)
+_MARK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'sent', ARGV[1])
+return 1
+"""
+LISTING_SCAN = 1000  # index entries looked at per page of a listing
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A run as read: its version, its document, and the outbound message last confirmed."""
+
+    version: int
+    doc: bytes
+    sent: str | None
+
+
+def member(owner: str, run_id: str) -> str:
+    return f"{owner}:{run_id}"
+
+
+def split_member(value: bytes | str) -> tuple[str, str]:
+    text = value.decode() if isinstance(value, bytes) else value
+    owner, _, run_id = text.partition(":")
+    return owner, run_id
+
+
+class WorkflowRuns:
+    """The runs of the fleet's workflows, kept ``retention_seconds`` after their last change."""
+
+    def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
+        self.client = client
+        self.retention_ms = retention_seconds * 1000
+        self._write = client.register_script(_WRITE)
+        self._mark = client.register_script(_MARK)
+
+    def load(self, owner: str, run_id: str) -> Stored | None:
+        version, doc, sent = self.client.hmget(keys.workflow_run(owner, run_id), "v", "doc", "sent")
+        if version is None or doc is None:
+            return None
+        return Stored(int(version), doc, sent.decode() if sent is not None else None)
+
+    def write(
+        self,
+        owner: str,
+        run_id: str,
+        expected: int,
+        doc: bytes,
+        *,
+        keep_until: float | None,
+        step_intent: str | None = None,
+    ) -> bool:
+        """Compare-and-set: ``doc`` becomes version ``expected + 1`` if the run is still at
+        ``expected`` (0: it must not exist yet). ``keep_until`` (epoch seconds): the run is still
+        going and is kept until then, plus the retention; None: it is kept for the retention.
+        ``step_intent``: the id of the step or undo intent this transition is about to send."""
+        ttl_ms = self.retention_ms
+        if keep_until is not None:
+            ttl_ms += max(0, int((keep_until - time.time()) * 1000))
+        names = [keys.workflow_run(owner, run_id)]
+        if step_intent is not None:
+            names.append(keys.workflow_step(owner, step_intent))
+        done = self._write(keys=names, args=[str(expected), str(expected + 1), doc, ttl_ms, run_id])
+        return bool(done)
+
+    def mark_sent(self, owner: str, run_id: str, outbound: str) -> None:
+        """The broker confirmed ``outbound`` (a marker the runner builds): a redelivery need not send it again."""
+        self._mark(keys=[keys.workflow_run(owner, run_id)], args=[outbound])
+
+    def run_of(self, owner: str, intent_id: str) -> str | None:
+        """The run a step or undo intent of ``owner`` belongs to."""
+        found = self.client.get(keys.workflow_step(owner, intent_id))
+        return found.decode() if found is not None else None
+
+    def vouches(self, owner: str, run_id: str, intent_id: str) -> bool:
+        """Whether ``intent_id`` is a step the runner filed under ``owner``'s run ``run_id`` (what
+        the router checks before it accepts a delegated step intent)."""
+        return self.run_of(owner, intent_id) == run_id
+
+    # -- the indexes ----------------------------------------------------------------------------
+
+    def remember(self, owner: str, run_id: str, started_at: float) -> None:
+        self.client.zadd(keys.workflow_runs(), {member(owner, run_id): started_at}, nx=True)
+
+    def look_at(self, owner: str, run_id: str, when: float | None) -> None:
+        """The sweep looks at the run at ``when`` (epoch seconds); None: never again."""
+        if when is None:
+            self.client.zrem(keys.workflow_due(), member(owner, run_id))
+        else:
+            self.client.zadd(keys.workflow_due(), {member(owner, run_id): when})
+
+    def due(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
+        found = self.client.zrangebyscore(keys.workflow_due(), "-inf", now, start=0, num=limit)
+        return [split_member(m) for m in found]
+
+    def listing(self, limit: int = 100) -> list[tuple[str, str]]:
+        """The newest runs kept, newest first; index entries of expired runs are dropped on the way."""
+        out: list[tuple[str, str]] = []
+        start = 0
+        while len(out) < limit:
+            page = self.client.zrevrange(keys.workflow_runs(), start, start + LISTING_SCAN - 1)
+            if not page:
+                break
+            start += len(page)
+            pairs = [split_member(m) for m in page]
+            pipe = self.client.pipeline(transaction=False)
+            for owner, run_id in pairs:
+                pipe.exists(keys.workflow_run(owner, run_id))
+            gone = []
+            for (owner, run_id), exists in zip(pairs, pipe.execute(), strict=True):
+                if exists:
+                    out.append((owner, run_id))
+                else:
+                    gone.append(member(owner, run_id))
+            if gone:
+                self.client.zrem(keys.workflow_runs(), *gone)
+                start -= len(gone)
+        return out[:limit]
+
+    def owners_of(self, run_id: str) -> list[str]:
+        """The agents with a kept run of this id (run ids are the agents' intent ids: two agents may
+        share one)."""
+        found = []
+        for value, _ in self.client.zscan_iter(keys.workflow_runs(), match=f"*:{run_id}", count=1000):
+            owner, rid = split_member(value)
+            if rid == run_id:
+                found.append(owner)
+        return sorted(set(found))
