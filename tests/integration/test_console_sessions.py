@@ -17,15 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from selenium.webdriver.common.by import By
 
 from tests.fleet import REDIS_URL, Fleet, free_port
+from tests.integration.browser import chromium
 from tests.waiting import wait_for
 from workers.console.security import LoginLimiter
 from workers.console.users import hash_password
 from workers.state import keys
 
 LIMIT = 10  # REACH_CONSOLE_LOGIN_RATE's default, 10/min
-PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw"}
+PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw", "erin": "erin-pw"}
 HASHES = {name: hash_password(password) for name, password in PASSWORDS.items()}
 
 
@@ -33,6 +35,7 @@ HASHES = {name: hash_password(password) for name, password in PASSWORDS.items()}
 class Consoles:
     urls: list[str]
     users_file: Path
+    log_dir: Path
 
     def write_users(self, hashes: dict[str, str]) -> None:
         """Replace the users file at once (as a Secret update does): never half-written."""
@@ -59,7 +62,7 @@ def _forget_login_attempts() -> Iterator[None]:
 def consoles() -> Iterator[Consoles]:
     fleet = Fleet("", [], env={"REACH_CONSOLE_SESSION_KEY": os.urandom(16).hex()})
     users_file = Path(tempfile.mkdtemp(prefix="reach-test-console-")) / "users.yaml"
-    made = Consoles([], users_file)
+    made = Consoles([], users_file, fleet.log_dir)
     made.write_users(HASHES)
     try:
         for name in ("console_a", "console_b"):
@@ -176,6 +179,32 @@ def test_logging_out_everywhere_ends_the_users_sessions_on_every_console(console
     assert not signed_in(here) and not signed_in(there)
     assert signed_in(other)
     assert signed_in(log_in(consoles.urls[1], "dave", PASSWORDS["dave"]))
+
+
+def test_the_log_out_everywhere_button_ends_the_session_of_another_browser_on_another_console(
+    consoles: Consoles,
+) -> None:
+    """Pressed in a real browser: the button in the page's logout form, not a hand-made POST."""
+    elsewhere = log_in(consoles.urls[1], "erin", PASSWORDS["erin"])
+    bystander = log_in(consoles.urls[1], "bob", PASSWORDS["bob"])
+    driver = chromium(consoles.log_dir)
+    try:
+        driver.get(consoles.urls[0] + "/login")
+        driver.find_element(By.ID, "name").send_keys("erin")
+        driver.find_element(By.ID, "password").send_keys(PASSWORDS["erin"])
+        driver.find_element(By.ID, "login-button").click()
+        wait_for(lambda: driver.find_elements(By.ID, "who"), 10, "erin was not logged in")
+        assert signed_in(elsewhere)
+        button = driver.find_element(By.ID, "logout-everywhere-button")
+        assert button.text == "Log out everywhere"
+        button.click()
+        wait_for(lambda: driver.find_elements(By.ID, "login-button"), 10, "the logout did not reach the login page")
+        driver.get(consoles.urls[0] + "/trace")
+        assert driver.find_elements(By.ID, "login-button"), "the browser's own session still stands"
+    finally:
+        driver.quit()
+    assert not signed_in(elsewhere)  # the other browser, on the other console
+    assert signed_in(bystander)
 
 
 def test_concurrent_attempts_on_two_replicas_reserve_exactly_the_limit() -> None:
