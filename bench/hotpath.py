@@ -36,8 +36,9 @@ from connectors.catalog import build  # noqa: E402
 from connectors.loader import load_directory  # noqa: E402
 from workers.observability.audit import Audit  # noqa: E402
 from workers.pool.runtime import PoolOutput, PoolRuntime, PoolState  # noqa: E402
+from workers.router.decisions import Dispatch  # noqa: E402
 from workers.router.intake import RawMessage  # noqa: E402
-from workers.router.routing import Dispatch, Router  # noqa: E402
+from workers.router.routing import Router  # noqa: E402
 from workers.router.runtime import RouterRuntime  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 from workers.state.batcher import Batcher  # noqa: E402

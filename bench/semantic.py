@@ -65,8 +65,9 @@ from connectors.routing import ActionIndex, load_embedder, rank  # noqa: E402
 from connectors.routing.index import request_text  # noqa: E402
 from connectors.routing.lexical import tokens  # noqa: E402
 from connectors.spec import RoutingSpec, RoutingWeights  # noqa: E402
+from workers.router.decisions import Answer, Dispatch  # noqa: E402
 from workers.router.intake import RawMessage  # noqa: E402
-from workers.router.routing import Answer, Dispatch, Router  # noqa: E402
+from workers.router.routing import Router  # noqa: E402
 from workers.router.semantic import SemanticRouting  # noqa: E402
 
 SET = HERE / "routing_set"

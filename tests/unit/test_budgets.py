@@ -19,8 +19,9 @@ from connectors.catalog import Catalog, build
 from connectors.loader import load_directory
 from connectors.spec import Binding, BudgetSpec, parse_budget_window
 from producers.wire import ErrorCode
+from workers.router.decisions import Answer, Dispatch
 from workers.router.intake import RawMessage
-from workers.router.routing import Answer, Dispatch, Router
+from workers.router.routing import Router
 from workers.settings import Settings
 from workers.state import budgets as budgets_module
 from workers.state import keys

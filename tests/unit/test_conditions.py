@@ -15,8 +15,9 @@ from connectors.conditions import MAX_DEPTH, MAX_LENGTH, ConditionError, parse_c
 from connectors.loader import load_directory
 from connectors.spec import FieldSpec
 from workers.router.approval_gate import Park
+from workers.router.decisions import Dispatch
 from workers.router.intake import RawMessage
-from workers.router.routing import Dispatch, Router
+from workers.router.routing import Router
 
 FIELDS = {
     "amount": FieldSpec(type="number", required=True),

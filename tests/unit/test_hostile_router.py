@@ -11,8 +11,9 @@ from connectors.catalog import Catalog
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from tests.unit.routing_catalog import routing_catalog
 from tests.unit.test_router_decide import CountingLimiter, code_of, message, router
+from workers.router.allowances import INVALID_ALLOWANCE
+from workers.router.decisions import Answer
 from workers.router.intake import RawMessage
-from workers.router.routing import INVALID_ALLOWANCE, Answer
 from workers.state.ratelimit import Rate
 from workers.transport.receipts import ReceiptLimits, fit
 

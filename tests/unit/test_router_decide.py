@@ -15,8 +15,9 @@ from connectors.catalog import Catalog
 from producers.wire import ErrorCode
 from tests.unit.routing_catalog import routing_catalog
 from workers.observability.redaction import REDACTED, redact_body
+from workers.router.decisions import Answer, Dispatch
 from workers.router.intake import RawMessage
-from workers.router.routing import Answer, Dispatch, Router
+from workers.router.routing import Router
 from workers.state.ratelimit import NoRateLimit, Rate, Verdict
 
 

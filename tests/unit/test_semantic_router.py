@@ -18,8 +18,9 @@ from connectors.routing.index import MAX_REQUEST_CHARS
 from producers.wire import ErrorCode
 from tests.unit.test_router_decide import CountingLimiter
 from tests.unit.test_semantic_ranking import CountingEmbedder
+from workers.router.decisions import Answer, Dispatch
 from workers.router.intake import RawMessage
-from workers.router.routing import Answer, Dispatch, Router
+from workers.router.routing import Router
 from workers.router.semantic import SemanticRouting
 from workers.state.ratelimit import Rate
 

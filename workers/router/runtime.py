@@ -20,8 +20,9 @@ from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
 from workers.observability.tracing import span
 from workers.router.approval_gate import Park, Parking
+from workers.router.decisions import Answer, Decision, Dispatch
 from workers.router.intake import RawMessage, fail_identity, new_trace_id, vouched_identity
-from workers.router.routing import Answer, Decision, Dispatch, Router
+from workers.router.routing import Router
 from workers.state.budgets import gives_back
 from workers.state.redeliveries import Redeliveries
 from workers.transport.delivery import TRANSIENT_ERRORS, Refused, Settle
