@@ -10,7 +10,7 @@ from urllib.parse import urljoin, urlsplit
 
 from connectors.openapi.document import OptionsError
 from connectors.openapi.text import one_line
-from connectors.spec import PATH_PARAM
+from connectors.spec import PATH_PARAM, header_name_problem
 
 
 def endpoint_of(doc: Mapping[str, Any], version: str, given: str | None) -> str:
@@ -80,12 +80,25 @@ def scheme_kind(scheme: dict[str, Any]) -> str:
     return f"{kind} {detail}".strip()
 
 
+def why_not_expressible(scheme: dict[str, Any]) -> str:
+    """Why ``auth_for`` found no auth for ``scheme``, for the header's note."""
+    name = scheme.get("name")
+    if scheme.get("type") == "apiKey" and scheme.get("in") == "header" and isinstance(name, str):
+        problem = header_name_problem("its header name", name)
+        if problem is not None:
+            return f"left out: {one_line(problem, 200)}"
+    return "cannot be expressed by the catalog"
+
+
 def auth_for(
     scheme: dict[str, Any], prefix: str, endpoint: str, scopes: Callable[[], list[str]]
 ) -> tuple[dict[str, Any] | None, list[str], tuple[str, str] | None]:
-    """The catalog's auth for one security scheme, with env variable names; None when it has none."""
+    """The catalog's auth for one security scheme, with env variable names; None when it has none
+    (``why_not_expressible`` says why)."""
     kind = scheme.get("type")
     if kind == "apiKey" and scheme.get("in") in ("header", "query") and isinstance(scheme.get("name"), str):
+        if scheme["in"] == "header" and header_name_problem("", scheme["name"]) is not None:
+            return None, [], None  # `reach validate` would refuse the name
         env = f"{prefix}_API_KEY"
         return (
             {"type": "api_key", "in": scheme["in"], "name": scheme["name"], "key_env": env},

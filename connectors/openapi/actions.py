@@ -14,12 +14,12 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from connectors.openapi.access import auth_for, endpoint_of, scheme_kind
+from connectors.openapi.access import auth_for, endpoint_of, scheme_kind, why_not_expressible
 from connectors.openapi.document import Operation, OptionsError, Refs, spec_version
 from connectors.openapi.fields import MAX_FIELD_DESCRIPTION, Fields, Param, WithStack
 from connectors.openapi.shapes import MAX_SCHEMA_STEPS, Shapes, TooLarge, names_in
 from connectors.openapi.text import Flow, clean, described, one_line, plain
-from connectors.spec import HTTP_METHODS, NAME_PATTERN, PATH_PARAM, ActionSpec
+from connectors.spec import HTTP_METHODS, NAME_PATTERN, PATH_PARAM, ActionSpec, header_name_problem
 from producers.wire import AGENT_ID_PATTERN
 
 MAX_DESCRIPTION = 1024  # OpenAI's limit for a function description
@@ -98,7 +98,7 @@ class Actions:
                 if others:
                     notes.append(f"auth: {name} is used; the document also offers {', '.join(map(str, others))}")
                 return auth, env, notes, sets
-            notes.append(f"auth: {name} ({one_line(scheme_kind(scheme), 40)}) cannot be expressed by the catalog")
+            notes.append(f"auth: {name} ({one_line(scheme_kind(scheme), 40)}) {why_not_expressible(scheme)}")
         return None, [], notes, None
 
     def _scopes(self, scheme: str) -> list[str]:
@@ -208,6 +208,12 @@ class Actions:
             if place == "header" and name.lower() in skip:
                 continue  # the fleet sets it (auth, content type, trace context)
             if self.auth_param == (place, name):
+                continue
+            if place == "header" and (problem := header_name_problem("header parameter", name)):
+                # no field may send it: `reach validate` refuses such a header name
+                if required:
+                    raise Skip(f"its required {problem}")
+                notes.append(f"{problem}; left out")
                 continue
             found.append(
                 Param(

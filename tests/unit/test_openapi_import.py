@@ -514,6 +514,50 @@ def test_an_operation_needing_a_cookie_or_sending_forms_is_listed_not_imported()
     }
 
 
+def test_header_names_reach_validate_would_refuse_are_left_out_with_a_note(tmp_path: Path) -> None:
+    doc = oas(
+        {
+            "/a": {
+                "get": op(
+                    operationId="look",
+                    parameters=[
+                        {"name": "X Bad\nName", "in": "header", "schema": {"type": "string"}},
+                        {"name": "X-Good", "in": "header", "schema": {"type": "string"}},
+                    ],
+                ),
+                "post": op(
+                    operationId="send",
+                    parameters=[
+                        {"name": "X Bad\nName", "in": "header", "required": True, "schema": {"type": "string"}}
+                    ],
+                ),
+            }
+        },
+        security=[{"key": []}],
+        components={"securitySchemes": {"key": {"type": "apiKey", "in": "header", "name": "bad:name"}}},
+    )
+    result = run(doc)
+    out = tmp_path / "catalog" / "shop.yaml"
+    out.parent.mkdir()
+    out.write_text(result.text, encoding="utf-8")
+    checked = CliRunner().invoke(main, ["validate", str(out.parent)])
+    assert checked.exit_code == 0, checked.output
+    connector = connector_of(result, tmp_path)
+    # the optional header is left out of its action, the required one keeps its action out
+    assert set(action(connector, "look").input) == {"X_Good"}
+    assert connector.action("send") is None
+    assert dict(result.skipped)["POST /a (send)"].startswith(
+        "its required header parameter 'X Bad\\nName' is not a valid HTTP header name"
+    )
+    assert "# note: header parameter 'X Bad\\nName' is not a valid HTTP header name" in result.text
+    assert "left out" in notes_of(result)
+    # the scheme's header name cannot be written either: no auth, and the header says why
+    assert connector.auth.type == "none" and not result.env
+    assert "# auth: key (apiKey header) left out: its header name 'bad:name' is not a valid HTTP header name" in (
+        result.text
+    )
+
+
 def test_output_lists_the_fields_every_answer_carries(tmp_path: Path) -> None:
     answer = {
         "type": "object",
