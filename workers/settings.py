@@ -89,6 +89,7 @@ def _redis_url(value: Any) -> Any:
 
 Flag = Annotated[bool, BeforeValidator(_flag)]
 Seconds = Annotated[int, BeforeValidator(_seconds), Field(ge=1)]
+SecondsOrOff = Annotated[int, BeforeValidator(_seconds), Field(ge=0)]  # 0: off
 RateText = Annotated[str, BeforeValidator(_rate)]
 HttpUrlText = Annotated[str, BeforeValidator(_http_url)]
 RedisUrlText = Annotated[str, BeforeValidator(_redis_url)]
@@ -240,6 +241,18 @@ class Settings(EnvironSettings):
     )
     http_max_connections_per_client: int = Field(
         64, ge=1, description="open connections from one client address (past it a new one is closed at once)"
+    )
+
+    # reach beat: agents' exchange-to-exchange bindings (workers/ops/binding_sweep.py)
+    binding_sweep_seconds: SecondsOrOff = Field(
+        300,
+        validation_alias="REACH_BINDING_SWEEP_SECONDS",
+        description="reach beat removes agents' exchange-to-exchange bindings this often (0: never)",
+    )
+    rabbitmqctl: str = Field(
+        "rabbitmqctl",
+        min_length=1,
+        description="how reach beat runs rabbitmqctl against the broker, e.g. 'docker exec -i rabbitmq rabbitmqctl'",
     )
 
     @field_validator("log_level", mode="before")

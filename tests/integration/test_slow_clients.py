@@ -1,5 +1,6 @@
 """Every HTTP server of the fleet against slow and half-open clients, as processes of their own:
-``reach mcp --http`` (and its /metrics and probes port) and ``reach console``.
+``reach mcp --http`` (and its /metrics and probes port), ``reach console``, and the probes of
+``reach beat`` (served by the runner as the router's and the pools' are).
 
 A stranger without a token opens sockets from one address (127.0.0.2) and sends half a request
 header, or a header a byte at a time, or half a body; meanwhile a caller from another address
@@ -32,6 +33,7 @@ HEADER_TIMEOUT, BODY_TIMEOUT = 2.0, 3.0
 STRANGER = "127.0.0.2"  # all of 127.0.0.0/8 is this machine: a second client address
 AGENT = "slow_desk"
 TOKEN = secrets.token_urlsafe(24)
+BEAT_PER_CLIENT = 4
 HALF_HEADER = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 CATALOG = f"""
 connector:
@@ -59,6 +61,7 @@ class Servers:
     mcp_port: int
     probes_port: int
     console_port: int
+    beat_port: int
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +84,15 @@ def servers() -> Iterator[Servers]:
         fleet.start_process(
             "console", ["console", "--port", str(console_port)], {"REACH_CONSOLE_USERS": str(private / "users.yaml")}
         )
-        running = Servers(fleet, mcp_port, fleet.metrics_port("mcp"), console_port)
+        # below the probes' own cap of 8, so the test can tell the variable from the cap
+        fleet.start_process("beat", ["beat"], {"REACH_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(BEAT_PER_CLIENT)})
+        running = Servers(fleet, mcp_port, fleet.metrics_port("mcp"), console_port, fleet.metrics_port("beat"))
         wait_for(
             lambda: status(f"http://127.0.0.1:{mcp_port}/mcp", post=True) == 401, 60, "reach mcp --http did not start"
         )
         wait_for(lambda: status(f"http://127.0.0.1:{console_port}/healthz") == 200, 60, "reach console did not start")
         wait_for(lambda: status(f"http://127.0.0.1:{running.probes_port}/healthz") == 200, 30, "no probes")
+        wait_for(lambda: status(f"http://127.0.0.1:{running.beat_port}/healthz") == 200, 60, "no probes of reach beat")
         yield running
     finally:
         fleet.stop()
@@ -228,6 +234,30 @@ def test_half_open_clients_do_not_hold_the_console_or_the_probes(servers: Server
             assert time.monotonic() - started >= HEADER_TIMEOUT - 0.5
         finally:
             close_all(slow)
+
+
+def test_the_probes_of_a_runner_process_keep_the_http_settings_against_half_requests(servers: Servers) -> None:
+    """``reach beat``'s /metrics and probes (started by the runner, as the router's and the pools'
+    are) take REACH_HTTP_HEADER_TIMEOUT and REACH_HTTP_MAX_CONNECTIONS_PER_CLIENT, not the defaults:
+    30 half requests from one address hold at most 4 connections for at most 2 s, and /healthz and
+    /metrics answer meanwhile."""
+    port = servers.beat_port
+    before = closed_count(port, "probes", "header_timeout")
+    started = time.monotonic()
+    slow = open_slow(port, 30, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    got: dict[socket.socket, bytes] = {}
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        held = still_open(slow, got)
+        assert 0 < len(held) <= BEAT_PER_CLIENT, f"{len(held)} held from one address (at most {BEAT_PER_CLIENT})"
+        wait_for(lambda: not still_open(held, got), HEADER_TIMEOUT + 3, "half requests stay past the header timeout")
+        lasted = time.monotonic() - started
+        assert HEADER_TIMEOUT - 0.5 <= lasted <= HEADER_TIMEOUT + 3, f"cut off after {lasted:.1f} s"
+        assert all(got.get(s, b"")[:13] in (b"", b"HTTP/1.1 408 ") for s in held), {got.get(s, b"")[:40] for s in held}
+    finally:
+        close_all(slow)
+    assert closed_count(port, "probes", "header_timeout") >= before + len(held)
+    assert closed_count(port, "probes", "per_client_limit") >= 30 - BEAT_PER_CLIENT
 
 
 def test_the_mcp_server_reports_the_package_version(servers: Servers) -> None:

@@ -147,6 +147,7 @@ BAD = {
     "REACH_HTTP_BODY_TIMEOUT": ["0", "never"],
     "REACH_HTTP_MAX_CONNECTIONS": ["0", "many"],
     "REACH_HTTP_MAX_CONNECTIONS_PER_CLIENT": ["0"],
+    "REACH_BINDING_SWEEP_SECONDS": ["-1", "500ms", "never"],
 }
 
 
@@ -160,6 +161,7 @@ def test_every_variable_with_a_value_to_refuse_is_covered() -> None:
     free_text = {"REACH_BROKER_URL", "REACH_CATALOG"}
     free_text |= {"REACH_MCP_HOST", "REACH_MCP_TOKENS_FILE", "REACH_MCP_JWT_KEY"}  # an address, a path, a key
     free_text |= {"REACH_CONSOLE_HOST", "REACH_CONSOLE_USERS", "REACH_CONSOLE_SESSION_KEY"}
+    free_text |= {"REACH_RABBITMQCTL"}  # a command line
     assert set(BAD) == set(VARIABLES) - free_text
 
 

@@ -95,6 +95,13 @@ HTTP_CONNECTIONS_CLOSED = Counter(
     ["server", "reason"],
 )
 
+# reach beat's sweep of agents' exchange-to-exchange bindings (workers/ops/binding_sweep.py)
+BINDING_SWEEPS = Counter(
+    "reach_binding_sweeps",
+    "Sweeps of agents' exchange-to-exchange bindings by reach beat, by outcome (swept, failed)",
+    ["outcome"],
+)
+
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 _HEALTH_VALUE = {"up": 1, "down": 0, "unknown": -1}
 

@@ -20,7 +20,9 @@ from connectors.adapters.factory import build_adapter
 from connectors.catalog import Catalog
 from workers.observability import metrics, probes
 from workers.observability.audit import Audit
+from workers.observability.http_guard import HttpLimits
 from workers.observability.tracing import configure_tracing
+from workers.ops.binding_sweep import BindingSweep
 from workers.pool.consumer import job_handler
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
 from workers.settings import Settings
@@ -176,7 +178,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         batcher.close()  # the audit lines and trace entries still queued
 
     probes.install(app)
-    probes.serve(settings.metrics_port)
+    probes.serve(settings.metrics_port, limits=HttpLimits.from_settings(settings))
     log.info(
         "router: %d connector(s), %d action(s), %d agent(s)",
         len(catalog.connectors),
@@ -327,7 +329,7 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
         for adapter in adapters.values():
             adapter.close()
 
-    probes.serve(settings.metrics_port)
+    probes.serve(settings.metrics_port, limits=HttpLimits.from_settings(settings))
     for member, queue in zip(members, queues):
         connector = catalog.connectors[member.connector]
         log.info(
@@ -365,10 +367,20 @@ def run_beat(settings: Settings, catalog: Catalog) -> None:
             print(f"reach beat: {exc}", file=sys.stderr)
             sys.exit(2)
     beat = Beat(targets, HealthBoard(redis_client), heartbeat=probes.PROBE.beat)
-    signal.signal(signal.SIGTERM, lambda *_: beat.stop())
-    signal.signal(signal.SIGINT, lambda *_: beat.stop())
+    sweep = BindingSweep.from_settings(settings)  # agents' exchange-to-exchange bindings
+
+    def stop(*_: Any) -> None:
+        beat.stop()
+        if sweep is not None:
+            sweep.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     probes.PROBE.ready = True
     probes.PROBE.detail = "probing"
-    probes.serve(settings.metrics_port)
+    probes.serve(settings.metrics_port, limits=HttpLimits.from_settings(settings))
     log.info("beat: probing %d connector(s)", len(catalog.connectors))
+    if sweep is not None:
+        log.info("beat: sweeping agents' exchange bindings every %d s", settings.binding_sweep_seconds)
+        sweep.start()
     beat.run()
