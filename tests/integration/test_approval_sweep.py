@@ -20,7 +20,9 @@ from connectors.spec import ApprovalSpec
 from producers.wire import ErrorCode, Receipt
 from tests.fleet import REDIS_URL
 from workers.observability.audit import Audit
-from workers.router.approval_gate import Park, Parking, Settler, Sweeper
+from workers.router.approval_parking import Park, Parking
+from workers.router.approval_settling import Settler
+from workers.router.approval_sweep import Sweeper
 from workers.state import keys
 from workers.state.approval_store import ApprovalStore, Parked, payload_hash
 from workers.transport.job import Job

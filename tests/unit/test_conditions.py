@@ -14,7 +14,7 @@ from connectors.catalog import build
 from connectors.conditions import MAX_DEPTH, MAX_LENGTH, ConditionError, parse_condition
 from connectors.loader import load_directory
 from connectors.spec import FieldSpec
-from workers.router.approval_gate import Park
+from workers.router.approval_parking import Park
 from workers.router.decisions import Dispatch
 from workers.router.intake import RawMessage
 from workers.router.routing import Router

@@ -31,7 +31,7 @@ from kombu.pools import producers
 
 from connectors.spec import PERSON_PATTERN
 from workers.observability.audit import Audit
-from workers.router.approval_gate import PublisherOutlet, Settler
+from workers.router.approval_settling import PublisherOutlet, Settler
 from workers.settings import Settings
 from workers.state.approval_store import ApprovalRecord, ApprovalStore, Waiting
 from workers.transport.app import JobMessages, create_app

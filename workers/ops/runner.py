@@ -103,7 +103,9 @@ def receipt_limits(settings: Settings) -> ReceiptLimits:
 def run_router(settings: Settings, catalog: Catalog) -> None:
     # the router's own modules are imported here, not at the top: a pool process never loads them
     # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
-    from workers.router.approval_gate import Parking, PublisherOutlet, Settler, Sweeper
+    from workers.router.approval_parking import Parking
+    from workers.router.approval_settling import PublisherOutlet, Settler
+    from workers.router.approval_sweep import Sweeper
     from workers.router.intake import fleet_login
     from workers.router.routing import Router
     from workers.router.runtime import RouterRuntime

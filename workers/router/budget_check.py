@@ -62,7 +62,7 @@ def spend(
     hard = [e for e in verdict.over if e.budget.on_exceed == "reject"]
     gated = (agent_id, ref.connector.name, ref.action.action) in catalog.approvals
     if not hard and gated:
-        # held while a person decides: a denial or expiry gives it back (workers/router/approval_gate.py)
+        # held while a person decides: a denial or expiry gives it back (workers/router/approval_settling.py)
         counter.reserve(agent_id, ref.connector.name, intent_id, tag, spends, force=True)
         return "; ".join(
             f"over the budget of {e.budget.max:g} {e.budget.param} per {e.budget.per} ({e.used:g} counted)"

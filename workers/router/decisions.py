@@ -2,7 +2,7 @@
 
 Dispatch  the checked job goes to its connector's queue (its pool sends the receipt)
 Answer    the router answers itself: a rejection or a built-in action, maybe with a dead letter
-Park      the job waits for a person (``workers.router.approval_gate``)
+Park      the job waits for a person (``workers.router.approval_parking``)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from producers.wire import ErrorCode, Receipt
 from workers.observability import metrics
 from workers.observability.audit import params_digest
 from workers.observability.redaction import redact_params
-from workers.router.approval_gate import Park
+from workers.router.approval_parking import Park
 from workers.router.intake import ParsedIntent, ParseFailure, new_trace_id
 from workers.transport.job import Job
 from workers.transport.receipts import build_receipt

@@ -26,7 +26,7 @@ from workers.observability import metrics
 from workers.observability.redaction import redact_params
 from workers.observability.tracing import traceparent_for
 from workers.router.allowances import COUNTED_AS_INVALID, closed_window, count_invalid, model_allowance
-from workers.router.approval_gate import Park
+from workers.router.approval_parking import Park
 from workers.router.budget_check import spend
 from workers.router.built_ins import find_tools, list_tools
 from workers.router.connector_choice import choose
@@ -223,7 +223,7 @@ class Router:
         policy = self.catalog.approvals.get((agent_id, ref.connector.name, ref.action.action))
         if policy is not None and over_budget is not None:
             return Park(job, policy, redact_params(params, ref.action.input), over_budget)
-        if policy is not None and policy.applies(params):  # a person decides (workers/router/approval_gate.py)
+        if policy is not None and policy.applies(params):  # a person decides (workers/router/approval_parking.py)
             why = policy.spec.when or "approval required"
             return Park(job, policy, redact_params(params, ref.action.input), why)
         return Dispatch(job)

@@ -19,7 +19,7 @@ from workers.observability import metrics
 from workers.observability.audit import Audit, params_digest
 from workers.observability.redaction import redact_body, redact_params
 from workers.observability.tracing import span
-from workers.router.approval_gate import Park, Parking
+from workers.router.approval_parking import Park, Parking
 from workers.router.decisions import Answer, Decision, Dispatch
 from workers.router.intake import RawMessage, fail_identity, new_trace_id, vouched_identity
 from workers.router.routing import Router
@@ -66,7 +66,7 @@ class RouterRuntime:
         self.retries = RetryCounts(max_deliveries)
         self.max_deliveries = max_deliveries
         self.redeliveries = redeliveries  # returns seen by any router (None: only this process's requeues)
-        self.parking = parking  # intents that wait for a person (workers/router/approval_gate.py)
+        self.parking = parking  # intents that wait for a person (workers/router/approval_parking.py)
 
     def handle(self, raw: RawMessage) -> Settle:
         """Route one delivery; say what must then happen to it (ack, or requeue when the decision
