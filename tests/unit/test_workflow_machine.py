@@ -226,13 +226,15 @@ def test_step_intent_ids_are_deterministic_short_and_parse_back() -> None:
     assert one == step_intent_id("support", "run-1", 2, "undo", 3) != step_intent_id("other", "run-1", 2, "undo", 3)
     assert len(step_intent_id("a" * 63, "x" * 128, 19, "undo", 999999)) <= 128
     parsed = parse_step_intent_id(one)
-    assert parsed is not None and (parsed.digest, parsed.step, parsed.kind, parsed.attempt) == (
+    assert parsed is not None and (parsed.owner, parsed.digest, parsed.step, parsed.kind, parsed.attempt) == (
+        "support",
         run_digest("support", "run-1"),
         2,
         "undo",
         3,
     )
-    assert parse_step_intent_id("wf-zz-1-d0") is None
+    assert parse_step_intent_id("wf.support.zz.1.d0") is None
+    assert parse_step_intent_id(one.replace("wf.support", "wf.Support")) is None
 
 
 def test_kept_data_is_declared_fields_within_the_bound() -> None:

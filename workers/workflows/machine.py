@@ -25,7 +25,7 @@ from workers.transport.receipts import iso
 from workers.transport.topology import WORKFLOW_REPLY_KEY
 from workers.workflows.final import final_receipt
 from workers.workflows.ids import step_intent_id
-from workers.workflows.model import Outbound, Run, RunError, StepRecord, Undo, kept_data
+from workers.workflows.model import SETTLED, Outbound, Run, RunError, StepRecord, Undo, kept_data
 
 GRACE_SECONDS = 30.0  # a step or undo still out this long past its time is taken as unknown
 RESEND_AFTER_SECONDS = 5.0  # an outbound not confirmed this long after it was written is sent again
@@ -162,6 +162,13 @@ def abort(run: Run, now: float, by: str) -> Run:
             "events": run.noted("aborted: nothing more is undone", now, by),
         }
     )
+
+
+def keep_until(run: Run) -> float | None:
+    """Until when a run still going must be kept (then the retention on top); None once settled."""
+    if run.state in SETTLED:
+        return None
+    return max(run.deadline, run.undo_until or 0.0) + GRACE_SECONDS
 
 
 def next_look(run: Run, sent: str | None, now: float) -> float | None:

@@ -1,0 +1,198 @@
+"""The runner's order per message against real Redis, without a broker: the outlet records what
+would be published. A crash (REACH_WORKFLOW_CRASH_AT's three points) is an exception out of the
+handler; the message is then handled again by a new runner, as a redelivery would be."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from connectors.catalog import Catalog, build
+from connectors.loader import load_directory
+from producers.wire import ErrorCode
+from tests.fleet import REDIS_URL
+from tests.unit.test_workflow_catalog import SHOP, WORKFLOW
+from tests.unit.test_workflow_machine import HOLD, REFUND, receipt
+from workers.state import keys
+from workers.state.workflow_runs import WorkflowRuns
+from workers.transport.app import EXECUTE_TASK
+from workers.transport.delivery import Delivery
+from workers.transport.job import Job
+from workers.workflows.runner import CRASH_POINTS, Crash, WorkflowRunner
+
+
+class Died(BaseException):
+    pass
+
+
+class Outlet:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_intent(self, body: dict[str, Any], owner: str, run_id: str) -> None:
+        assert owner == body["agent_id"]
+        self.sent.append(("intent", body))
+
+    def send_final(self, receipt: dict[str, Any], reply_to: str) -> None:
+        self.sent.append(("final", receipt))
+
+    def intents(self) -> list[str]:
+        return [body["intent_id"] for kind, body in self.sent if kind == "intent"]
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
+    folder: Path = tmp_path_factory.mktemp("shop")
+    (folder / "shop.yaml").write_text(SHOP + "---\n" + WORKFLOW)
+    built, problems = build(load_directory(folder))
+    assert problems == []
+    return built
+
+
+@pytest.fixture()
+def runs() -> Any:
+    client = redis.Redis.from_url(REDIS_URL)
+    yield WorkflowRuns(client, 3600)
+    for pattern in ("reach:wf-*",):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+    client.close()
+
+
+def start_message(run_id: str, agent: str = "support") -> Delivery:
+    job = Job(
+        intent_id=run_id,
+        agent_id=agent,
+        connector="(workflow)",
+        action="refund_order",
+        params={"order_id": "o-1", "amount": 5.0},
+        idempotency_key=run_id,
+        reply_to=agent,
+        deadline=None,
+        trace_id="a" * 32,
+        traceparent=None,
+        format="native",
+        received_at=1.0e9,
+        dispatched_at=1.0e9,
+    )
+    body = json.dumps([[job.model_dump(mode="json")], {}, {}]).encode()
+    return Delivery(body=body, headers={"task": EXECUTE_TASK})
+
+
+def reply(intent_id: str, data: Any = None, code: ErrorCode | None = None) -> Delivery:
+    return Delivery(body=receipt(intent_id, data, code).to_json())
+
+
+def runner(catalog: Catalog, runs: WorkflowRuns, outlet: Outlet, crash_at: str | None = None) -> WorkflowRunner:
+    def die(code: int) -> None:
+        raise Died(code)
+
+    clock = iter(range(10**9))
+    return WorkflowRunner(catalog, runs, outlet, crash=Crash(crash_at, die), clock=lambda: 1.0e9 + next(clock))
+
+
+def drive(catalog: Catalog, runs: WorkflowRuns, outlet: Outlet, run_id: str, crash_at: str | None = None) -> None:
+    """A whole happy run; at every message the runner dies once at ``crash_at`` and the message comes again."""
+
+    def handle(kind: str, message: Delivery) -> None:
+        first = runner(catalog, runs, outlet, crash_at)
+        try:
+            (first.handle_start if kind == "start" else first.handle_reply)(message)
+        except Died:
+            again = runner(catalog, runs, outlet)
+            assert (again.handle_start if kind == "start" else again.handle_reply)(message) == "ack"
+
+    handle("start", start_message(run_id))
+    for data in (HOLD, REFUND, {}):
+        last = outlet.intents()[-1]
+        handle("reply", reply(last, data))
+
+
+@pytest.mark.parametrize("crash_at", [None, *CRASH_POINTS])
+def test_each_step_is_sent_once_per_intent_id_and_one_final_receipt_whatever_the_crash(
+    catalog: Catalog, runs: WorkflowRuns, crash_at: str | None
+) -> None:
+    outlet = Outlet()
+    drive(catalog, runs, outlet, f"run-{crash_at}", crash_at)
+    intents = outlet.intents()
+    assert len(set(intents)) == 3  # three steps, each one intent id (sent again only after a crash)
+    finals = [body for kind, body in outlet.sent if kind == "final"]
+    assert len({json.dumps(f, sort_keys=True) for f in finals}) == 1 and finals[0]["status"] == "succeeded"
+    if crash_at in (None, "before_ack"):
+        assert len(intents) == 3 and len(finals) == 1  # confirmed and marked: nothing again
+    stored = runs.load("support", f"run-{crash_at}")
+    assert stored is not None and json.loads(stored.doc)["state"] == "succeeded"
+
+
+def test_a_start_that_comes_twice_runs_once(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("twice"))
+    one.handle_start(start_message("twice"))
+    assert len(outlet.intents()) == 1
+
+
+def test_the_same_run_id_of_two_agents_is_two_runs(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("shared"))
+    one.handle_start(start_message("shared", agent="other"))
+    assert len(set(outlet.intents())) == 2
+    assert runs.owners_of("shared") == ["other", "support"]
+
+
+def test_a_receipt_that_comes_twice_moves_the_run_once(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("dup"))
+    first = outlet.intents()[0]
+    one.handle_reply(reply(first, HOLD))
+    one.handle_reply(reply(first, HOLD))
+    assert outlet.intents()[1:] == [outlet.intents()[1]]  # the second step once
+
+
+def test_a_failing_undo_is_tried_again_by_the_sweep(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    now = [1.0e9]
+    one = WorkflowRunner(catalog, runs, outlet, clock=lambda: now[0])
+    one.handle_start(start_message("undo"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], code=ErrorCode.DOWNSTREAM_CONFLICT))
+    undo = outlet.intents()[-1]
+    one.handle_reply(reply(undo, code=ErrorCode.DOWNSTREAM_ERROR))
+    assert outlet.intents()[-1] == undo
+    now[0] += 5
+    assert one.sweep() >= 1
+    assert outlet.intents()[-1] != undo and outlet.intents()[-1].endswith(".u2")
+    one.handle_reply(reply(outlet.intents()[-1], {}))
+    finals = [body for kind, body in outlet.sent if kind == "final"]
+    assert len(finals) == 1 and finals[0]["error"]["code"] == "STEP_FAILED"
+    assert finals[0]["execution"]["steps"][0]["undone"] is True
+
+
+def test_an_outbound_written_but_never_confirmed_is_sent_by_the_sweep(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    now = [1.0e9]
+
+    def die(code: int) -> None:
+        raise Died(code)
+
+    dying = WorkflowRunner(catalog, runs, outlet, crash=Crash("after_state_write", die), clock=lambda: now[0])
+    with pytest.raises(Died):
+        dying.handle_start(start_message("lost"))
+    assert outlet.intents() == []
+    now[0] += 10
+    WorkflowRunner(catalog, runs, outlet, clock=lambda: now[0]).sweep()
+    assert len(outlet.intents()) == 1
+
+
+def test_a_run_finished_leaves_the_sweep_and_expires(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    drive(catalog, runs, outlet, "done")
+    client = runs.client
+    assert client.zscore(keys.workflow_due(), "support:done") is None
+    assert 0 < client.ttl(keys.workflow_run("support", "done")) <= 3600

@@ -1,0 +1,305 @@
+"""The runner: each message it gets is handled in one order, whatever it is::
+
+    load the run -> transition (workers.workflows.machine) -> compare-and-set -> publish the
+    outbound, confirmed -> mark it sent -> ack
+
+A crash anywhere repeats nothing the ledger would not absorb: after the write, the message comes
+again and finds its receipt recorded, so the run's outbound is published again (the same intent
+id and idempotency key: the router and the pool answer it once); after the mark, the redelivery
+only acks. A transition made by the sweep (an undo tried again, an overdue step) has no message to
+come again: the sweep itself publishes any outbound not marked sent a few seconds after it was
+written. ``crash_at`` (REACH_WORKFLOW_CRASH_AT, tests only) kills the process at one of those
+points, the first time it gets there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from connectors.catalog import Catalog
+from producers.wire import APPROVAL_PENDING, INTENT_ROUTING_KEY, ApprovalNotice, ErrorCode, Receipt
+from workers.state.workflow_runs import Stored, WorkflowRuns
+from workers.transport.app import EXECUTE_TASK
+from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Settle
+from workers.transport.job import Job, JobDecodeError, parse_job
+from workers.transport.publisher import Publisher
+from workers.transport.receipts import ReceiptSink, build_receipt
+from workers.transport.topology import INTENTS_EXCHANGE, ON_BEHALF_OF_HEADER, RUN_ID_HEADER
+from workers.workflows import machine
+from workers.workflows.ids import parse_step_intent_id
+from workers.workflows.model import Run, snapshot
+
+log = logging.getLogger("reach.workflows")
+CAS_TRIES = 20  # writers racing on one run (a receipt and the sweep) retry this often
+REQUEUE_PAUSE_SECONDS = 1.0
+CRASH_POINTS = ("after_state_write", "after_publish", "before_ack")
+
+
+class Outlet(Protocol):
+    """Where the runner's messages go (the broker; a list in tests)."""
+
+    def send_intent(self, body: dict[str, Any], owner: str, run_id: str) -> None: ...
+
+    def send_final(self, receipt: dict[str, Any], reply_to: str) -> None: ...
+
+
+class BrokerOutlet:
+    """Step intents to reach.intents as the fleet's own login, for the run's owner; final receipts
+    through the receipt sink (stored, confirmed, marked sent: at most one per run id)."""
+
+    def __init__(self, publisher: Publisher, sink: ReceiptSink, fleet_user: str) -> None:
+        self.publisher = publisher
+        self.sink = sink
+        self.fleet_user = fleet_user
+
+    def send_intent(self, body: dict[str, Any], owner: str, run_id: str) -> None:
+        self.publisher.publish(
+            json.dumps(body, separators=(",", ":")).encode(),
+            exchange=INTENTS_EXCHANGE,
+            routing_key=INTENT_ROUTING_KEY,
+            headers={ON_BEHALF_OF_HEADER: owner, RUN_ID_HEADER: run_id},
+            message_id=body["intent_id"],
+            user_id=self.fleet_user,  # RabbitMQ checks it is the login: what the router trusts
+        )
+
+    def send_final(self, receipt: dict[str, Any], reply_to: str) -> None:
+        self.sink.send(Receipt.model_validate(receipt), reply_to)
+
+
+class Crash:
+    """REACH_WORKFLOW_CRASH_AT: die as by kill -9 (no cleanup, nothing flushed) at ``point``, once."""
+
+    def __init__(self, point: str | None, die: Callable[[int], None] = os._exit) -> None:
+        self.point = point
+        self.die = die
+
+    def __call__(self, point: str) -> None:
+        if self.point is not None and point == self.point:
+            self.point = None
+            log.warning("REACH_WORKFLOW_CRASH_AT=%s: dying here", point)
+            self.die(137)
+
+
+class WorkflowRunner:
+    def __init__(
+        self,
+        catalog: Catalog,
+        runs: WorkflowRuns,
+        outlet: Outlet,
+        *,
+        crash: Crash | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.catalog = catalog
+        self.runs = runs
+        self.outlet = outlet
+        self.crash = crash or Crash(None)
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def handle_start(self, message: Delivery) -> Settle:
+        """A run's start job (from the router, on reach.workflows)."""
+        try:
+            job = decode_start(message)
+        except JobDecodeError as exc:
+            log.error("dropping a message on the workflows queue that is not a start job: %s", exc.reason)
+            return "ack"  # only the router publishes there: nothing to answer
+        return self._guarded(job.intent_id, lambda: self._start(job))
+
+    def handle_reply(self, message: Delivery) -> Settle:
+        """A receipt, or an approval notice, of a step or undo intent the runner sent."""
+        try:
+            doc = json.loads(message.body)
+        except (ValueError, RecursionError):
+            log.error("dropping a reply that is not JSON (%d bytes)", len(message.body))
+            return "ack"
+        if isinstance(doc, dict) and doc.get("type") == APPROVAL_PENDING:
+            try:
+                notice = ApprovalNotice.model_validate(doc)
+            except ValidationError:
+                log.error("dropping an approval notice that does not parse")
+                return "ack"
+            return self._guarded(notice.intent_id, lambda: self._approval(notice))
+        try:
+            receipt = Receipt.model_validate(doc)
+        except ValidationError:
+            log.error("dropping a reply that is neither a receipt nor an approval notice")
+            return "ack"
+        return self._guarded(receipt.intent_id, lambda: self._receipt(receipt))
+
+    def _guarded(self, what: str, handle: Callable[[], None]) -> Settle:
+        try:
+            handle()
+        except TRANSIENT_ERRORS:
+            log.exception("could not finish %s; it goes back to the queue", what)
+            self.sleep(REQUEUE_PAUSE_SECONDS)
+            return "requeue"
+        except Exception:
+            # a bug: the same message would fail again. The run is not stuck for good: the sweep
+            # takes a step without an answer past the run's deadline as unknown
+            log.exception("giving up on message %s", what)
+            return "ack"
+        self.crash("before_ack")
+        return "ack"
+
+    def _start(self, job: Job) -> None:
+        owner, run_id = job.agent_id, job.intent_id
+        stored = self.runs.load(owner, run_id)
+        if stored is not None:  # the start came again (redelivered, or sent twice): no second run
+            self._redrive(Run.from_json(stored.doc), stored.sent)
+            return
+        workflow = self.catalog.workflows.get(job.action)
+        if workflow is None:  # the catalog the router had named it; this runner's no longer does
+            self.outlet.send_final(_no_such_workflow(job), job.reply_to)
+            return
+        now = self.clock()
+        begin = machine.Start(run_id, owner, job.params, job.reply_to, job.trace_id, job.traceparent, job.received_at)
+        run = machine.start(begin, workflow, snapshot(workflow, self.catalog), now)
+        self.runs.remember(owner, run_id, job.received_at)
+        if not self._write(run, 0, now):
+            stored = self.runs.load(owner, run_id)  # another delivery of the start won the race
+            if stored is not None:
+                self._redrive(Run.from_json(stored.doc), stored.sent)
+            return
+        self._publish(run)
+
+    def _receipt(self, receipt: Receipt) -> None:
+        self._transition(receipt.intent_id, lambda run, now: machine.on_receipt(run, receipt, now))
+
+    def _approval(self, notice: ApprovalNotice) -> None:
+        self._transition(
+            notice.intent_id,
+            lambda run, now: machine.on_approval(run, notice.intent_id, notice.approval_id, now),
+            redrive=False,
+        )
+
+    def _transition(self, intent_id: str, event: Callable[[Run, float], Run | None], redrive: bool = True) -> None:
+        parsed = parse_step_intent_id(intent_id)
+        run_id = self.runs.run_of(parsed.owner, intent_id) if parsed is not None else None
+        if parsed is None or run_id is None:
+            log.warning("a reply for %s, which is no step of a run kept here; dropped", intent_id[:128])
+            return
+        for _ in range(CAS_TRIES):
+            stored = self.runs.load(parsed.owner, run_id)
+            if stored is None:
+                log.warning("run %s of %s is gone (expired); reply %s dropped", run_id, parsed.owner, intent_id)
+                return
+            run = Run.from_json(stored.doc)
+            now = self.clock()
+            moved = event(run, now)
+            if moved is None:  # recorded already: make sure what it led to went out
+                if redrive:
+                    self._redrive(run, stored.sent)
+                return
+            if self._write(moved, stored.version, now):
+                self._publish(moved)
+                return
+        raise RuntimeError(f"run {run_id}: {CAS_TRIES} writers raced on it")
+
+    # -- the sweep ------------------------------------------------------------------------------
+
+    def sweep(self, limit: int = 100) -> int:
+        """Look at the runs that are due: undos to try again, overdue steps, outbounds not
+        confirmed. Returns how many runs it looked at."""
+        now = self.clock()
+        due = self.runs.due(now, limit)
+        for owner, run_id in due:
+            try:
+                self._sweep_one(owner, run_id)
+            except Exception:
+                log.exception("sweeping run %s of %s failed; it is looked at again", run_id, owner)
+        return len(due)
+
+    def _sweep_one(self, owner: str, run_id: str) -> None:
+        for _ in range(CAS_TRIES):
+            stored = self.runs.load(owner, run_id)
+            if stored is None:
+                self.runs.look_at(owner, run_id, None)
+                return
+            run = Run.from_json(stored.doc)
+            now = self.clock()
+            moved = machine.on_due(run, now)
+            if moved is None:
+                outbound = run.outbound
+                if outbound is not None and stored.sent != outbound.marker and now >= outbound.written_at + 1:
+                    self._redrive(run, stored.sent)
+                    return
+                self.runs.look_at(owner, run_id, machine.next_look(run, stored.sent, now))
+                return
+            if self._write(moved, stored.version, now):
+                self._publish(moved)
+                return
+
+    # -- write, publish, mark ---------------------------------------------------------------------
+
+    def _write(self, run: Run, expected: int, now: float) -> bool:
+        """One compare-and-set. The sweep is told to look first, so a run is never out of its sight."""
+        self.runs.look_at(run.owner, run.run_id, machine.next_look(run, None, now))
+        outbound = run.outbound
+        step_intent = outbound.intent_id if outbound is not None and outbound.kind != "final" else None
+        written = self.runs.write(
+            run.owner, run.run_id, expected, run.to_json(), keep_until=machine.keep_until(run), step_intent=step_intent
+        )
+        if written:
+            self.crash("after_state_write")
+        return written
+
+    def _publish(self, run: Run) -> None:
+        outbound = run.outbound
+        if outbound is None:
+            return
+        if outbound.kind == "final":
+            self.outlet.send_final(outbound.body, run.reply_to)
+        else:
+            self.outlet.send_intent(outbound.body, run.owner, run.run_id)
+        self.crash("after_publish")
+        self.runs.mark_sent(run.owner, run.run_id, outbound.marker)
+        self.runs.look_at(run.owner, run.run_id, machine.next_look(run, outbound.marker, self.clock()))
+
+    def _redrive(self, run: Run, sent: str | None) -> None:
+        """Publish the run's outbound again if it may not have been confirmed."""
+        if run.outbound is not None and sent != run.outbound.marker:
+            log.info("run %s: publishing %s again", run.run_id, run.outbound.marker)
+            self._publish(run)
+
+
+def decode_start(message: Delivery) -> Job:
+    """The job in a start message (a ``reach.execute`` task message, as the router builds for pools)."""
+    if (message.headers or {}).get("task") != EXECUTE_TASK:
+        raise JobDecodeError("not a start job")
+    try:
+        args = json.loads(message.body)[0]
+    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
+        raise JobDecodeError("the body is not a task message of JSON") from exc
+    if not isinstance(args, list) or len(args) != 1:
+        raise JobDecodeError("the task's argument is not a job object")
+    return parse_job(args[0])
+
+
+def _no_such_workflow(job: Job) -> dict[str, Any]:
+    receipt = build_receipt(
+        intent_id=job.intent_id,
+        agent_id=job.agent_id,
+        action=job.action,
+        connector=None,
+        trace_id=job.trace_id,
+        received_at=job.received_at,
+        code=ErrorCode.UNKNOWN_ACTION,
+        message=f"workflow {job.action!r} is not in this runner's catalog (reloaded meanwhile?)",
+        suggestion="Ask for your tools again (reach.list_tools) and send the intent again.",
+    )
+    return receipt.to_doc()
+
+
+def stored_run(stored: Stored | None) -> Run | None:
+    return Run.from_json(stored.doc) if stored is not None else None
