@@ -34,9 +34,11 @@ from workers.transport.publisher import Publisher, Unroutable
 from workers.transport.topology import (
     DEFAULT_QUEUE_TYPE,
     DISPATCH_EXCHANGE,
+    WORKFLOW_JOB_CONNECTOR,
     QueueType,
     connector_queue,
     declare_queue,
+    workflows_queue,
 )
 
 log = logging.getLogger("reach.dispatch")
@@ -66,13 +68,17 @@ class Dispatcher:
         self._refused_until: dict[str, float] = {}  # queue -> monotonic time (one per catalog connector)
 
     def dispatch(self, job: Job) -> None:
-        """Returns once the job is confirmed in its connector's queue.
+        """Returns once the job is confirmed in its connector's queue (a workflow's start job: in
+        reach.workflows).
 
         Raises:
             Unroutable: The queue is missing and could not be declared again (or ``connect`` is None).
             Refused: The broker nacked the job on every try (it is not in the queue).
         """
-        self.dispatch_to(connector_queue(job.connector, self.queue_type), job)
+        if job.connector == WORKFLOW_JOB_CONNECTOR:  # a workflow run's start: the runner's queue
+            self.dispatch_to(workflows_queue(self.queue_type), job)
+        else:
+            self.dispatch_to(connector_queue(job.connector, self.queue_type), job)
 
     def dispatch_to(self, target: Queue, job: Job) -> None:
         """``dispatch`` to a queue of the fleet bound on reach.dispatch by its own name: a

@@ -157,6 +157,9 @@ WORKFLOW_REPLY_KEY = "reach-workflows"
 WORKFLOW_RECEIPTS_QUEUE_NAME = "reach.workflows.receipts"
 ON_BEHALF_OF_HEADER = "x-reach-on-behalf-of"
 RUN_ID_HEADER = "x-reach-run-id"
+# a start job's ``connector`` (its ``action`` is the workflow's name): no connector can be named so,
+# and the dispatcher sends such a job to reach.workflows, never to a pool
+WORKFLOW_JOB_CONNECTOR = "(workflow)"
 
 
 def workflows_queue(queue_type: QueueType = DEFAULT_QUEUE_TYPE) -> Queue:
