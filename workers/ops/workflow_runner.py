@@ -17,11 +17,13 @@ from kombu.message import Message
 
 from connectors.catalog import Catalog
 from workers.observability import probes
+from workers.observability.audit import Audit
 from workers.observability.http_guard import HttpLimits
 from workers.observability.tracing import configure_tracing
 from workers.ops.runner import dead_letter_bounds, quiet_per_intent_logs, receipt_limits
 from workers.router.intake import fleet_login
 from workers.settings import Settings
+from workers.state.batcher import Batcher
 from workers.state.client import connect_redis
 from workers.state.workflow_runs import WorkflowRuns
 from workers.transport.app import create_app
@@ -87,11 +89,13 @@ def run_workflows(settings: Settings, catalog: Catalog) -> None:
     redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     runs = WorkflowRuns(redis_client, settings.workflow_retention_seconds)
+    batcher = Batcher(redis_client)
     runner = WorkflowRunner(
         catalog,
         runs,
         BrokerOutlet(publisher, sink, fleet_login(settings.broker_url)),
         crash=Crash(settings.workflow_crash_at),
+        audit=Audit(redis_client, "workflows", batcher=batcher),
     )
     sweeper = Sweeper(runner)
     configure_tracing("reach-workflows")
@@ -104,6 +108,7 @@ def run_workflows(settings: Settings, catalog: Catalog) -> None:
     @signals.worker_shutdown.connect(weak=False)
     def _close(**_: Any) -> None:
         sweeper.stopped.set()
+        batcher.close()  # the audit lines still queued
 
     probes.install(app)
     probes.serve(settings.metrics_port, limits=HttpLimits.from_settings(settings))

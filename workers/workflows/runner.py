@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from connectors.catalog import Catalog
 from producers.wire import APPROVAL_PENDING, INTENT_ROUTING_KEY, ApprovalNotice, ErrorCode, Receipt
+from workers.observability.audit import Audit
 from workers.state.workflow_runs import Stored, WorkflowRuns
 from workers.transport.app import EXECUTE_TASK
 from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Settle
@@ -97,10 +98,12 @@ class WorkflowRunner:
         crash: Crash | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        audit: Audit | None = None,
     ) -> None:
         self.catalog = catalog
         self.runs = runs
         self.outlet = outlet
+        self.audit = audit  # the run's stages, in the trace of its starting intent (reach trace RUN)
         self.crash = crash or Crash(None)
         self.clock = clock
         self.sleep = sleep
@@ -262,6 +265,8 @@ class WorkflowRunner:
             self.outlet.send_final(outbound.body, run.reply_to)
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
+        if self.audit is not None:
+            self.audit.events(run.run_id, [_stage(run)], agent=run.owner)
         self.crash("after_publish")
         self.runs.mark_sent(run.owner, run.run_id, outbound.marker)
         self.runs.look_at(run.owner, run.run_id, machine.next_look(run, outbound.marker, self.clock()))
@@ -271,6 +276,17 @@ class WorkflowRunner:
         if run.outbound is not None and sent != run.outbound.marker:
             log.info("run %s: publishing %s again", run.run_id, run.outbound.marker)
             self._publish(run)
+
+
+def _stage(run: Run) -> tuple[str, dict[str, Any]]:
+    """What the trace of the run's starting intent says about the outbound just sent."""
+    outbound = run.outbound
+    assert outbound is not None
+    if outbound.kind == "final":
+        code = (run.final or {}).get("error") or {}
+        return "workflow_finished", {"agent": run.owner, "state": run.state, "code": code.get("code")}
+    step = run.steps[outbound.step or 0]
+    return f"workflow_{outbound.kind}", {"agent": run.owner, "step": step.step, "step_intent": outbound.intent_id}
 
 
 def decode_start(message: Delivery) -> Job:
