@@ -83,24 +83,6 @@ def problem_count(problems: list[FieldProblem]) -> int:
 Check = Callable[[Any, str, list[FieldProblem]], Any]
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False) -> Check:
     """Build the check for one field: returns the (possibly normalised) value, appends problems.
 
@@ -128,7 +110,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             return None
         if kind == "string":
             if not isinstance(value, str):
-                return bad(problems, where, "type", f"must be a string, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be a string, got {json_type(value)}")
             _check_length(value, where, problems, "characters")
             if pattern is not None and not pattern.search(value):  # RE2: linear in len(value)
                 bad(
@@ -149,7 +131,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             if isinstance(value, float) and not isinstance(value, bool) and value.is_integer():
                 value = int(value)
             if not isinstance(value, int) or isinstance(value, bool):
-                return bad(problems, where, "type", f"must be an integer, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be an integer, got {json_type(value)}")
             _check_range(value, where, problems)
             return value
         if kind == "number":
@@ -158,12 +140,12 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
                 or isinstance(value, bool)
                 or (isinstance(value, float) and not math.isfinite(value))
             ):
-                return bad(problems, where, "type", f"must be a number, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be a number, got {json_type(value)}")
             _check_range(value, where, problems)
             return value
         if kind == "boolean":
             if not isinstance(value, bool):
-                return bad(problems, where, "type", f"must be true or false, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be true or false, got {json_type(value)}")
             return value
         if kind == "enum":
             values = spec.values or []
@@ -173,7 +155,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             return value
         if kind == "datetime":
             if not isinstance(value, str):
-                return bad(problems, where, "type", f"must be an ISO 8601 date-time string, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be an ISO 8601 date-time string, got {json_type(value)}")
             try:
                 parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
             except ValueError:
@@ -183,7 +165,7 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             return value
         if kind == "date":
             if not isinstance(value, str):
-                return bad(problems, where, "type", f"must be a date string YYYY-MM-DD, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be a date string YYYY-MM-DD, got {json_type(value)}")
             try:
                 date.fromisoformat(value)
             except ValueError:
@@ -191,13 +173,13 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             return value
         if kind == "array":
             if not isinstance(value, list):
-                return bad(problems, where, "type", f"must be an array, got {_type_name(value)}")
+                return bad(problems, where, "type", f"must be an array, got {json_type(value)}")
             _check_length(value, where, problems, "items")
             assert items is not None
             return [items(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
         # object
         if not isinstance(value, dict):
-            return bad(problems, where, "type", f"must be an object, got {_type_name(value)}")
+            return bad(problems, where, "type", f"must be an object, got {json_type(value)}")
         if props is None:
             return value
         return _check_object(value, props, where + ".", problems)
@@ -384,20 +366,56 @@ def suggestion_for(problems: list[FieldProblem]) -> str:
     return "Fix these params and send the intent again: " + "; ".join(parts) + more + "."
 
 
+# -- JSON Schema: how a catalog field is said there. Tool schemas are written with these words and
+# the OpenAPI importer (connectors/openapi/) reads a system's own schemas with them.
+
+JSON_SCALARS = ("string", "integer", "number", "boolean")  # the same type word in both
+STRING_FORMATS = {"datetime": "date-time", "date": "date"}  # catalog type -> the format of its JSON string
+CATALOG_TYPE_OF_FORMAT = {fmt: kind for kind, fmt in STRING_FORMATS.items()}
+
+
+def bound_keywords(kind: str) -> dict[str, str]:
+    """Each bound of a field of type ``kind`` (``min``, ``max_length``, ...) -> its JSON Schema keyword."""
+    low, high = ("minItems", "maxItems") if kind == "array" else ("minLength", "maxLength")
+    return {"min": "minimum", "max": "maximum", "min_length": low, "max_length": high}
+
+
+def json_type(value: Any) -> str:
+    """The JSON Schema type word of a decoded JSON value (the Python type's name for anything else)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def common_json_type(values: list[Any]) -> str | None:
+    """The type word every one of ``values`` has (an enum's ``type``), or None when they differ or are none."""
+    kinds = {json_type(v) for v in values}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def field_json_schema(spec: FieldSpec) -> dict[str, Any]:
     """JSON Schema for one field, as tool schemas (OpenAI, Anthropic, MCP) expect."""
     schema: dict[str, Any]
-    simple = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean"}
-    if spec.type in simple:
-        schema = {"type": simple[spec.type]}
+    if spec.type in JSON_SCALARS:
+        schema = {"type": spec.type}
     elif spec.type == "enum":
         values = list(spec.values or [])
-        kinds = {_type_name(v) for v in values}
-        schema = {"type": kinds.pop(), "enum": values} if len(kinds) == 1 else {"enum": values}
-    elif spec.type == "datetime":
-        schema = {"type": "string", "format": "date-time"}
-    elif spec.type == "date":
-        schema = {"type": "string", "format": "date"}
+        kind = common_json_type(values)
+        schema = {"type": kind, "enum": values} if kind else {"enum": values}
+    elif spec.type in STRING_FORMATS:
+        schema = {"type": "string", "format": STRING_FORMATS[spec.type]}
     elif spec.type == "array":
         assert spec.items is not None
         schema = {"type": "array", "items": field_json_schema(spec.items)}
@@ -409,14 +427,9 @@ def field_json_schema(spec: FieldSpec) -> dict[str, Any]:
         schema["description"] = spec.description
     if spec.default is not None:
         schema["default"] = spec.default
-    if spec.min is not None:
-        schema["minimum"] = spec.min
-    if spec.max is not None:
-        schema["maximum"] = spec.max
-    if spec.min_length is not None:
-        schema["minItems" if spec.type == "array" else "minLength"] = spec.min_length
-    if spec.max_length is not None:
-        schema["maxItems" if spec.type == "array" else "maxLength"] = spec.max_length
+    for key, keyword in bound_keywords(spec.type).items():
+        if getattr(spec, key) is not None:
+            schema[keyword] = getattr(spec, key)
     if spec.pattern is not None:
         schema["pattern"] = spec.pattern
     if spec.nullable and "type" in schema:
@@ -425,6 +438,7 @@ def field_json_schema(spec: FieldSpec) -> dict[str, Any]:
 
 
 def object_json_schema(fields: dict[str, FieldSpec]) -> dict[str, Any]:
+    """JSON Schema for an action's input (or an object field's properties): no undeclared keys."""
     return {
         "type": "object",
         "properties": {name: field_json_schema(spec) for name, spec in fields.items()},

@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from connectors.openapi.shapes import SCALARS, Shapes, free_form, names_in
+from connectors.openapi.shapes import Shapes, free_form, names_in
 from connectors.openapi.text import clean, described, flow_if_short, one_line, ordered, plain
 from connectors.patterns import PatternError, compile_pattern
-from connectors.schema import compile_field
+from connectors.schema import CATALOG_TYPE_OF_FORMAT, JSON_SCALARS, bound_keywords, compile_field
 from connectors.spec import FieldSpec
 
 MAX_SCHEMA_DEPTH = 8  # nested fields written per param; deeper (or circular) ones become a bare object
@@ -91,7 +91,7 @@ class Fields:
         if schema is None:
             return None
         shape = self.schemas.shape(schema)
-        if shape["type"] in ("array", *SCALARS):
+        if shape["type"] in ("array", *JSON_SCALARS):
             if not self._checkable(shape):
                 return None
             return {"result": flow_if_short(self.field(shape, "result", depth=0, output=True))}
@@ -132,12 +132,12 @@ class Fields:
         kind = shape["type"]
         spec: dict[str, Any] = {}
         values = _enum_values(shape.get("enum"))
-        if values and kind in ("", *SCALARS):
+        if values and kind in ("", *JSON_SCALARS):
             spec["type"] = "enum"
             spec["values"] = values
         elif kind == "string":
             fmt = shape.get("format")
-            spec["type"] = {"date-time": "datetime", "date": "date"}.get(str(fmt), "string") if not output else "string"
+            spec["type"] = CATALOG_TYPE_OF_FORMAT.get(str(fmt), "string") if not output else "string"
             if fmt == "password" and not output:
                 spec["sensitive"] = True
         elif kind in ("integer", "number", "boolean"):
@@ -179,7 +179,7 @@ class Fields:
             self._default(shape, spec, where, body)
         description = clean(shape.get("description") or shape.get("title"), MAX_FIELD_DESCRIPTION)
         fmt = shape.get("format")
-        if isinstance(fmt, str) and fmt not in ("date-time", "date", "password") and kind == "string":
+        if isinstance(fmt, str) and fmt not in (*CATALOG_TYPE_OF_FORMAT, "password") and kind == "string":
             description = (
                 f"{description} (format: {one_line(fmt, 30)})" if description else f"Format: {one_line(fmt, 30)}."
             )
@@ -208,8 +208,9 @@ class Fields:
 
     def _bounds(self, shape: dict[str, Any], spec: dict[str, Any], where: str) -> None:
         kind = spec["type"]
+        keyword = bound_keywords(kind)
         if kind in ("integer", "number"):
-            low, high = _number(shape.get("minimum")), _number(shape.get("maximum"))
+            low, high = _number(shape.get(keyword["min"])), _number(shape.get(keyword["max"]))
             low = _exclusive(low, shape.get("exclusiveMinimum"), kind, +1)
             high = _exclusive(high, shape.get("exclusiveMaximum"), kind, -1)
             if low is not None and high is not None and low > high:
@@ -219,8 +220,8 @@ class Fields:
                 spec["min"] = low
             if high is not None:
                 spec["max"] = high
-        lengths = {"string": ("minLength", "maxLength"), "array": ("minItems", "maxItems")}.get(kind)
-        if lengths:
+        if kind in ("string", "array"):
+            lengths = keyword["min_length"], keyword["max_length"]
             low_n, high_n = (_count(shape.get(k)) for k in lengths)
             if low_n is not None and high_n is not None and low_n > high_n:
                 self.note(f"{where}: {lengths[0]} is above {lengths[1]} in the document; neither kept")

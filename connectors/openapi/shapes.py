@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from connectors.openapi.document import Refs, Unresolvable
+from connectors.schema import JSON_SCALARS, common_json_type
 
 MAX_SCHEMA_STEPS = 20_000  # schema nodes one operation may expand to, $refs followed
 MAX_MEMBERS = 64  # allOf / oneOf / anyOf members read
-SCALARS = ("string", "integer", "number", "boolean")
 
 
 class TooLarge(Exception):
@@ -84,7 +84,7 @@ class Shapes:
             out = {**rest, "type": "object", "properties": properties, "required": sorted(required)}
             if free:
                 out["additionalProperties"] = True
-        elif len(kinds) == 1 and kinds <= set(SCALARS):
+        elif len(kinds) == 1 and kinds <= set(JSON_SCALARS):
             out = {**rest, "type": kinds.pop()}
             enums = [s.get("enum") for s in kept]
             if all(isinstance(e, list) for e in enums):
@@ -126,10 +126,9 @@ def _type_word(schema: dict[str, Any]) -> tuple[str, bool, list[str]]:
     if "items" in schema:
         return "array", nullable, []
     values = [v for v in schema.get("enum") or [] if v is not None] if isinstance(schema.get("enum"), list) else []
-    if values:
-        first = _json_type(values[0])
-        if all(_json_type(v) == first for v in values):
-            return first, nullable, []
+    kind = common_json_type(values)
+    if kind in JSON_SCALARS:
+        return kind, nullable, []  # an enum without a type: its values say which
     return "", nullable, []
 
 
@@ -157,15 +156,3 @@ def free_form(shape: dict[str, Any]) -> bool:
     """An object taking keys of its own choice: ``additionalProperties`` allowed, or no fields named."""
     extra = shape.get("additionalProperties")
     return bool(extra) or (extra is None and not isinstance(shape.get("properties"), dict))
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return ""

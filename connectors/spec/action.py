@@ -7,11 +7,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from connectors.durations import Duration
-from connectors.spec.base import NAME_PATTERN, OPERATION_NAME, ROUTINE_NAME, Spec, check_hours
+from connectors.spec.base import NAME_PATTERN, OPERATION_NAME, ROUTINE_NAME, ApproverGroup, Spec, check_hours
 from connectors.spec.fields import FieldSpec
 from connectors.spec.http_parts import header_name_problem, path_param_problems, split_path
 from connectors.spec.policies import RetryPolicy
-from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 MAX_APPROVAL_SECONDS = 7 * 86400
 
@@ -42,7 +41,7 @@ class ApprovalSpec(Spec):
 
     required: bool = False
     when: str | None = None
-    approvers: list[str] = Field(min_length=1, max_length=20)  # approver group names (``approvers:`` document)
+    approvers: list[ApproverGroup] = Field(min_length=1, max_length=20)  # defined by ``approvers:`` documents
     expires: Duration = 3600.0
 
     @field_validator("when")
@@ -52,14 +51,6 @@ class ApprovalSpec(Spec):
             from connectors.conditions import parse_condition
 
             parse_condition(v)  # its ConditionError (a ValueError) says what is wrong
-        return v
-
-    @field_validator("approvers")
-    @classmethod
-    def _groups(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not AGENT_ID_PATTERN.match(name):
-                raise ValueError(f"approver group {name!r} must be {NAME_RULE}")
         return v
 
     @model_validator(mode="after")

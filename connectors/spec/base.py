@@ -1,10 +1,14 @@
-"""What every catalog model shares: the strict base, and the name rules several models check."""
+"""What every catalog model shares: the strict base, and the names and values several models check."""
 
 from __future__ import annotations
 
 import re
+from typing import Annotated
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # action names
 ROUTINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
@@ -30,10 +34,34 @@ def check_hours(v: str | None) -> str | None:
     h1, m1, h2, m2, zone = match.groups()
     if int(h1) > 24 or int(h2) > 24 or int(m1) > 59 or int(m2) > 59:
         raise ValueError(f"allowed_hours {v!r} has an impossible time")
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+    try:
+        check_zone(zone)
+    except ValueError as exc:
+        raise ValueError(f"allowed_hours {v!r}: {exc}") from exc
+    return v
 
+
+def check_zone(zone: str) -> str:
+    """``zone`` if it names an IANA timezone (else ValueError)."""
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"allowed_hours {v!r}: unknown timezone {zone!r}") from exc
-    return v
+        raise ValueError(f"unknown timezone {zone!r}; use an IANA name such as Asia/Shanghai") from exc
+    return zone
+
+
+def _approver_group(name: str) -> str:
+    if not AGENT_ID_PATTERN.match(name):
+        raise ValueError(f"approver group {name!r} must be {NAME_RULE}")
+    return name
+
+
+def _person(name: str) -> str:
+    if not PERSON_PATTERN.match(name):
+        raise ValueError(f"{name!r} must be 1-128 letters, digits or . _ @ + - (a login or an email)")
+    return name
+
+
+# an approver group's name (an ``approvers:`` document defines it, approvals name it)
+ApproverGroup = Annotated[str, AfterValidator(_approver_group)]
+Person = Annotated[str, AfterValidator(_person)]

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from connectors.spec.agent_app import AgentApp
-from connectors.spec.base import PERSON_PATTERN, Spec
+from connectors.spec.base import ApproverGroup, Person, Spec
 from connectors.spec.connector import ConnectorSpec
-from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 # sentence-embedding models semantic routing can use (connectors/routing/embedders.py); "none"
 # ranks by the lexical scorer and the domain rules only
@@ -53,22 +52,7 @@ class RoutingDocument(Spec):
     routing: RoutingSpec
 
 
-def _group_name(v: str) -> str:
-    if not AGENT_ID_PATTERN.match(v):
-        raise ValueError(f"approver group {v!r} must be {NAME_RULE}")
-    return v
-
-
-def _person(v: str) -> str:
-    if not PERSON_PATTERN.match(v):
-        raise ValueError(f"{v!r} must be 1-128 letters, digits or . _ @ + - (a login or an email)")
-    return v
-
-
 class ApproversDocument(Spec):
     """``approvers:`` maps each approver group to the people in it (several documents may add groups)."""
 
-    approvers: dict[
-        Annotated[str, AfterValidator(_group_name)],
-        Annotated[list[Annotated[str, AfterValidator(_person)]], Field(min_length=1, max_length=1000)],
-    ]
+    approvers: dict[ApproverGroup, Annotated[list[Person], Field(min_length=1, max_length=1000)]]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from connectors.patterns import compile_pattern
-from connectors.spec.base import Spec
+from connectors.spec.base import Spec, check_zone
 from connectors.spec.http_parts import header_name_problem
 
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
@@ -47,14 +47,7 @@ class FieldSpec(Spec):
     @field_validator("timezone")
     @classmethod
     def _known_zone(cls, v: str | None) -> str | None:
-        if v is not None:
-            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-            try:
-                ZoneInfo(v)
-            except (ZoneInfoNotFoundError, ValueError) as exc:
-                raise ValueError(f"unknown timezone {v!r}; use an IANA name such as Asia/Shanghai") from exc
-        return v
+        return v if v is None else check_zone(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> FieldSpec:
