@@ -42,26 +42,27 @@ import amqp
 from amqp.exceptions import AMQPError
 from pydantic import ValidationError
 
-from connectors.adapters.amqp import (
-    CONNECT_TIMEOUT,
-    DEFAULT_MAX_ANSWER_BYTES,
-    DEFAULT_MAX_DEPTH,
+from connectors.adapters.amqp import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_DEPTH
+from connectors.adapters.amqp_answers import (
     BadAnswer,
+    error_outcome,
+    failure_outcome,
+    parse_answer,
+    success_outcome,
+    violation,
+)
+from connectors.adapters.amqp_rpc import (
+    CONNECT_TIMEOUT,
     Lost,
     NoAnswer,
     NotSent,
     RequestMessage,
     RequestReply,
     broker_error_text,
-    compile_outputs,
-    error_outcome,
-    failure_outcome,
-    parse_answer,
     release_quietly,
-    success_outcome,
-    violation,
 )
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
+from connectors.adapters.common import compile_outputs
 from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.adapters.loops import DEFAULT_MAX_LOOPS_PER_PAIR, Entered, PairLoops, chain_of
 from connectors.spec import ActionSpec, ConnectorSpec

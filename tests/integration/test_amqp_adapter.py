@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from connectors.adapters.amqp import DIRECT_REPLY_TO, AmqpAdapter
+from connectors.adapters.amqp import AmqpAdapter
+from connectors.adapters.amqp_rpc import DIRECT_REPLY_TO
 from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import AdapterOptions, CallContext
 from connectors.adapters.factory import build_adapter

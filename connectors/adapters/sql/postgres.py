@@ -67,9 +67,9 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from connectors.adapters.auth import read_secret
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
-from connectors.adapters.sql.dialects import database_url
 from connectors.adapters.sql.results import Shape
 from connectors.adapters.sql.transaction import MISMATCH, SUGGESTIONS, Settings, SqlAdapterBase
+from connectors.adapters.sql.urls import database_url
 from connectors.spec import ActionSpec, ConnectorSpec, FieldSpec
 from producers.formats import json_depth
 from producers.wire import ErrorCode
