@@ -53,7 +53,7 @@ _Origin = tuple[bytes, bytes, int]
 # what a connection was doing when a call failed: which httpx error the failure becomes
 _CONNECT, _WRITE, _READ = "connect", "write", "read"
 
-_call = threading.local()  # the calling thread's write limit and the connection its call is on
+_call = threading.local()  # the calling thread's write limit, request-target and the connection its call is on
 
 
 class _Phases:
@@ -74,13 +74,17 @@ class _Phases:
         self.phase = _WRITE
         self.sock.settimeout(self.write_timeout)
 
-    def request(self, *args: Any, **kwargs: Any) -> None:
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:
         self.write_error = None
         if self.sock is not None:
             self.phase = _WRITE
             self.sock.settimeout(self.write_timeout)
+        # urllib3's urlopen re-encodes the target and upper-cases its %xx escapes ("%2f" -> "%2F");
+        # a system may tell them apart (a signed URL, an opaque id), so the request-target httpx
+        # built (checked against the endpoint by the adapter, all ASCII) goes out as it is
+        target = getattr(_call, "target", None)
         try:
-            super().request(*args, **kwargs)  # type: ignore[misc]
+            super().request(method, target or url, *args, **kwargs)  # type: ignore[misc]
         except TimeoutError:
             raise
         except OSError as exc:
@@ -166,6 +170,7 @@ class PooledTransport(httpx.BaseTransport):
         pool = self._pools.get(origin) or self._pool(origin)
         _call.write_timeout = _seconds(timeouts.get("write"))
         _call.conn = None
+        _call.target = url.raw_path.decode("ascii")
         raw = request.headers.raw
         headers: dict[str, str] | urllib3.HTTPHeaderDict = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in raw
@@ -178,7 +183,7 @@ class PooledTransport(httpx.BaseTransport):
         try:
             response = pool.urlopen(
                 request.method,
-                url.raw_path.decode("ascii"),
+                _call.target,
                 body=body,
                 headers=headers,
                 retries=False,

@@ -192,3 +192,37 @@ def test_an_answer_comes_out_as_httpx_own_transport_gives_it(case_name: str) -> 
         assert ours != theirs, f"{case_name} now matches httpx: drop it from INTENDED"
     else:
         assert ours == theirs
+
+
+def test_the_request_target_reaches_the_system_as_the_catalog_built_it() -> None:
+    """urllib3 on its own upper-cases percent-escapes ("%2f" -> "%2F"); a system that tells them
+    apart (a signed URL, an opaque id) must get the bytes httpx built, as httpx's own transport sends."""
+    targets: list[bytes] = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    port = sock.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                targets.append(head.split(b"\r\n", 1)[0])
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    raw = b"/files/a%2fb/%e2%82%ac~x%7e/..%2f?q=%e2%82%ac&r=~%2F"
+    try:
+        for transport in (PooledTransport(), httpx.HTTPTransport()):
+            request = httpx.Request("GET", httpx.URL(f"http://127.0.0.1:{port}").copy_with(raw_path=raw))
+            transport.handle_request(request).read()
+            transport.close()
+    finally:
+        sock.close()
+    assert targets == [b"GET " + raw + b" HTTP/1.1"] * 2
