@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import json
 import random
+import socket
 import struct
 import subprocess
 import time
@@ -906,6 +907,123 @@ class Generator:
 
     def batch(self, n: int) -> list[Hostile]:
         return [self.message() for _ in range(n)]
+
+
+# -- beside the hostile frames: approval resends, odd values for a SQL system, half-open clients ----
+
+
+@dataclass
+class ApprovalResends:
+    """An intent that waits for a person, and messages that reuse its id before anyone decides."""
+
+    intent_id: str
+    title: str  # the approved work's title: what the downstream must be called with, once
+    original: bytes
+    resends: list[bytes]
+    kinds: list[str]
+
+
+@dataclass
+class OddValue:
+    """An intent for a SQL action whose string param holds a NUL (``nul``) or another odd code point."""
+
+    intent_id: str
+    body: bytes
+    nul: bool
+    label: str
+
+
+ODD_CODE_POINTS = (
+    "\ufffe",
+    "\uffff",
+    "\U0010ffff",
+    "\u202e",  # right-to-left override
+    "\u2028",
+    "e\u0301" * 500,  # a long run of combining marks
+    "\x7f\x1b[2J",
+    "\ufeff",
+)
+
+
+class SideGenerator:
+    """Deterministic (``random.Random(seed)``) intents that must each get exactly one receipt:
+    approval resends and odd values for a SQL system. Bodies only; the tests send and judge them."""
+
+    def __init__(self, seed: int, agent: str, run: str) -> None:
+        self.rng = random.Random(seed)
+        self.agent, self.run = agent, run
+        self.count = 0
+
+    def _id(self, label: str) -> str:
+        self.count += 1
+        return f"{label}-{self.run}-{self.count}-{self.rng.randrange(1 << 30):08x}"
+
+    def approval_resends(self, action: str, threshold: float) -> ApprovalResends:
+        """``action`` (an approval when ``amount`` > ``threshold``) parked, then its id sent again
+        with a mistyped action, params the schema refuses, params that need no approval, extra
+        params, and the same message again: 2 to 5 of those, in a random order."""
+        rng = self.rng
+        intent_id = self._id("gated")
+        title = f"gated-{intent_id}"
+        amount = rng.choice([threshold + 0.01, threshold * 2, 1e6])
+        connector, _, name = action.partition(".")
+        typo = rng.choice([f"{connector}.{name[::-1]}", f"{connector}.{name}s", f"{connector}x.{name}", name.upper()])
+        variants = {
+            "mistyped_action": intent(self.agent, typo, {"title": title, "amount": amount}, intent_id=intent_id),
+            "refused_params": intent(self.agent, action, {"title": title, "amount": "lots"}, intent_id=intent_id),
+            "no_approval_needed": intent(
+                self.agent, action, {"title": f"{title}-small", "amount": 1}, intent_id=intent_id
+            ),
+            "extra_params": intent(
+                self.agent, action, {"title": title, "amount": amount, "x\u0000": 1}, intent_id=intent_id
+            ),
+            "same_again": intent(self.agent, action, {"title": title, "amount": amount}, intent_id=intent_id),
+        }
+        kinds = rng.sample(sorted(variants), rng.randint(2, len(variants)))
+        return ApprovalResends(
+            intent_id,
+            title,
+            dumps(intent(self.agent, action, {"title": title, "amount": amount}, intent_id=intent_id)),
+            [dumps(variants[k]) for k in kinds],
+            kinds,
+        )
+
+    def odd_values(self, action: str, param: str, n: int) -> list[OddValue]:
+        """``n`` intents for ``action``, ``param`` holding a NUL (the first always) or an odd code point."""
+        out = []
+        for i in range(n):
+            nul = i == 0 or self.rng.random() < 0.4
+            odd = self.rng.choice(["\u0000", "a\u0000b", "\u0000" * 100]) if nul else self.rng.choice(ODD_CODE_POINTS)
+            intent_id = self._id("odd")
+            label = f"{'nul' if nul else 'odd'} {odd[:8]!r}"
+            out.append(
+                OddValue(
+                    intent_id,
+                    dumps(intent(self.agent, action, {param: f"{intent_id}{odd}"}, intent_id=intent_id)),
+                    nul,
+                    label,
+                )
+            )
+        return out
+
+
+def half_open(port: int, count: int, source: str = "127.0.0.2") -> list[socket.socket]:
+    """``count`` connections to ``port`` from ``source`` (all of 127.0.0.0/8 is this machine), each
+    sending half a request header and no more: held until the server cuts them off or :func:`close_all`."""
+    opened = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+        try:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        except OSError:  # already refused by the server (its per-client limit)
+            pass
+        opened.append(sock)
+    return opened
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    for sock in socks:
+        sock.close()
 
 
 def sha256_hex(data: bytes) -> str:

@@ -11,6 +11,11 @@ within 10 s.
 Messages with hostile AMQP properties are sent as hand-built frames (``hostile_gen.RawSender``):
 py-amqp and pika refuse to encode them, RabbitMQ stores and delivers them.
 
+The generated run (``run_generator``) also holds half-open sockets against the router's /metrics
+and probes during each batch, and after each batch sends what must each get exactly one receipt
+(``side_checks``): resends of a waiting approval's intent id, approved afterwards, and NULs and odd
+code points for a SQL connector on a real PostgreSQL.
+
 Before each test the fleet is brought back to a known state: a dead process is restarted, a
 router that no longer answers (stuck on a poison message) is killed and restarted, and
 ``reach.intents`` and ``reach.dlq`` are purged, so one failure does not cascade into the next test.
@@ -40,11 +45,14 @@ from tests.integration.hostile_gen import (
     PeakRss,
     RawSender,
     ReceiptTap,
+    SideGenerator,
     TapReceipt,
     bz2_bomb,
+    close_all,
     cpu_seconds,
     dumps,
     fv,
+    half_open,
     intent,
     metric_sum,
     nested_json,
@@ -58,14 +66,22 @@ from tests.integration.hostile_gen import (
     vhost,
     wait_until,
 )
+from tests.integration.postgres import SHOP_SCHEMA, PostgresServer, serve
+from workers.ops import approval_decisions as approvals
+from workers.state import keys
 
 RUN = uuid.uuid4().hex[:6]
 # agent names follow the v2 rule ^[a-z][a-z0-9_]{0,62}$
 AGENT = f"hx_{RUN}"  # sends the hostile intents
 BYSTANDER = f"hb_{RUN}"  # must still be served while (and after) the hostile ones are handled
 GEN_AGENT = f"hg_{RUN}"  # the generator's identity, so its flood costs nobody else
+SIDE_AGENT = f"hs_{RUN}"  # approval resends and odd SQL values: not behind the flood's invalid allowance
 CONNECTOR = "hostile_sys"
 CREATE, READ = f"{CONNECTOR}.create_item", f"{CONNECTOR}.get_item"
+REFUND, REFUND_OVER = f"{CONNECTOR}.refund", 500  # waits for a person's approval above 500
+SQL_CONNECTOR = "hostile_sql"
+SQL_ADD = f"{SQL_CONNECTOR}.add_item"
+APPROVER = "alice"
 INTENTS, DLQ = "reach.intents", "reach.dlq"
 VHOST = vhost(BROKER_URL)
 MIB = 1 << 20
@@ -94,6 +110,34 @@ connector:
         item_id: {{ type: string, required: true }}
       permission: read
       idempotent: true
+    - action: refund
+      path: POST /refunds
+      input:
+        title: {{ type: string, required: true }}
+        amount: {{ type: number, required: true }}
+      permission: write
+      idempotent: false
+      approval:
+        when: "amount > 500"
+        approvers: [finance]
+---
+connector:
+  name: hostile_sql
+  type: sql
+  dsn_env: HOSTILE_DSN
+  pool: {{ concurrency: 2 }}
+  breaker: {{ fail_max: 2, reset_timeout: 30s }}
+  retry: {{ max_attempts: 3, initial_backoff: 50ms, max_backoff: 100ms }}
+  actions:
+    - action: add_item
+      procedure: shop.add_item
+      input: {{ title: {{ type: string, required: true }} }}
+      permission: write
+      idempotent: false
+      timeout: 5s
+---
+approvers:
+  finance: [alice]
 """ + "".join(
     f"""---
 agent_app:
@@ -101,8 +145,10 @@ agent_app:
   connector_bindings:
     - connector: hostile_sys
       allowed_actions: ["*"]
+    - connector: hostile_sql
+      allowed_actions: ["*"]
 """
-    for name in (AGENT, BYSTANDER, GEN_AGENT)
+    for name in (AGENT, BYSTANDER, GEN_AGENT, SIDE_AGENT)
 )
 
 RESTARTS: list[str] = []
@@ -119,8 +165,15 @@ def system() -> Iterator[CountingSystem]:
 
 
 @pytest.fixture(scope="module")
-def fleet(system: CountingSystem) -> Iterator[Fleet]:
-    with Fleet(CATALOG.format(url=system.url), [CONNECTOR]) as running:
+def pg() -> Iterator[PostgresServer]:
+    """The SQL system the generator sends NULs and odd code points to."""
+    yield from serve(SHOP_SCHEMA, "shop")
+
+
+@pytest.fixture(scope="module")
+def fleet(system: CountingSystem, pg: PostgresServer) -> Iterator[Fleet]:
+    redis.Redis.from_url(REDIS_URL).delete(keys.breaker(SQL_CONNECTOR), keys.health(SQL_CONNECTOR))
+    with Fleet(CATALOG.format(url=system.url), [CONNECTOR, SQL_CONNECTOR], env={"HOSTILE_DSN": pg.dsn}) as running:
         yield running
     if RESTARTS:
         print(f"\nhostile tests had to revive the fleet {len(RESTARTS)} time(s): {'; '.join(RESTARTS)}")
@@ -647,6 +700,115 @@ def test_malformed_intents_never_put_a_sensitive_value_in_the_router_log(secret_
 # ------------------------------------------------------------------- the generator
 
 
+HALF_OPEN = 12  # half requests held against the router's /metrics and probes during each batch
+APPROVALS_PER_BATCH, ODD_VALUES_PER_BATCH = 2, 4
+NOT_THE_AGENTS_FAULT = {"DOWNSTREAM_ERROR", "CONNECTOR_UNAVAILABLE", "INTERNAL", "OUTCOME_UNKNOWN"}
+
+
+@dataclass
+class Side:
+    """What the side checks of the generated run need: receipts, the systems and Redis."""
+
+    tap: ReceiptTap
+    system: CountingSystem
+    pg: PostgresServer
+    store: redis.Redis
+
+
+def receipts_only(tap: ReceiptTap, intent_id: str) -> list[TapReceipt]:
+    """The intent's receipts on reach.receipts, without its approval_pending notices."""
+    return [r for r in tap.for_intent(intent_id) if r.doc.get("type") != "approval_pending"]
+
+
+def notices(tap: ReceiptTap, intent_id: str) -> list[TapReceipt]:
+    return [r for r in tap.for_intent(intent_id) if r.doc.get("type") == "approval_pending"]
+
+
+def wait_tap(tap: ReceiptTap, done: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        tap.drain(0.2)
+    return True
+
+
+def side_checks(side: Side, gen: SideGenerator, run: GeneratorRun) -> list[str]:
+    """Messages the fleet must answer exactly once, sent beside the generated ones:
+
+    - approval resends: an intent waits for approval, its id comes again (mistyped action, refused
+      params, params that need no approval, the same message); once approved, exactly one receipt
+      comes for it, a success, and the downstream is called once, with the approved params;
+    - NUL and odd code points for a SQL system: a NUL is VALIDATION_FAILED (the driver refuses it
+      before sending), nothing is the system's fault, the breaker stays closed, and another agent's
+      plain intent is still served.
+    """
+    problems: list[str] = []
+    tap = side.tap
+    with ReachClient(SIDE_AGENT, BROKER_URL, drop_duplicates=False, connect_timeout=30) as client:
+        gated = [gen.approval_resends(REFUND, REFUND_OVER) for _ in range(APPROVALS_PER_BATCH)]
+        for case in gated:
+            client.publish_raw(case.original, message_id=case.intent_id)
+        if not wait_tap(tap, lambda: all(notices(tap, c.intent_id) for c in gated), 15):
+            return [f"no approval_pending notice within 15 s for {[c.intent_id for c in gated]}"]
+        for case in gated:
+            for body in case.resends:
+                client.publish_raw(body, message_id=case.intent_id)
+            run.resends += len(case.resends)
+        # each resend is answered by the waiting one's notice again (and nothing else)
+        wait_tap(tap, lambda: all(len(notices(tap, c.intent_id)) > len(c.resends) for c in gated), 10)
+        for case in gated:
+            early = receipts_only(tap, case.intent_id)
+            if early:
+                problems.append(f"{case.intent_id} ({case.kinds}) answered before a decision: {early[0].body[:300]!r}")
+            pending = [p for p in approvals.list_pending(side.store, 10_000) if p.intent_id == case.intent_id]
+            if len(pending) != 1:
+                problems.append(f"{case.intent_id} ({case.kinds}): {len(pending)} pending approvals, not 1")
+                continue
+            decision = approvals.approve(side.store, BROKER_URL, pending[0].approval_id, APPROVER)
+            if not decision.ok:
+                problems.append(f"{case.intent_id}: approving it answered {decision}")
+                continue
+            run.approvals += 1
+        wait_tap(tap, lambda: all(receipts_only(tap, c.intent_id) for c in gated), 20)
+        odd = gen.odd_values(SQL_ADD, "title", ODD_VALUES_PER_BATCH)
+        for value in odd:
+            client.publish_raw(value.body, message_id=value.intent_id)
+        run.odd_values += len(odd)
+        wait_tap(tap, lambda: all(tap.for_intent(v.intent_id) for v in odd), 20)
+        tap.drain(0.5)  # a second receipt would come now
+    for case in gated:
+        got = receipts_only(tap, case.intent_id)
+        calls = side.system.requests("POST", title=case.title)
+        if len(got) != 1 or got[0].doc.get("status") != "succeeded":
+            statuses = [(r.doc.get("status"), r.error.get("code")) for r in got]
+            problems.append(f"{case.intent_id} ({case.kinds}) approved: receipts {statuses}, not one success")
+        if len(calls) != 1 or calls[0]["body"].get("amount") == "lots":
+            problems.append(f"{case.intent_id} ({case.kinds}) approved: the downstream was called {len(calls)} times")
+        if side.system.requests("POST", title=f"{case.title}-small"):
+            problems.append(f"{case.intent_id}: a resend with other params reached the downstream")
+    for value in odd:
+        got = tap.for_intent(value.intent_id)
+        codes = [r.error.get("code") for r in got]
+        if len(got) != 1:
+            problems.append(f"SQL {value.label} ({value.intent_id}): {len(got)} receipts, not 1")
+        elif value.nul and codes != ["VALIDATION_FAILED"]:
+            problems.append(f"SQL {value.label}: {codes}, not VALIDATION_FAILED")
+        elif NOT_THE_AGENTS_FAULT & set(codes):
+            problems.append(f"SQL {value.label}: {codes} (the agent's input counted against the system)")
+    state = side.store.hget(keys.breaker(SQL_CONNECTOR), "state")
+    if state not in (None, b"closed"):
+        problems.append(f"the SQL connector's breaker is {state!r} after NULs and odd code points")
+    with agent(BYSTANDER) as client:
+        try:
+            served = client.call(SQL_ADD, {"title": f"calm-{uuid.uuid4().hex[:8]}"}, timeout=15)
+        except TimeoutError:
+            served = None
+    if served is None or served.status != "succeeded":
+        problems.append(f"another agent's plain SQL intent was not served: {served}")
+    return problems
+
+
 @dataclass
 class GeneratorRun:
     seed: int
@@ -656,6 +818,10 @@ class GeneratorRun:
     loops: int = 0
     dead_letter_bytes: int = 0
     redis_grown: int = 0
+    approvals: int = 0  # parked intents approved after their ids were resent
+    resends: int = 0
+    odd_values: int = 0  # SQL intents with a NUL or an odd code point
+    half_open: int = 0  # half-requests held against the router's /metrics while it all ran
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -663,7 +829,8 @@ class GeneratorRun:
             f"hostile generator (seed {self.seed}): messages tried {self.tried} "
             f"(broker refused {self.refused_by_broker}), router crashes {self.crashes}, "
             f"loops detected {self.loops}, dead-letter bytes kept {self.dead_letter_bytes}, "
-            f"Redis bytes grown {self.redis_grown}"
+            f"Redis bytes grown {self.redis_grown}; approvals {self.approvals} after {self.resends} resends of "
+            f"their ids, odd SQL values {self.odd_values}, half-open sockets held {self.half_open}"
         )
 
 
@@ -674,11 +841,15 @@ def run_generator(
     batches: int,
     per_batch: int,
     limits: Limits,
+    side: Side,
     redis_budget: int = 20 * MIB,
 ) -> GeneratorRun:
-    """Send ``batches`` of generated messages; after each, check the fleet from outside."""
+    """Send ``batches`` of generated messages; after each, check the fleet from outside. Around each
+    batch, half-open sockets hold the router's /metrics (its scrapes must still answer); after each
+    batch's own checks, :func:`side_checks` (approval resends and odd SQL values)."""
     run = GeneratorRun(seed)
     gen = Generator(seed, GEN_AGENT, CREATE, limits)
+    side_gen = SideGenerator(seed, SIDE_AGENT, RUN)
     redis_start = database_bytes(redis_client)
     sender = RawSender(BROKER_URL)
     kept_before_purge = 0
@@ -688,6 +859,8 @@ def run_generator(
             before = pids(fleet)
             router = fleet.procs["router"]
             port = fleet.metrics_port("router")
+            slow = half_open(port, HALF_OPEN)  # more than the probes' 8 per address: the rest are closed
+            run.half_open += len(slow)
             received0 = metric_sum(port, "reach_intents_received_total")
             dlq0, mem0 = dlq_depth(), database_bytes(redis_client)
             accepted = sum(sender.send(m.props, m.body, m.label) for m in batch)
@@ -716,6 +889,9 @@ def run_generator(
                     problems.append(f"reach.dlq grew by {dlq1 - dlq0} (+{grew_after} after) for {accepted} messages")
                 if received > accepted + 1:
                     problems.append(f"reach_intents_received_total grew by {received:g} for {accepted} messages")
+            if not problems:
+                problems += side_checks(side, side_gen, run)
+            close_all(slow)
             mem_grown = database_bytes(redis_client) - mem0
             if mem_grown >= redis_budget:
                 problems.append(f"the Redis database grew by {mem_grown / MIB:.1f} MiB")
@@ -735,10 +911,16 @@ def run_generator(
 
 
 def test_generated_hostile_messages_never_crash_or_loop_the_fleet(
-    fleet: Fleet, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+    fleet: Fleet,
+    redis_client: redis.Redis,
+    tap: ReceiptTap,
+    system: CountingSystem,
+    pg: PostgresServer,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # the same 300 messages as six batches of 50, in three batches: each batch's checks cost ~3 s
-    run = run_generator(fleet, redis_client, seed=20_240_611, batches=3, per_batch=100, limits=Limits())
+    side = Side(tap, system, pg, redis_client)
+    run = run_generator(fleet, redis_client, seed=20_240_611, batches=3, per_batch=100, limits=Limits(), side=side)
     with capsys.disabled():
         print("\n" + run.summary())
     assert run.crashes == 0 and run.loops == 0 and run.problems == [], "\n".join(run.problems)
@@ -746,12 +928,19 @@ def test_generated_hostile_messages_never_crash_or_loop_the_fleet(
 
 @pytest.mark.soak
 def test_soak_generated_hostile_messages_never_crash_or_loop_the_fleet(
-    request: pytest.FixtureRequest, fleet: Fleet, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+    request: pytest.FixtureRequest,
+    fleet: Fleet,
+    redis_client: redis.Redis,
+    tap: ReceiptTap,
+    system: CountingSystem,
+    pg: PostgresServer,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     markexpr = request.config.getoption("markexpr") or ""
     if "soak" not in markexpr or "not soak" in markexpr:
         pytest.skip("the soak variant runs only when asked for: -m soak")
-    run = run_generator(fleet, redis_client, seed=7, batches=20, per_batch=100, limits=Limits.soak())
+    side = Side(tap, system, pg, redis_client)
+    run = run_generator(fleet, redis_client, seed=7, batches=20, per_batch=100, limits=Limits.soak(), side=side)
     with capsys.disabled():
         print("\n" + run.summary())
     assert run.crashes == 0 and run.loops == 0 and run.problems == [], "\n".join(run.problems)
