@@ -22,6 +22,8 @@ from connectors.spec import (
     RoutingSpec,
     budget_problems,
 )
+from connectors.workflows.check import check_bindings, check_workflow
+from connectors.workflows.spec import WorkflowSpec
 from producers.tools import ToolSpec
 from producers.wire import ErrorCode
 
@@ -82,6 +84,8 @@ class Catalog:
     # (agent, connector, action) -> who must approve its intents (connectors/approval_policy.py); most
     # catalogs have none, and the router's lookup then finds nothing
     approvals: dict[tuple[str, str, str], ApprovalPolicy] = field(default_factory=dict)
+    # ``workflow:`` documents by name (connectors/workflows/spec.py), each checked against the rest
+    workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -148,6 +152,10 @@ class Catalog:
             + " Ask an operator to add it to your connector_bindings if you need it.",
         )
 
+    def allows_workflow(self, agent_id: str, name: str) -> bool:
+        agent = self.agents.get(agent_id)
+        return agent is not None and name in agent.workflows and name in self.workflows
+
     def binding(self, agent_id: str, connector: str) -> Binding | None:
         return self.grants.get(agent_id, {}).get(connector)
 
@@ -155,10 +163,14 @@ class Catalog:
         return [r.qualified for r in self.refs.values() if self.allows(agent_id, r)]
 
     def tools_for(self, agent_id: str) -> list[ToolSpec]:
-        return [tool_spec(r) for r in self.refs.values() if self.allows(agent_id, r)]
+        """The agent's actions, then its workflows (a workflow's tool name is its own name)."""
+        agent = self.agents.get(agent_id)
+        names = [n for n in agent.workflows if n in self.workflows] if agent else []
+        actions = [tool_spec(r) for r in self.refs.values() if self.allows(agent_id, r)]
+        return actions + [workflow_tool(self.workflows[n]) for n in names]
 
     def all_tools(self) -> list[ToolSpec]:
-        return [tool_spec(r) for r in self.refs.values()]
+        return [tool_spec(r) for r in self.refs.values()] + [workflow_tool(w) for w in self.workflows.values()]
 
     def _unknown(self, name: str, agent_id: str) -> Refusal:
         visible = self.visible_actions(agent_id)
@@ -187,6 +199,12 @@ def split_action_name(name: str) -> tuple[str | None, str]:
 def tool_spec(ref: ActionRef) -> ToolSpec:
     description = ref.action.description or f"{ref.action.action} on {ref.connector.name}"
     return ToolSpec(name=ref.tool_name, description=description, input_schema=object_json_schema(ref.action.input))
+
+
+def workflow_tool(workflow: WorkflowSpec) -> ToolSpec:
+    steps = ", then ".join(s.action for s in workflow.steps)
+    description = workflow.description or f"Workflow {workflow.name}: {steps}"
+    return ToolSpec(name=workflow.name, description=description, input_schema=object_json_schema(workflow.input))
 
 
 def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
@@ -275,7 +293,45 @@ def build(result: LoadResult) -> tuple[Catalog, list[Problem]]:
                 Problem(doc.file, doc.line, f"a second routing: document (the first is at {first.file}:{first.line})")
             )
     approvals = _approvals(result, connectors, agents, grants, problems)
-    return Catalog(connectors, agents, refs, by_action, grants, routing, approvals), problems
+    workflows = _workflows(result, connectors, agents, set(by_action), problems)
+    return Catalog(connectors, agents, refs, by_action, grants, routing, approvals, workflows), problems
+
+
+def _workflows(
+    result: LoadResult,
+    connectors: dict[str, ConnectorSpec],
+    agents: dict[str, AgentApp],
+    action_names: set[str],
+    problems: list[Problem],
+) -> dict[str, WorkflowSpec]:
+    """The workflows whose step contracts hold, and a problem (file, line) for each that does not."""
+    workflows: dict[str, WorkflowSpec] = {}
+    for doc in result.workflows:
+        spec = doc.model
+        assert isinstance(spec, WorkflowSpec)
+        found = check_workflow(spec, connectors, action_names)
+        if spec.name in workflows:
+            found.append((("name",), f"workflow {spec.name!r} is declared twice"))
+        for where, message in found:
+            problems.append(Problem(doc.file, result.line_of(doc, "workflow", *where), message))
+        workflows.setdefault(spec.name, spec)
+    for doc in result.agents:
+        agent = doc.model
+        assert isinstance(agent, AgentApp)
+        for j, name in enumerate(agent.workflows):
+            where = ("agent_app", "workflows", j)
+            workflow = workflows.get(name)
+            if workflow is None:
+                known = ", ".join(sorted(workflows)) or "none"
+                problems.append(
+                    Problem(
+                        doc.file, result.line_of(doc, *where), f"no workflow {name!r} in the catalog (known: {known})"
+                    )
+                )
+                continue
+            for _, message in check_bindings(workflow, agent, connectors, where):
+                problems.append(Problem(doc.file, result.line_of(doc, *where), message))
+    return workflows
 
 
 def _approvals(

@@ -1,8 +1,9 @@
 """Loading a catalog directory like a compiler: every problem, each with its file and line.
 
 Any ``*.yaml`` / ``*.yml`` under the directory (recursively) is read; a file may hold several
-documents separated by ``---``. Each document is ``connector:``, ``agent_app:``, ``approvers:``
-(approver groups and their people) or (at most one in a catalog) ``routing:``.
+documents separated by ``---``. Each document is ``connector:``, ``agent_app:``, ``workflow:``
+(steps over actions, connectors/workflows/spec.py), ``approvers:`` (approver groups and their
+people) or (at most one in a catalog) ``routing:``.
 
 Documents are composed one at a time (by libyaml when PyYAML has it) and their node trees are
 dropped once the document is checked, so a large catalog never holds all its trees at once (a
@@ -40,6 +41,7 @@ from connectors.spec import (
     path_param_problems,
     type_problems,
 )
+from connectors.workflows.spec import WorkflowDocument, WorkflowSpec
 
 
 @dataclass(frozen=True, order=True)
@@ -57,7 +59,7 @@ class LoadedDocument:
     file: str
     line: int
     index: int  # the document's place in its file (0 for the first), to find its lines again
-    model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument
+    model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument | WorkflowSpec
 
 
 @dataclass
@@ -66,6 +68,7 @@ class LoadResult:
     agents: list[LoadedDocument] = field(default_factory=list)
     routing: list[LoadedDocument] = field(default_factory=list)
     approvers: list[LoadedDocument] = field(default_factory=list)
+    workflows: list[LoadedDocument] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # names of connectors whose documents failed: bindings to them are not reported again
@@ -171,6 +174,7 @@ def _load_file(path: Path, result: LoadResult, env: Mapping[str, str]) -> None:
         result.agents.extend(found.agents)
         result.routing.extend(found.routing)
         result.approvers.extend(found.approvers)
+        result.workflows.extend(found.workflows)
         result.problems.extend(found.problems)
         result.warnings.extend(found.warnings)
         result.broken_connectors |= found.broken_connectors
@@ -206,7 +210,8 @@ def _load_document(
             Problem(
                 name,
                 line,
-                f"a document must hold exactly one of connector: or agent_app: or approvers: or routing: (found {keys})",
+                "a document must hold exactly one of connector:, agent_app:, workflow:, approvers: or routing: "
+                f"(found {keys})",
             )
         )
         return
@@ -222,9 +227,9 @@ def _load_document(
                 return
     try:
         if kind == "connector":
-            model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument = ConnectorDocument.model_validate(
-                doc
-            ).connector
+            model: ConnectorSpec | AgentApp | RoutingSpec | ApproversDocument | WorkflowSpec = (
+                ConnectorDocument.model_validate(doc).connector
+            )
             result.connectors.append(LoadedDocument(name, line, index, model))
         elif kind == "routing":
             model = RoutingDocument.model_validate(doc).routing
@@ -232,6 +237,9 @@ def _load_document(
         elif kind == "approvers":
             model = ApproversDocument.model_validate(doc)
             result.approvers.append(LoadedDocument(name, line, index, model))
+        elif kind == "workflow":
+            model = WorkflowDocument.model_validate(doc).workflow
+            result.workflows.append(LoadedDocument(name, line, index, model))
         else:
             model = AgentAppDocument.model_validate(doc).agent_app
             result.agents.append(LoadedDocument(name, line, index, model))
@@ -248,7 +256,7 @@ def _load_document(
         result.connectors.pop()
 
 
-_KINDS = ("connector", "agent_app", "approvers", "routing")
+_KINDS = ("connector", "agent_app", "workflow", "approvers", "routing")
 _TEXT_KEYS = ("description",)
 
 
