@@ -22,6 +22,7 @@ WORKER_LAYERS = {
     "ops": 5,
 }
 WORKER_LAYERS["mcp"] = 4  # the MCP facade: a role beside router and pool
+WORKER_LAYERS["workflows"] = 4  # the workflow runner: a role beside them
 WORKER_LAYERS["console"] = 5  # the operator web page: over ops' functions
 WORKER_LAYERS["cli"] = 6  # the `reach` command: the top floor, over everything it starts
 

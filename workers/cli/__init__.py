@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import click
 
-from workers.cli import approvals, broker, catalog, control, dlq, processes, send, users
+from workers.cli import approvals, broker, catalog, control, dlq, processes, send, users, workflows
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,6 +51,8 @@ for command in (
     approvals.approvals,
     users.mcp_user,
     users.agent_user,
+    workflows.workflows,
+    workflows.workflow,
 ):
     main.add_command(command)
 

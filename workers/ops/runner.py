@@ -115,6 +115,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     from workers.state.embeddings import RedisVectorCache
     from workers.state.guards import RedisGuards
     from workers.state.ratelimit import RedisRateLimiter, parse_rate
+    from workers.state.workflow_runs import WorkflowRuns
 
     quiet_per_intent_logs(settings.log_level)
     app = create_app(settings, [INTENTS_QUEUE], worker_prefetch_multiplier=settings.router_prefetch)
@@ -140,6 +141,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         semantic_rate=parse_rate(settings.semantic_rate),
         budgets=RedisBudgets(redis_client, repeat_within_ms=repeat_window_ms(settings.idempotency_ttl_seconds)),
         fleet_user=fleet_login(settings.broker_url),  # may publish for an agent: `reach dlq replay`
+        workflow_runs=WorkflowRuns(redis_client, settings.workflow_retention_seconds),  # vouches for steps
     )
     batcher = Batcher(redis_client)
     audit = Audit(redis_client, "router", batcher=batcher)

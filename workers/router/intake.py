@@ -27,12 +27,12 @@ from producers.formats import (
 )
 from producers.wire import AGENT_ID_PATTERN, AMQP_SHORT_STRING_BYTES, INTENT_ID_PATTERN, ErrorCode, Intent
 from workers.transport.delivery import Delivery, text_or_none
+from workers.transport.topology import ON_BEHALF_OF_HEADER, RUN_ID_HEADER, WORKFLOW_REPLY_KEY
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 # The agent the fleet's own broker login publishes for (`reach dlq replay`, workflow steps): the
 # identity only when the AMQP user_id is that login, which RabbitMQ checks; refused from anyone else.
-ON_BEHALF_OF_HEADER = "x-reach-on-behalf-of"
 
 
 def fleet_login(broker_url: str) -> str:
@@ -50,6 +50,7 @@ class ParsedIntent:
     format: str
     trace_id: str
     traceparent: str | None
+    run_id: str | None = None  # a workflow run's step, sent by the fleet's login (RUN_ID_HEADER)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,13 @@ class _Intake:
         self.user_id = vouched_identity(raw, fleet_user)
         # the header from anyone but the fleet's login: a claim to act for another agent
         self.forged_behalf = ON_BEHALF_OF_HEADER in raw.headers and (fleet_user is None or raw.user_id != fleet_user)
+        # a workflow run's step: only from the fleet's login, acting for the run's owner (the
+        # router then checks the run: workers.router.workflow_starts)
+        run_header = _header_text(raw.headers, RUN_ID_HEADER)
+        delegated = not self.forged_behalf and _header_text(raw.headers, ON_BEHALF_OF_HEADER) is not None
+        well_formed = run_header is not None and INTENT_ID_PATTERN.match(run_header) is not None
+        self.forged_run = RUN_ID_HEADER in raw.headers and not (delegated and well_formed)
+        self.run_id = run_header if RUN_ID_HEADER in raw.headers and not self.forged_run else None
         header_agent = _header_text(raw.headers, "agent_id")
         self.header_agent = header_agent if header_agent is not None and AGENT_ID_PATTERN.match(header_agent) else None
         message_id = raw.message_id
@@ -189,7 +197,11 @@ class _Intake:
         """``agent`` True: the best identity known so far."""
         who = self.agent if agent is True else (agent or None)
         reply_to = self.reply_to
-        route = reply_to if who is not None and reply_to is not None and usable_reply_to(who, reply_to) else who
+        usable = reply_to is not None and (
+            (who is not None and usable_reply_to(who, reply_to))
+            or (self.run_id is not None and reply_to == WORKFLOW_REPLY_KEY)
+        )
+        route = reply_to if usable else who
         return ParseFailure(reason, self.intent_id, who, route, details or [], code, dead_letter)
 
     def check_envelope(self, max_bytes: int) -> ParseFailure | None:
@@ -203,6 +215,12 @@ class _Intake:
         if self.forged_behalf:
             return self.fail(
                 f"only the fleet's own broker login may send the {ON_BEHALF_OF_HEADER} header",
+                code=ErrorCode.PERMISSION_DENIED,
+                dead_letter=False,
+            )
+        if self.forged_run:
+            return self.fail(
+                f"only the fleet's own broker login, sending for an agent, may send the {RUN_ID_HEADER} header",
                 code=ErrorCode.PERMISSION_DENIED,
                 dead_letter=False,
             )
@@ -287,10 +305,11 @@ class _Intake:
         self.reply_to = None
         if intent.agent_id is None:
             return self.fail("no agent identity: set agent_id in the intent or the agent_id header", agent=None)
-        if intent.reply_to is not None and not reply_allowed(intent.agent_id, intent.reply_to):
+        runner_reply = self.run_id is not None and intent.reply_to == WORKFLOW_REPLY_KEY
+        if intent.reply_to is not None and not runner_reply and not reply_allowed(intent.agent_id, intent.reply_to):
             return self.fail(
                 f"reply_to {intent.reply_to!r} is not yours: use {intent.agent_id!r} or {intent.agent_id!r} + '.<suffix>'",
                 agent=intent.agent_id,
             )
         trace_id, traceparent = trace_from(intent.traceparent)
-        return ParsedIntent(intent, shape, trace_id, traceparent)
+        return ParsedIntent(intent, shape, trace_id, traceparent, self.run_id)

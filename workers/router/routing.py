@@ -33,6 +33,7 @@ from workers.router.connector_choice import choose
 from workers.router.decisions import Answer, Decision, Dispatch, human_ms, invalid, refuse
 from workers.router.intake import ParseFailure, RawMessage, parse
 from workers.router.semantic import SemanticRouting
+from workers.router.workflow_starts import RunVouch, WorkflowStarts
 from workers.state.breaker import AlwaysAvailable
 from workers.state.budgets import BudgetCounter, NoBudgets, budget_index, budget_tag
 from workers.state.guards import Guards, SeparateGuards
@@ -60,6 +61,7 @@ class Router:
         budgets: BudgetCounter | None = None,
         clock: Callable[[], float] = time.time,
         fleet_user: str | None = None,
+        workflow_runs: RunVouch | None = None,
     ) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``) and
         of intents that make the router run its model (``semantic_rate``)."""
@@ -76,6 +78,8 @@ class Router:
         self.max_details = max(2, max_details)
         self.require_user_id = require_user_id
         self.fleet_user = fleet_user  # the fleet's broker login: may publish for an agent (intake.ON_BEHALF_OF_HEADER)
+        # workflow runs: their starts, and the check that a step belongs to its owner's run
+        self.workflows = WorkflowStarts(catalog, workflow_runs, self.max_details)
         self.clock = clock
         self.budgets = budgets or NoBudgets()
         self.budget_index = budget_index(catalog)  # (agent, connector, action) -> budgets; most have none
@@ -115,6 +119,11 @@ class Router:
                 allowance=self._model_allowance,
                 semantic_rate=self.semantic_rate,
             )
+        step_refused = self.workflows.check_step(parsed, received_at)
+        if step_refused is not None:
+            return step_refused
+        if self.workflows.is_workflow(intent.action):
+            return self.workflows.start(parsed, received_at, self.clock())
         resolved = self.catalog.resolve_candidates(intent.action, agent_id)
         routing: dict[str, Any] | None = None
         if isinstance(resolved, Candidates):
