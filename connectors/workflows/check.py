@@ -265,15 +265,16 @@ def _source(
     fields = found[1].output
     if fields is None:
         return f"{ref.text}: {workflow.steps[position].action} declares no output"
-    return _walk(ref, fields, f"{workflow.steps[position].action}'s output")
+    # the pool refuses an answer without every declared output field, so those are always there
+    return _walk(ref, fields, f"{workflow.steps[position].action}'s output", always_there=True)
 
 
-def _walk(ref: Reference, fields: Mapping[str, FieldSpec], owner: str) -> Source | str:
+def _walk(ref: Reference, fields: Mapping[str, FieldSpec], owner: str, always_there: bool = False) -> Source | str:
     head, rest = ref.path[0], ref.path[1:]
     field = fields.get(head)
     if field is None:
         return f"{ref.text}: {owner} declares no field {head!r}"
-    missing = not field.required and field.default is None
+    missing = not always_there and not field.required and field.default is None
     null = field.nullable
     sensitive = field.sensitive
     for segment in rest:

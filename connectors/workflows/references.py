@@ -58,9 +58,12 @@ Value = Any  # a literal (JSON value), a Reference, a Template, or a dict/list o
 class Missing(LookupError):
     """A reference with no value and no fallback; ``reference`` is its text."""
 
-    def __init__(self, reference: str) -> None:
+    def __init__(self, reference: str, field_absent: bool = False) -> None:
         super().__init__(f"{reference} has no value")
         self.reference = reference
+        # the source is there (the input, a step's kept answer) but left the field out; False when
+        # the whole source is gone (a step's answer too large to keep)
+        self.field_absent = field_absent
 
 
 def parse_value(raw: Any, depth: int = 0) -> Value:
@@ -148,7 +151,22 @@ def references_in(value: Value) -> list[Reference]:
 def resolve(value: Value, inputs: dict[str, Any], steps: dict[str, dict[str, Any]]) -> Any:
     """The JSON value of ``value`` for one run: ``steps`` maps step id to its receipt's ``data``.
     A missing value without a fallback raises Missing naming the reference; null takes the
-    fallback when there is one."""
+    fallback when there is one. In a map of params (or outputs), a key whose value is a bare
+    reference to a field the source left out is itself left out: the catalog check lets that
+    happen only for an optional target (a required one needs ``??``)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            try:
+                out[key] = _resolve(item, inputs, steps)
+            except Missing as exc:
+                if not (isinstance(item, Reference) and exc.field_absent):
+                    raise
+        return out
+    return _resolve(value, inputs, steps)
+
+
+def _resolve(value: Value, inputs: dict[str, Any], steps: dict[str, dict[str, Any]]) -> Any:
     if isinstance(value, Reference):
         return _lookup(value, inputs, steps)
     if isinstance(value, Template):
@@ -161,15 +179,15 @@ def resolve(value: Value, inputs: dict[str, Any], steps: dict[str, dict[str, Any
                 out.append(found if isinstance(found, str) else json.dumps(found))
         return "".join(out)
     if isinstance(value, dict):
-        return {k: resolve(v, inputs, steps) for k, v in value.items()}
+        return {k: _resolve(v, inputs, steps) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve(v, inputs, steps) for v in value]
+        return [_resolve(v, inputs, steps) for v in value]
     return value
 
 
 def _lookup(ref: Reference, inputs: dict[str, Any], steps: dict[str, dict[str, Any]]) -> Any:
-    current: Any = inputs if ref.source == "input" else steps.get(ref.step or "")
-    present = current is not None
+    source: Any = inputs if ref.source == "input" else steps.get(ref.step or "")
+    current, present, found = source, source is not None, 0
     for segment in ref.path:
         if isinstance(current, dict) and segment in current:
             current = current[segment]
@@ -178,10 +196,15 @@ def _lookup(ref: Reference, inputs: dict[str, Any], steps: dict[str, dict[str, A
         else:
             present = False
             break
+        found += 1
     if present and current is not None:
         return current
     if ref.has_fallback:
         return ref.fallback
     if present:
         return None  # a declared null flows on as null (the check allows it only into a nullable field)
-    raise Missing(ref.text)
+    # An input may leave out an optional field, and an output an optional part of a field; a step's
+    # answer always has its declared fields (the pool refuses it otherwise), so one missing there
+    # is a broken contract, as is a source that is gone (an answer too large to keep).
+    absent = source is not None and (ref.source == "input" or found > 0)
+    raise Missing(ref.text, field_absent=absent)

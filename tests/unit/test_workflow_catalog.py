@@ -200,19 +200,25 @@ def test_an_enum_whose_values_are_not_a_subset(tmp_path: Path) -> None:
 
 
 def test_an_optional_source_into_a_required_target_needs_a_fallback(tmp_path: Path) -> None:
-    wf = WORKFLOW.replace(
-        '        text: "Refund {$steps.refund.refund_id} for {$input.order_id} ({$steps.hold.note ?? no note})"\n',
-        "        text: $steps.hold.note #!\n",
-    )
+    notify = '        text: "Refund {$steps.refund.refund_id} for {$input.order_id} ({$steps.hold.note ?? no note})"\n'
+    wf = WORKFLOW.replace(notify, "        text: $input.memo #!\n")
     one_problem(tmp_path, wf, "may be missing", "?? fallback")
     # inside a string too
-    wf = WORKFLOW.replace('({$steps.hold.note ?? no note})"', '({$steps.hold.note})" #!')
+    wf = WORKFLOW.replace(notify, '        text: "Memo: {$input.memo}" #!\n')
     one_problem(tmp_path, wf, "may be missing or null")
     # with the fallback it loads
-    wf = WORKFLOW.replace(
-        '        text: "Refund {$steps.refund.refund_id} for {$input.order_id} ({$steps.hold.note ?? no note})"\n',
-        '        text: $steps.hold.note ?? "no note"\n',
-    )
+    wf = WORKFLOW.replace(notify, '        text: $input.memo ?? "no memo"\n')
+    assert problems_for(tmp_path, wf)[0] == []
+    # an optional input into an optional param needs none: left out when the agent leaves it out
+    wf = WORKFLOW.replace('        memo: $input.memo ?? "none"\n', "        memo: $input.memo\n")
+    assert problems_for(tmp_path, wf)[0] == []
+
+
+def test_a_declared_output_field_is_always_there(tmp_path: Path) -> None:
+    """The pool refuses an answer without every declared output field, so a field the output does
+    not mark required still flows into a required param without ``??`` (null still needs one)."""
+    notify = '        text: "Refund {$steps.refund.refund_id} for {$input.order_id} ({$steps.hold.note ?? no note})"\n'
+    wf = WORKFLOW.replace(notify, "        text: $steps.hold.note\n")
     assert problems_for(tmp_path, wf)[0] == []
 
 
@@ -336,6 +342,13 @@ def test_values_resolve_with_fallbacks_and_templates() -> None:
         resolve(parse_value("$steps.hold.stock_level"), inputs, steps)
     assert missing.value.reference == "$steps.hold.stock_level"
     assert isinstance(parse_value("a {$input.x} b"), Template)
+    # params: an optional input the agent left out is left out; a step's declared field missing
+    # from its answer (or its whole answer gone) is a broken contract, named
+    params = parse_value({"order_id": "$input.order_id", "memo": "$input.memo"})
+    assert resolve(params, inputs, steps) == {"order_id": "o-1"}
+    for broken in ({"level": "$steps.hold.level"}, {"id": "$steps.gone.hold_id"}, {"memo": "memo: {$input.memo}"}):
+        with pytest.raises(Missing):
+            resolve(parse_value(broken), inputs, steps)
     assert isinstance(parse_value("$input.x ?? 3"), Reference)
 
 
