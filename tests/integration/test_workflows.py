@@ -1,5 +1,5 @@
 """Workflows through the real fleet: router, the shop's pool and the runner (``reach workflows``),
-against a fake shop that keeps an ordered log of what it *did* (each Idempotency-Key executes once).
+against a fake shop that keeps an ordered log of what it *did* (tests/integration/workflow_shop.py).
 
 Every test starts runs of its own (order ids of its own) and reads the shop's log for them: the
 happy path (three calls, one final receipt), a conflict on the last step (undo 2 then undo 1, once
@@ -11,198 +11,38 @@ what another agent may not do.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from producers.client import ReachClient
-from producers.wire import Receipt
 from tests.fleet import Fleet
+from tests.integration.workflow_shop import AGENT, OTHER, Shop, catalog, order, run, running_shop, start_runner
 from tests.waiting import wait_for
 from workers.cli import main
-from workers.transport.topology import (
-    ON_BEHALF_OF_HEADER,
-    RUN_ID_HEADER,
-    WORKFLOW_RECEIPTS_QUEUE_NAME,
-    WORKFLOW_REPLY_KEY,
-    WORKFLOWS_QUEUE_NAME,
-)
-
-RUN = uuid.uuid4().hex[:6]
-AGENT = f"wf_{RUN}"
-OTHER = f"wfo_{RUN}"
-
-
-class Shop(ThreadingHTTPServer):
-    """Holds, refunds, notices, and their undos. ``log``: (path, order id or undone id) in the order
-    executed; ``conflict_on``/``rename_for``: order ids whose notice answers 409 / whose hold answers
-    without ``note`` (the system renamed it: a field the output does not declare would break the
-    declared output, so the renamed one is left out here)."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _ShopHandler)
-        self.lock = threading.Lock()
-        self.log: list[tuple[str, str]] = []
-        self.done: dict[str, dict[str, Any]] = {}  # Idempotency-Key -> the answer given
-        self.conflict_on: set[str] = set()
-        self.rename_for: set[str] = set()
-        self.delay = 0.0
-
-    def calls(self, order: str) -> list[str]:
-        with self.lock:
-            return [path for path, about in self.log if order in about]
-
-
-class _ShopHandler(BaseHTTPRequestHandler):
-    server: Shop
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        key = self.headers.get("Idempotency-Key") or uuid.uuid4().hex
-        shop = self.server
-        time.sleep(shop.delay)
-        with shop.lock:
-            answer = shop.done.get(key)
-            if answer is None:
-                answer = self._execute(body)
-                shop.done[key] = answer
-        status, doc = answer["status"], answer["doc"]
-        data = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _execute(self, body: dict[str, Any]) -> dict[str, Any]:
-        shop, path = self.server, self.path
-        order = str(body.get("order_id") or body.get("hold_id") or body.get("refund_id") or "")
-        if path == "/notify" and order in shop.conflict_on:
-            return {"status": 409, "doc": {"error": "the customer cannot be told"}}
-        shop.log.append((path, order))
-        if path == "/holds":
-            doc = {"hold_id": f"H-{order}", "level": "soft", "note": "fragile"}
-            if order in shop.rename_for:
-                del doc["note"]
-            return {"status": 201, "doc": doc}
-        if path == "/refunds":
-            return {"status": 201, "doc": {"refund_id": f"R-{order}"}}
-        return {"status": 200, "doc": {}}
-
-
-def catalog(url: str) -> str:
-    return f"""
-connector:
-  name: wfshop
-  endpoint: {url}
-  idempotency_header: Idempotency-Key
-  pool: {{ concurrency: 4 }}
-  actions:
-    - action: hold_order
-      path: POST /holds
-      permission: write
-      input: {{ order_id: {{ type: string, required: true }} }}
-      output:
-        hold_id: {{ type: string, required: true }}
-        level: {{ type: enum, values: [soft, hard], required: true }}
-        note: {{ type: string }}
-    - action: release_hold
-      path: POST /holds/release
-      permission: write
-      input: {{ hold_id: {{ type: string, required: true }} }}
-    - action: refund
-      path: POST /refunds
-      permission: write
-      input:
-        order_id: {{ type: string, required: true }}
-        level: {{ type: enum, values: [soft, hard] }}
-        memo: {{ type: string }}
-      output: {{ refund_id: {{ type: string, required: true }} }}
-    - action: cancel_refund
-      path: POST /refunds/cancel
-      permission: write
-      input: {{ refund_id: {{ type: string, required: true }} }}
-    - action: notify
-      path: POST /notify
-      permission: write
-      input:
-        order_id: {{ type: string, required: true }}
-        text: {{ type: string, required: true }}
----
-workflow:
-  name: refund_order
-  description: Hold the order, refund it, tell the customer.
-  timeout: 60s
-  input: {{ order_id: {{ type: string, required: true }} }}
-  steps:
-    - id: hold
-      action: wfshop.hold_order
-      params: {{ order_id: $input.order_id }}
-      compensate: {{ action: wfshop.release_hold, params: {{ hold_id: $steps.hold.hold_id }} }}
-    - id: refund
-      action: wfshop.refund
-      params: {{ order_id: $input.order_id, level: $steps.hold.level, memo: $steps.hold.note }}
-      compensate: {{ action: wfshop.cancel_refund, params: {{ refund_id: $steps.refund.refund_id }} }}
-    - id: notify
-      action: wfshop.notify
-      params: {{ order_id: $input.order_id, text: "Refund {{$steps.refund.refund_id}} done" }}
-  output: {{ refund_id: $steps.refund.refund_id }}
----
-agent_app:
-  name: {AGENT}
-  connector_bindings: [{{ connector: wfshop, allowed_actions: ["*"] }}]
-  workflows: [refund_order]
----
-agent_app:
-  name: {OTHER}
-  connector_bindings: [{{ connector: wfshop, allowed_actions: ["*"] }}]
-"""
+from workers.transport.topology import ON_BEHALF_OF_HEADER, RUN_ID_HEADER, WORKFLOW_REPLY_KEY
 
 
 @pytest.fixture(scope="module")
 def shop() -> Iterator[Shop]:
-    server = Shop()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
+    with running_shop() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def fleet(shop: Shop) -> Iterator[Fleet]:
-    with Fleet(catalog(f"http://127.0.0.1:{shop.server_address[1]}"), ["wfshop"]) as running:
+    with Fleet(catalog(shop.url), ["wfshop"]) as running:
         start_runner(running)
         yield running
-
-
-def start_runner(fleet: Fleet, extra_env: dict[str, str] | None = None) -> None:
-    fleet.start_process("workflows", ["workflows"], extra_env)
-    fleet.wait_consuming(WORKFLOW_RECEIPTS_QUEUE_NAME, 60)
-    fleet.wait_consuming(WORKFLOWS_QUEUE_NAME, 60)
 
 
 @pytest.fixture()
 def agent(fleet: Fleet) -> Iterator[ReachClient]:
     with ReachClient(AGENT, fleet.broker_url, drop_duplicates=False) as client:
         yield client
-
-
-def order() -> str:
-    return f"o-{uuid.uuid4().hex[:10]}"
-
-
-def run(agent: ReachClient, order_id: str, timeout: float = 30.0) -> Receipt:
-    return agent.call("refund_order", {"order_id": order_id}, timeout=timeout)
 
 
 def test_a_run_calls_three_steps_in_order_and_answers_once(fleet: Fleet, shop: Shop, agent: ReachClient) -> None:
