@@ -23,6 +23,7 @@ import numpy.typing as npt
 from connectors.catalog import ActionRef, Catalog
 from connectors.routing.embedders import Embedder, Pair, Vectors, parts
 from connectors.routing.lexical import BM25, tokens
+from connectors.workflows.spec import WorkflowSpec
 
 # characters of a request (context.description, reach.find_tools' description) that are read:
 # the rest is ignored, so a 256 KiB description costs what a short one does
@@ -57,6 +58,22 @@ def action_text(ref: ActionRef) -> str:
         parts.append(action.description)
     for name, spec in action.input.items():
         parts.append(f"{_words(name)}: {spec.description}" if spec.description else _words(name))
+    return _joined(parts)
+
+
+def workflow_text(workflow: WorkflowSpec) -> str:
+    """What the embedding and the lexical scorer see of a workflow (reach.find_tools): its name,
+    description and inputs as for an action, and the actions its steps run."""
+    parts = [_words(workflow.name)]
+    if workflow.description:
+        parts.append(workflow.description)
+    for name, spec in workflow.input.items():
+        parts.append(f"{_words(name)}: {spec.description}" if spec.description else _words(name))
+    parts.append(", then ".join(_words(step.action_name) for step in workflow.steps))
+    return _joined(parts)
+
+
+def _joined(parts: list[str]) -> str:
     return ". ".join(p.strip().rstrip(".") for p in parts if p.strip())[:MAX_ACTION_CHARS]
 
 
@@ -70,18 +87,24 @@ def request_text(text: str) -> str:
 
 
 class ActionIndex:
-    """The catalog's actions as rows: texts, lexical postings, and (with a model) embeddings."""
+    """The catalog's actions as rows: texts, lexical postings, and (with a model) embeddings.
+
+    The catalog's workflows follow the actions as rows of their own: reach.find_tools ranks an
+    agent's workflows with its actions; routing between connectors never sees them."""
 
     def __init__(self, catalog: Catalog, embedder: Embedder | None, cache: VectorCache | None = None) -> None:
         self.embedder = embedder
         self.cache = cache
         self.refs = list(catalog.refs.values())
         self.rows = {(r.connector.name, r.action.action): i for i, r in enumerate(self.refs)}
-        self.texts = [action_text(r) for r in self.refs]
+        self.workflows = list(catalog.workflows.values())
+        self.workflow_rows = {w.name: len(self.refs) + i for i, w in enumerate(self.workflows)}
+        self.texts = [action_text(r) for r in self.refs] + [workflow_text(w) for w in self.workflows]
+        self.size = len(self.texts)
         self.lexical = BM25([tokens(t) for t in self.texts])
         dim = embedder.dim if embedder else 0
-        self.vectors: Vectors = np.zeros((len(self.refs), dim), dtype=np.float32)
-        self._ready = np.zeros(len(self.refs), dtype=bool)
+        self.vectors: Vectors = np.zeros((self.size, dim), dtype=np.float32)
+        self._ready = np.zeros(self.size, dtype=bool)
         self._lock = threading.Lock()
         self._queries: OrderedDict[str, Vectors] = OrderedDict()
         self._terms: dict[int, frozenset[str]] = {}
@@ -118,7 +141,7 @@ class ActionIndex:
         two fill their columns at once, one per core."""
         if self.embedder is None:
             return
-        wanted = range(len(self.refs)) if rows is None else rows
+        wanted = range(self.size) if rows is None else rows
         with self._lock:
             missing = [r for r in wanted if not self._ready[r]]
             if not missing:
@@ -189,7 +212,7 @@ class ActionIndex:
         if not self._ready[rows].all():
             self.prepare(rows.tolist())
         query = self.query_vector(text)
-        if len(rows) * 8 > len(self.refs):
+        if len(rows) * 8 > self.size:
             # many rows (reach.find_tools): one pass over the matrix beats copying most of it out
             every: npt.NDArray[np.float32] = self.vectors @ query
             return every[rows]

@@ -122,28 +122,48 @@ def top_k(
     weights: RoutingWeights,
     rows: npt.NDArray[np.int64] | None = None,
 ) -> list[Scored]:
-    """The ``k`` actions of ``refs`` that best match a request (reach.find_tools); ``rows``: their
-    rows in the index, when the caller keeps them."""
-    text = request_text(description)
-    if not refs or not text:
-        return []
+    """The ``k`` actions of ``refs`` that best match a request; ``rows``: their rows in the
+    index, when the caller keeps them."""
     if rows is None:
         rows = np.array([index.row(r) for r in refs], dtype=np.int64)
+    return [
+        Scored(refs[found.at], found.score, found.semantic, found.lexical)
+        for found in best_rows(index, rows, description, k, weights)
+    ]
+
+
+@dataclass(frozen=True)
+class RowScore:
+    """One row's score for a request; ``at``: its position in the rows that were ranked."""
+
+    at: int
+    score: float
+    semantic: float | None
+    lexical: float
+
+
+def best_rows(
+    index: ActionIndex,
+    rows: npt.NDArray[np.int64],
+    description: str,
+    k: int,
+    weights: RoutingWeights,
+) -> list[RowScore]:
+    """The ``k`` of ``rows`` (actions or workflows) that best match a request, best first
+    (reach.find_tools: the action name tells tools apart, so no term is dropped)."""
+    text = request_text(description)
+    if not len(rows) or not text:
+        return []
     semantic = index.semantic(text, rows)
     lexical = index.lexical.scores(tokens(text), rows)
     total = weights.lexical * lexical
     if semantic is not None:
         total = total + weights.semantic * semantic
-    k = min(k, len(refs))
-    best = np.argpartition(-total, k - 1)[:k] if k < len(refs) else np.arange(len(refs))
+    k = min(k, len(rows))
+    best = np.argpartition(-total, k - 1)[:k] if k < len(rows) else np.arange(len(rows))
     best = best[np.argsort(-total[best], kind="stable")]
     return [
-        Scored(
-            refs[i],
-            float(total[i]),
-            None if semantic is None else float(semantic[i]),
-            float(lexical[i]),
-        )
+        RowScore(int(i), float(total[i]), None if semantic is None else float(semantic[i]), float(lexical[i]))
         for i in best
     ]
 

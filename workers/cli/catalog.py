@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 
 from connectors.catalog import Catalog, build
 from connectors.loader import LoadResult, Problem, load_directory
-from connectors.spec import ConnectorSpec
+from connectors.spec import ConnectorSpec, FieldSpec
 from workers.cli.common import EXIT_PROBLEMS, check_agent, fail, load_catalog, read_settings
 from workers.ops.table import print_table
 from workers.state.client import connect_redis
@@ -68,7 +69,7 @@ def _system_problems(catalog: Catalog, loaded: LoadResult) -> list[Problem]:
 )
 @click.option("--dir", "directory", help="Catalog directory (default: $REACH_CATALOG).")
 def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
-    """Show what an agent can do, as a table or as tool schemas."""
+    """Show what an agent can do (its actions, then its workflows), as a table or as tool schemas."""
     from producers.tools import export
 
     catalog = load_catalog(directory or read_settings().catalog_dir)
@@ -79,17 +80,22 @@ def catalog_cmd(agent: str | None, fmt: str, directory: str | None) -> None:
         click.echo(json.dumps(export(tools, fmt), indent=2, ensure_ascii=False))
         return
     refs = [r for r in catalog.refs.values() if agent is None or catalog.allows(agent, r)]
-    rows = [
-        (
-            r.qualified,
-            r.action.permission,
-            r.action.target,
-            ", ".join(f"{n}{'*' if f.required else ''}" for n, f in r.action.input.items()),
-            r.action.description or "",
-        )
+    rows: list[tuple[str, ...]] = [
+        (r.qualified, r.action.permission, r.action.target, _params(r.action.input), r.action.description or "")
         for r in refs
     ]
+    # then the workflows, called by their own names; "call" lists the actions their steps run
+    names = [t.name for t in tools]
+    rows += [
+        (w.name, "workflow", " > ".join(s.action for s in w.steps), _params(w.input), w.description or "")
+        for w in catalog.workflows.values()
+        if w.name in names
+    ]
     print_table(("action", "permission", "call", "params (* required)", "description"), rows)
+
+
+def _params(fields: Mapping[str, FieldSpec]) -> str:
+    return ", ".join(f"{n}{'*' if f.required else ''}" for n, f in fields.items())
 
 
 @click.command("route")

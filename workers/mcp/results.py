@@ -9,7 +9,8 @@
 - ``content``: one text block. On success the JSON of ``structuredContent`` (MCP asks tools with
   structured results to send it as text too); otherwise the code, whether it may be retried,
   the message, the suggestion and the field details, and for ``unknown`` a plain "outcome
-  unknown: the action may or may not have taken effect".
+  unknown: the action may or may not have taken effect". A workflow's failed run adds a line per
+  step (its status, code, and whether it was undone), so the model knows what still stands.
 - ``_meta["agent-reach/receipt"]``: the whole receipt as it came off the wire.
 
 A call that got no receipt says so. When the intent may have been published (a publish that
@@ -112,8 +113,19 @@ def _failure_text(receipt: Receipt) -> str:
         lines.append(f"- {detail.get('field')}: {detail.get('message')}{also}")
     if len(error.details) > MAX_DETAILS_SHOWN:
         lines.append(f"- and {len(error.details) - MAX_DETAILS_SHOWN} more (see the receipt)")
+    steps = receipt.execution.steps or []
+    if steps:
+        lines.append("Steps of the run:")
+        lines.extend(_step_line(step) for step in steps[:MAX_DETAILS_SHOWN])
     lines.append(_reference(receipt))
     return "\n".join(lines)
+
+
+def _step_line(step: dict[str, Any]) -> str:
+    """One row of a workflow receipt's ``execution.steps``, as the model reads it."""
+    code = f" {step['code']}" if step.get("code") else ""
+    undone = ", undone" if step.get("undone") else ""
+    return f"- {step.get('step')}: {step.get('status')}{code}{undone}"
 
 
 def _reference(receipt: Receipt) -> str:

@@ -1,4 +1,5 @@
-"""The catalog as MCP tools: exactly the actions an agent is bound to, as ``reach.list_tools`` lists them.
+"""The catalog as MCP tools: exactly the actions and workflows an agent is bound to, as
+``reach.list_tools`` lists them (its actions, then its workflows).
 
 Each tool is the action's :func:`connectors.catalog.tool_spec` (the same name, description and
 input schema ``reach.list_tools`` and ``reach catalog --format mcp`` give) plus what MCP adds:
@@ -11,6 +12,12 @@ input schema ``reach.list_tools`` and ``reach catalog --format mcp`` give) plus 
   declared field, so every field is required, and other keys are allowed, as the pool allows them.
   A success whose answer was too large to pass on carries ``{"_reach_omitted": "why"}`` instead
   of the fields (docs/contract.md §4), so the schema admits that marker as the one alternative.
+
+A workflow is a tool named as the workflow (:func:`connectors.catalog.workflow_tool`), whose call
+starts a run and whose result is the run's final receipt. Its hints come from its steps: a write
+among them makes it destructive, and it is never idempotent (a second call is a second run unless
+it sends the same ``_meta.idempotency_key``). It has no ``outputSchema``: the catalog checks the
+types its output reads at load time, but declares none for the workflow itself.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import mcp_types as types
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from connectors.catalog import ActionRef, Catalog, tool_spec
+from connectors.catalog import ActionRef, Catalog, tool_spec, workflow_tool
 from connectors.schema import field_json_schema
 from connectors.spec import ActionSpec
+from connectors.workflows.spec import WorkflowSpec
 from producers.tools import export
 
 OMITTED_KEY = "_reach_omitted"
@@ -55,6 +63,15 @@ def tool_annotations(action: ActionSpec) -> types.ToolAnnotations:
     )
 
 
+def workflow_annotations(catalog: Catalog, workflow: WorkflowSpec) -> types.ToolAnnotations:
+    """MCP's behaviour hints for a workflow: as its steps' actions, never idempotent."""
+    writes = any(
+        ref is None or ref.action.is_write
+        for ref in (catalog.refs.get((step.connector, step.action_name)) for step in workflow.steps)
+    )
+    return types.ToolAnnotations(read_only_hint=not writes, destructive_hint=writes, idempotent_hint=False)
+
+
 @dataclass(frozen=True)
 class AgentTools:
     """One agent's tools and, by tool name, the validators of the declared outputs."""
@@ -64,7 +81,8 @@ class AgentTools:
 
 
 def agent_tools(catalog: Catalog, agent: str) -> AgentTools:
-    """The tools ``agent`` may call (none for an agent the catalog does not know), in catalog order."""
+    """The tools ``agent`` may call (none for an agent the catalog does not know): its actions in
+    catalog order, then the workflows it is bound to."""
     refs: list[ActionRef] = [ref for ref in catalog.refs.values() if catalog.allows(agent, ref)]
     tools: list[types.Tool] = []
     outputs: dict[str, Draft202012Validator] = {}
@@ -81,6 +99,17 @@ def agent_tools(catalog: Catalog, agent: str) -> AgentTools:
         )
         if schema is not None:
             outputs[doc["name"]] = Draft202012Validator(schema)
+    found = catalog.agents.get(agent)
+    flows = [catalog.workflows[n] for n in (found.workflows if found else []) if catalog.allows_workflow(agent, n)]
+    for flow, doc in zip(flows, export([workflow_tool(w) for w in flows], "mcp"), strict=True):
+        tools.append(
+            types.Tool(
+                name=doc["name"],
+                description=doc["description"],
+                input_schema=doc["inputSchema"],
+                annotations=workflow_annotations(catalog, flow),
+            )
+        )
     return AgentTools(tools, outputs)
 
 

@@ -1,13 +1,14 @@
 """The router's built-in actions, answered by the router itself: ``reach.list_tools`` (the
 agent's tools) and ``reach.find_tools`` (its best-matching tools for a description, ranked by
-the semantic model, in the format asked)."""
+the semantic model, in the format asked). An agent's tools are the actions it may use and the
+workflows it is bound to (a workflow's tool name is its own name)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 
-from connectors.catalog import Catalog, tool_spec
+from connectors.catalog import Catalog
 from connectors.schema import ParamValidator
 from connectors.spec import ActionSpec, FieldSpec
 from producers.tools import EXPORT_FORMATS, export
@@ -128,8 +129,8 @@ def find_tools(
         )
     found = semantic.find_tools(agent_id, params["description"], params["k"])
     data = {
-        "tools": export([tool_spec(s.ref) for s in found], params["format"]),
-        "scores": [{"name": s.ref.tool_name, "score": round(s.score, 4)} for s in found],
+        "tools": export([f.tool for f in found], params["format"]),
+        "scores": [{"name": f.tool.name, "score": round(f.score, 4)} for f in found],
         "model": semantic.model_name(),
     }
     return Answer(answer(data=data), reply_to)

@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from connectors.catalog import ActionRef, Candidates, Catalog
-from connectors.routing import ActionIndex, ModelUnavailable, Ranking, Scored, VectorCache, load_embedder, rank, top_k
+from connectors.catalog import ActionRef, Candidates, Catalog, tool_spec, workflow_tool
+from connectors.routing import ActionIndex, ModelUnavailable, Ranking, Scored, VectorCache, load_embedder, rank
 from connectors.routing.index import request_text
+from connectors.routing.ranking import best_rows
+from producers.tools import ToolSpec
 
 log = logging.getLogger("reach.routing")
 
@@ -47,6 +49,14 @@ class Choice:
     ranking: Ranking | None = None
     retry_after_ms: int | None = None  # the agent's allowance of model work is spent
     removed: dict[str, str] = field(default_factory=dict)  # qualified action -> why it could not run
+
+
+@dataclass(frozen=True)
+class FoundTool:
+    """One of reach.find_tools' answers: an action's or a workflow's tool, and its score."""
+
+    tool: ToolSpec
+    score: float
 
 
 class SemanticRouting:
@@ -69,7 +79,7 @@ class SemanticRouting:
         self._loader = loader
         self._index: ActionIndex | None = None
         self._lock = threading.Lock()
-        self._tools: dict[str, tuple[list[ActionRef], npt.NDArray[np.int64]]] = {}
+        self._tools: dict[str, tuple[list[ToolSpec], npt.NDArray[np.int64]]] = {}
         self.load_seconds: float | None = None
 
     @property
@@ -169,15 +179,24 @@ class SemanticRouting:
         note = self._note(method, ranking.ranked, removed, ranking)
         return Choice(winner.ref if winner else None, note, ranking, removed=removed)
 
-    def find_tools(self, agent_id: str, description: str, k: int) -> list[Scored]:
-        """The agent's ``k`` tools that best match ``description``."""
+    def find_tools(self, agent_id: str, description: str, k: int) -> list[FoundTool]:
+        """The agent's ``k`` tools that best match ``description``: the actions it may use and the
+        workflows it is bound to, ranked together."""
         index = self.index()
         tools = self._tools.get(agent_id)
         if tools is None:
-            refs = [r for r in self.catalog.refs.values() if self.catalog.allows(agent_id, r)]
-            tools = (refs, np.array([index.row(r) for r in refs], dtype=np.int64))
+            catalog = self.catalog
+            refs = [r for r in catalog.refs.values() if catalog.allows(agent_id, r)]
+            agent = catalog.agents.get(agent_id)
+            flows = [catalog.workflows[n] for n in (agent.workflows if agent else []) if n in catalog.workflows]
+            specs = [tool_spec(r) for r in refs] + [workflow_tool(w) for w in flows]
+            rows = [index.row(r) for r in refs] + [index.workflow_rows[w.name] for w in flows]
+            tools = (specs, np.array(rows, dtype=np.int64))
             self._tools[agent_id] = tools  # agents are the catalog's: bounded
-        return top_k(index, tools[0], description, k, self.spec.weights, rows=tools[1])
+        return [
+            FoundTool(tools[0][found.at], found.score)
+            for found in best_rows(index, tools[1], description, k, self.spec.weights)
+        ]
 
     def model_name(self) -> str:
         index = self._index
