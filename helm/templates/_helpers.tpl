@@ -121,6 +121,11 @@ release fails before anything is rendered.
 {{- fail (printf "connectors[%d]: %q and %q would both be named %s; connector names must differ after lower-casing and replacing _ with -" $i (get $seen $resource) $c.name $resource) }}
 {{- end }}
 {{- $_ := set $seen $resource $c.name }}
+{{- range $component := list "router" "beat" "workflows" "mcp" "console" }}
+{{- if eq $resource (printf "%s-%s" (include "agent-reach.fullname" $) $component) }}
+{{- fail (printf "connectors[%d]: %q would be named %s, the name of the %s Deployment; put it in a poolGroups entry or rename the connector" $i $c.name $resource $component) }}
+{{- end }}
+{{- end }}
 {{- $cfg := include "agent-reach.connectorConfig" (dict "root" $ "connector" $c) | fromYaml }}
 {{- $as := $cfg.autoscaling }}
 {{- if and $as.enabled (gt (int $as.minReplicas) (int $as.maxReplicas)) }}
@@ -276,6 +281,9 @@ pools that set one variable differently fail the release unless beat.env settles
   value: {{ .Values.config.receiptTTL | quote }}
 - name: REACH_MAX_INTENT_BYTES
   value: {{ .Values.config.maxIntentBytes | quote }}
+{{- /* the runner writes runs with it, and so do `reach workflow resume|abort` and the console */}}
+- name: REACH_WORKFLOW_RETENTION
+  value: {{ .Values.workflows.retention | quote }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}

@@ -80,7 +80,7 @@ def test_a_group_is_one_deployment_running_reach_worker_with_all_its_connectors(
     # the large connector keeps a Deployment of its own
     assert rendered.pool("crm_system")["metadata"]["name"] == "reach-agent-reach-crm-system"
     assert rendered.names("PodDisruptionBudget") == sorted(
-        ["reach-agent-reach-router", "reach-agent-reach-crm-system", BACKOFFICE, SMALL]
+        ["reach-agent-reach-router", "reach-agent-reach-workflows", "reach-agent-reach-crm-system", BACKOFFICE, SMALL]
     )
 
 

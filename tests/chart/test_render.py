@@ -79,12 +79,13 @@ def test_custom_resources_have_the_shape_their_operators_expect(scenario: str) -
             assert set(endpoint) == {"port", "path", "interval", "scrapeTimeout"}
 
 
-def test_defaults_render_the_router_beat_and_the_demo_pool() -> None:
+def test_defaults_render_the_router_beat_the_workflow_runner_and_the_demo_pool() -> None:
     rendered = render()
     assert rendered.names("Deployment") == [
         "reach-agent-reach-beat",
         "reach-agent-reach-local-ticket-system",
         "reach-agent-reach-router",
+        "reach-agent-reach-workflows",
     ]
     assert {o["kind"] for o in rendered.objects} == {
         "Deployment",
@@ -236,7 +237,7 @@ def test_beat_runs_exactly_one_pod_and_is_replaced_not_rolled() -> None:
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
     assert container(beat)["args"] == ["beat"]
     without = render({"beat": {"enabled": False}, "connectors": []})
-    assert without.names("Deployment") == ["reach-agent-reach-router"]
+    assert without.names("Deployment") == ["reach-agent-reach-router", "reach-agent-reach-workflows"]
 
 
 def test_beat_gets_every_pools_environment_to_check_their_connectors() -> None:
@@ -370,7 +371,12 @@ def test_inline_urls_go_into_the_charts_own_secret_and_roll_pods_when_they_chang
 def test_disruption_budgets_cover_the_router_and_each_pool_and_select_only_their_pods() -> None:
     rendered = render(scenario_values("two-connectors"))
     pdbs = {p["metadata"]["name"]: p for p in rendered.of_kind("PodDisruptionBudget")}
-    assert sorted(pdbs) == ["reach-agent-reach-billing", "reach-agent-reach-crm-system", "reach-agent-reach-router"]
+    assert sorted(pdbs) == [
+        "reach-agent-reach-billing",
+        "reach-agent-reach-crm-system",
+        "reach-agent-reach-router",
+        "reach-agent-reach-workflows",
+    ]
     deployments = rendered.of_kind("Deployment")
     for name, pdb in pdbs.items():
         assert pdb["spec"]["maxUnavailable"] == 1
