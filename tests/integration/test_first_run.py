@@ -22,6 +22,10 @@ DEMO_ASSETS = (
     "workers/ops/demo_assets/__init__.py",
     "workers/ops/demo_assets/ticket_system.py",
     "workers/ops/demo_assets/catalog/tickets.yaml",
+    "workers/ops/demo_assets/catalog/warehouse.yaml",
+    "workers/ops/demo_assets/warehouse.py",
+    "workers/ops/demo_assets/catalog/shop.yaml",
+    "workers/ops/demo_assets/shop.py",
 )
 
 
@@ -93,7 +97,25 @@ def test_the_demo_from_the_wheel_passes_in_another_directory_on_a_vhost_never_se
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "all receipts as expected" in done.stdout.splitlines()
+    lines = done.stdout.splitlines()
+    assert "all receipts as expected" in lines
+    assert "started reach workflows" in done.stdout  # the runner came up on the new vhost too
+    # the workflow: one run through, one whose last step failed and whose steps before it were undone
+    assert "run 1: refund_order order_id=ORD-1001 -> succeeded; refund_id=RF-ORD-1001, amount=42.0" in lines
+    (failed,) = [line for line in lines if line.startswith("run 2: refund_order order_id=ORD-1002 -> failed; ")]
+    assert "STEP_FAILED" in failed and "notify" in failed and "DOWNSTREAM_VALIDATION_FAILED" in failed
+    steps = [line.split() for line in lines if line.split()[:1] in (["1"], ["2"]) and len(line.split()) == 5]
+    assert steps == [
+        ["1", "hold", "succeeded", "-", "no"],
+        ["1", "refund", "succeeded", "-", "no"],
+        ["1", "notify", "succeeded", "-", "no"],
+        ["2", "hold", "succeeded", "-", "yes"],
+        ["2", "refund", "succeeded", "-", "yes"],
+        ["2", "notify", "failed", "DOWNSTREAM_VALIDATION_FAILED", "no"],
+    ]
+    assert lines[lines.index("all receipts as expected") - 2].endswith(
+        "could not email the customer of ORD-1002, cancelled RF-ORD-1002, released H-ORD-1002"
+    )
 
 
 def test_status_without_a_catalog_lists_the_connectors_of_a_running_fleet(tmp_path: Path) -> None:

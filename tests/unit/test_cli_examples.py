@@ -46,6 +46,7 @@ def test_the_examples_catalog_is_a_copy_of_the_packaged_demo_catalog() -> None:
 def test_the_packaged_demo_catalog_is_valid() -> None:
     catalog, problems = build(load_directory(CATALOG_DIR))
     assert not problems
-    assert set(catalog.connectors) == {"local_ticket_system", "warehouse"}
+    assert set(catalog.connectors) == {"local_ticket_system", "warehouse", "shop"}
     assert catalog.connectors["warehouse"].type == "amqp"  # the demo shows a system that is not REST
-    assert set(catalog.agents) == {"ticket_desk_bot", "ticket_qa_bot", "stock_bot"}
+    assert set(catalog.agents) == {"ticket_desk_bot", "ticket_qa_bot", "stock_bot", "refund_bot"}
+    assert set(catalog.workflows) == {"refund_order"}  # and a workflow (tests/unit/test_demo_workflow.py)

@@ -36,8 +36,10 @@ def validate(directory: str | None) -> None:
         click.echo(f"{len(problems)} problem(s) in {target}", err=True)
         sys.exit(EXIT_PROBLEMS)
     actions = sum(len(c.actions) for c in catalog.connectors.values())
+    flows = f", {len(catalog.workflows)} workflow(s)" if catalog.workflows else ""
     click.echo(
-        f"ok: {len(catalog.connectors)} connector(s), {actions} action(s), {len(catalog.agents)} agent app(s) in {target}"
+        f"ok: {len(catalog.connectors)} connector(s), {actions} action(s), {len(catalog.agents)} agent app(s)"
+        f"{flows} in {target}"
     )
 
 

@@ -1,8 +1,11 @@
 """``reach demo``: the whole fleet on this machine, against an example ticket system.
 
-Starts the ticket system (in this process), ``reach router`` and ``reach worker
-local_ticket_system`` (as child processes), sends a handful of intents as two agents, prints
-their receipts as a table, and stops everything it started.
+Starts the demo's systems (in this process: the ticket system, the warehouse on the broker, the
+web shop), ``reach router``, a ``reach worker`` per connector and the workflow runner ``reach
+workflows`` (as child processes), sends a handful of intents as three agents and prints their
+receipts as a table. Then a fourth agent runs the workflow ``refund_order`` twice: once through,
+and once with a last step that fails, so that the steps before it are undone; each run's steps,
+and what the shop did, are printed. It stops everything it started.
 """
 
 from __future__ import annotations
@@ -19,17 +22,37 @@ from urllib.parse import urlsplit
 from producers.client import ReachClient, ReceiptTimeout
 from producers.wire import Receipt
 from workers.ops.demo_assets import CATALOG_DIR
+from workers.ops.demo_assets.shop import Shop
 from workers.ops.demo_assets.ticket_system import TicketSystem
 from workers.ops.demo_assets.warehouse import QUEUE as WAREHOUSE_QUEUE
 from workers.ops.demo_assets.warehouse import Warehouse
 from workers.ops.fleet import Unreachable, redact_url
-from workers.ops.processes import FleetProcesses, Proc, ProcessGroup
+from workers.ops.processes import FleetProcesses, ProcessGroup
 from workers.ops.table import print_table
 from workers.settings import Settings
-from workers.transport.topology import TopologyMismatch
+from workers.transport.topology import WORKFLOW_RECEIPTS_QUEUE_NAME, WORKFLOWS_QUEUE_NAME, TopologyMismatch
 
 CONNECTOR = "local_ticket_system"
 WAREHOUSE = "warehouse"  # the demo's second system: type amqp (workers/ops/demo_assets/warehouse.py)
+SHOP = "shop"  # the third, behind the workflow (workers/ops/demo_assets/shop.py)
+WORKFLOW = "refund_order"
+# each run of the workflow: its order, and its steps as (step, status, undone). The first goes
+# through; the second's customer has no email address, so its last step fails and the refund and
+# the hold are undone, newest first.
+RUNS = {
+    "ORD-1001": [("hold", "succeeded", False), ("refund", "succeeded", False), ("notify", "succeeded", False)],
+    "ORD-1002": [("hold", "succeeded", True), ("refund", "succeeded", True), ("notify", "failed", False)],
+}
+SHOP_LOG = [
+    "held ORD-1001",
+    "refunded ORD-1001",
+    "emailed ada@example.com",
+    "held ORD-1002",
+    "refunded ORD-1002",
+    "could not email the customer of ORD-1002",
+    "cancelled RF-ORD-1002",
+    "released H-ORD-1002",
+]
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -98,30 +121,48 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
         return 2
     tickets = TicketSystem(0).start()
     warehouse = Warehouse(settings.broker_url).start()
+    shop = Shop().start()
     logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     fleet = FleetProcesses(
         ProcessGroup(logs),
         CATALOG_DIR,
         settings.broker_url,
         settings.redis_url,
-        env={"TICKETS_URL": tickets.url, "WAREHOUSE_BROKER_URL": settings.broker_url},
+        env={"TICKETS_URL": tickets.url, "WAREHOUSE_BROKER_URL": settings.broker_url, "SHOP_URL": shop.url},
         metrics=False,
     )
-    print(f"ticket system on {tickets.url}, warehouse on queue {WAREHOUSE_QUEUE}; fleet logs in {logs}")
+    print(
+        f"ticket system on {tickets.url}, warehouse on queue {WAREHOUSE_QUEUE}, shop on {shop.url}; "
+        f"fleet logs in {logs}"
+    )
     try:
-        for proc in (fleet.start_router(), fleet.start_pool(CONNECTOR), fleet.start_pool(WAREHOUSE)):
+        for proc in (
+            fleet.start_router(),
+            fleet.start_pool(CONNECTOR),
+            fleet.start_pool(WAREHOUSE),
+            fleet.start_pool(SHOP),
+            fleet.start("workflows", ["workflows"]),
+        ):
             print(f"started reach {' '.join(proc.argv[3:])} (pid {proc.pid})")
-        return _script(settings, tickets, warehouse, list(fleet.group.items.values()), logs, keep_running)
+        return _script(settings, tickets, warehouse, shop, fleet, logs, keep_running)
     finally:
         fleet.stop_all()
         tickets.stop()
         warehouse.stop()
-        print("stopped the router, the pools, the ticket system and the warehouse")
+        shop.stop()
+        print("stopped the router, the pools, the workflow runner, the ticket system, the warehouse and the shop")
 
 
 def _script(
-    settings: Settings, tickets: TicketSystem, warehouse: Warehouse, procs: list[Proc], logs: Path, keep_running: bool
+    settings: Settings,
+    tickets: TicketSystem,
+    warehouse: Warehouse,
+    shop: Shop,
+    fleet: FleetProcesses,
+    logs: Path,
+    keep_running: bool,
 ) -> int:
+    procs = list(fleet.group.items.values())
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
     qa = ReachClient("ticket_qa_bot", settings.broker_url)
     stock = ReachClient("stock_bot", settings.broker_url)
@@ -212,11 +253,14 @@ def _script(
             f"the warehouse (type: amqp, a queue and reply_to instead of HTTP) answered {len(warehouse.requests)} "
             "stock request(s)."
         )
+        ok = _workflow_runs(settings, shop, fleet, logs) and ok
         print("\nall receipts as expected" if ok else "\nSOME RECEIPTS WERE NOT AS EXPECTED")
         if keep_running:
             print(
                 f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
                 f"  REACH_CATALOG={CATALOG_DIR} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
+                f"  REACH_CATALOG={CATALOG_DIR} reach send {WORKFLOW} --agent refund_bot -p order_id=ORD-1001 --wait\n"
+                f"  REACH_CATALOG={CATALOG_DIR} reach workflow list\n"
                 "Ctrl-C stops everything."
             )
             try:
@@ -229,3 +273,51 @@ def _script(
         desk.close()
         qa.close()
         stock.close()
+
+
+def _workflow_runs(settings: Settings, shop: Shop, fleet: FleetProcesses, logs: Path) -> bool:
+    """Run the workflow for each order of RUNS as refund_bot and print what happened: each final
+    receipt, each run's steps (status, code, undone), and what the shop did. True when all of it
+    is what RUNS and SHOP_LOG expect."""
+    print(
+        f"\nthe workflow {WORKFLOW} (hold the order, refund it, email the customer; "
+        "a step that fails undoes the ones before it, newest first):"
+    )
+    try:
+        for queue in (WORKFLOWS_QUEUE_NAME, WORKFLOW_RECEIPTS_QUEUE_NAME):
+            fleet.wait_consuming(queue, 60)
+    except RuntimeError as exc:  # the runner did not come up, or died
+        print(f"the workflow runner is not consuming: {exc}", file=sys.stderr)
+        return False
+    ok = True
+    rows: list[tuple[str, ...]] = []
+    with ReachClient("refund_bot", settings.broker_url) as bot:
+        for n, (order, expected) in enumerate(RUNS.items(), 1):
+            try:
+                receipt: Receipt | None = bot.call(WORKFLOW, {"order_id": order}, timeout=60)
+            except ReceiptTimeout:
+                receipt = None
+            if receipt is None:
+                print(f"run {n} ({order}): no final receipt within 60 s; see the logs in {logs}")
+                ok = False
+                continue
+            if receipt.success:
+                outcome = ", ".join(f"{k}={v}" for k, v in (receipt.data or {}).items())
+            else:
+                assert receipt.error is not None
+                outcome = f"{receipt.error.code.value}: {receipt.error.message}"
+            print(f"run {n}: {WORKFLOW} order_id={order} -> {receipt.status}; {outcome}")
+            steps = receipt.execution.steps or []
+            rows += [
+                (str(n), str(s["step"]), str(s["status"]), str(s["code"] or "-"), "yes" if s["undone"] else "no")
+                for s in steps
+            ]
+            got = [(s["step"], s["status"], bool(s["undone"])) for s in steps]
+            wanted_code = None if order == "ORD-1001" else "STEP_FAILED"
+            code = receipt.error.code.value if receipt.error else None
+            ok = ok and got == expected and code == wanted_code
+    print()
+    print_table(("run", "step", "status", "code", "undone"), rows)
+    done = shop.done()
+    print(f"\nthe shop did, in order: {', '.join(done)}")
+    return ok and done == SHOP_LOG
