@@ -1,11 +1,12 @@
-"""The MCP facade: ``reach mcp`` serves each agent its own catalog actions as Model Context Protocol tools.
+"""The MCP facade: ``reach mcp`` serves each agent its own catalog actions and workflows as Model
+Context Protocol tools.
 
 A ``tools/call`` becomes an intent on ``reach.intents``, published as that agent, and its receipt
 becomes the tool result, so the router's guardrails and the pools' guarantees hold for MCP clients
 exactly as for any other agent. The facade decides nothing itself (docs/operations.md "The MCP
 facade", docs/contract.md §7)::
 
-    tools.py        the catalog as MCP tools: the agent's own actions, hints, output schemas
+    tools.py        the catalog as MCP tools: the agent's own actions and workflows, hints, output schemas
     results.py      a receipt (or a call that got none) as an MCP tool result
     tokens.py       who is calling over HTTP: JWTs and static per-agent bearer tokens
     clients.py      the facade's asyncio broker link: every agent's intents out, their receipts in

@@ -1,9 +1,10 @@
 """``reach mcp``: the catalog as an MCP server, built on the SDK's lowlevel ``Server``.
 
 The lowlevel server (not ``MCPServer``) because the tools differ per caller: ``tools/list``
-answers the calling agent's own tools, computed from the catalog (``tools.py``), and ``tools/call``
-hands any tool name to the router, which resolves it and refuses what the agent may not use,
-exactly as for an intent sent any other way. The facade itself decides nothing.
+answers the calling agent's own tools (its actions and workflows), computed from the catalog
+(``tools.py``), and ``tools/call`` hands any tool name to the router, which resolves it and
+refuses what the agent may not use, exactly as for an intent sent any other way (a workflow's call
+starts a run; its result is the run's final receipt). The facade itself decides nothing.
 
 This module holds the handlers and the stdio transport (``--stdio --agent NAME``: one agent per
 process, publishing with the process's own broker login, which should be that agent's user);
@@ -47,7 +48,8 @@ log = logging.getLogger("reach.mcp")
 PROGRESS_EVERY = 1.0  # seconds between progress notifications while a call waits
 ENVELOPE_BYTES = 64 * 1024  # the JSON-RPC request around the arguments, past REACH_MAX_INTENT_BYTES
 INSTRUCTIONS = (
-    "Each tool is an action on a business system, checked by agent-reach before it runs. A result "
+    "Each tool is an action on a business system, or a workflow of several that undoes its done steps "
+    "when one fails, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
     "Send _meta.idempotency_key to make a call safe to repeat."
 )
