@@ -46,7 +46,7 @@ def test_quorum_work_queues_carry_the_delivery_limit_and_dead_letter_to_reach_dl
 def test_classic_queues_keep_the_arguments_they_always_had() -> None:
     assert queue_arguments("classic") == {}
     queues = fleet_queues(["crm"], DeadLetterBounds(), "classic")
-    assert [q.queue_arguments for q in queues[:-1]] == [{}, {}]
+    assert [q.queue_arguments for q in queues[:-1]] == [{}, {}, {}, {}]
     assert "x-queue-type" not in queues[-1].queue_arguments
 
 
@@ -73,7 +73,7 @@ def test_reach_dlq_keeps_its_bounds_as_a_quorum_queue_with_a_limit_no_listing_re
     assert "x-dead-letter-exchange" not in bounds.arguments("quorum")  # nothing goes past reach.dlq
 
 
-def test_fleet_queues_are_intents_connectors_answering_agents_and_reach_dlq_last() -> None:
+def test_fleet_queues_are_intents_connectors_answering_agents_the_workflow_runners_and_reach_dlq_last() -> None:
     connectors = {
         "crm": spec("connector: {name: crm, endpoint: 'http://crm', actions: []}"),
         "helper": spec(
@@ -87,8 +87,23 @@ def test_fleet_queues_are_intents_connectors_answering_agents_and_reach_dlq_last
         "reach.connector.crm",
         "reach.connector.helper",
         "reach.agent.helper_bot",
+        "reach.workflows",
+        "reach.workflows.receipts",
         DLQ_NAME,
     ]
+
+
+def test_the_workflow_runners_queues_are_declared_like_every_work_queue() -> None:
+    """`reach setup` and every process declare them (issue 32), with the fleet's queue type, so a
+    fresh broker has them before a runner starts and a migration takes them along."""
+    for queue_type in ("quorum", "classic"):
+        by_name = {q.name: q for q in fleet_queues([], DeadLetterBounds(), queue_type)}
+        starts, receipts = by_name["reach.workflows"], by_name["reach.workflows.receipts"]
+        assert starts.queue_arguments == receipts.queue_arguments == queue_arguments(queue_type)
+        assert (starts.exchange.name, starts.routing_key) == ("reach.dispatch", "reach.workflows")
+        # the runner's steps' receipts: a routing key no agent can name as its reply_to
+        assert (receipts.exchange.name, receipts.routing_key) == ("reach.receipts", "reach-workflows")
+        assert starts.durable and receipts.durable
 
 
 def test_a_holding_queue_has_the_binding_and_type_of_its_queue_but_no_bounds_or_limit() -> None:

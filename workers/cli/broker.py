@@ -66,8 +66,9 @@ def setup(
     """Declare the topology, and bound what agents may leave on the broker (idempotent).
 
     With a catalog ($REACH_CATALOG) every connector's queue is declared too; without, the base
-    topology only (reach.intents, reach.receipts, reach.dispatch, reach.dlq): each pool declares
-    its connector's queue when it starts.
+    topology only (reach.intents, reach.receipts, reach.dispatch, the workflow runner's
+    reach.workflows and reach.workflows.receipts, reach.dlq): each pool declares its connector's
+    queue when it starts.
 
     The bounds: the operator policy reach-agent-queues on ^amq\\.gen- queues (expiry, length)
     and the vhost's queue limit, set with rabbitmqctl. Where it cannot be run (a remote broker),

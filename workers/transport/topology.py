@@ -207,8 +207,12 @@ def fleet_queues(
     queue_type: QueueType = DEFAULT_QUEUE_TYPE,
 ) -> list[Queue]:
     """Every queue the fleet declares, as it declares it: reach.intents, the connectors' queues,
-    the request queues of the agents that answer connectors (given the specs, not only names), and
-    reach.dlq last."""
+    the request queues of the agents that answer connectors (given the specs, not only names), the
+    workflow runner's two queues, and reach.dlq last.
+
+    The runner's queues are here, not only in the runner, so that ``reach setup`` and every process
+    declare them with the fleet's queue type: a run an agent starts before any runner is up waits in
+    reach.workflows, and ``reach setup --migrate-queues`` migrates them with the rest."""
     agents = (
         sorted({c.agent for c in connectors.values() if c.type == "agent" and c.agent})
         if isinstance(connectors, Mapping)
@@ -218,6 +222,8 @@ def fleet_queues(
         intents_queue(queue_type),
         *(connector_queue(c, queue_type) for c in connectors),
         *(agent_queue(a, queue_type) for a in agents),
+        workflows_queue(queue_type),
+        workflow_receipts_queue(queue_type),
         dead_letter_queue(dead_letters or DeadLetterBounds(), queue_type),
     ]
 
