@@ -1,14 +1,18 @@
 """Workflows everywhere agents look, without services: reach.find_tools ranks a bound workflow
 with the agent's actions (never for an agent not bound to it), ``reach catalog`` exports it in
 every tool format and lists it in its table, and the MCP facade lists it as a tool with hints from
-its steps. (tests/integration/test_workflow_tools.py calls it through the live fleet and MCP.)"""
+its steps, says which steps a failed run undid, and never advises calling a workflow again when
+its outcome is unknown. (tests/integration/test_workflow_tools.py calls it through the live fleet
+and MCP.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from click.testing import CliRunner
@@ -22,10 +26,13 @@ from tests.unit.test_semantic_ranking import CountingEmbedder
 from tests.unit.test_semantic_router import Loader, intent
 from workers.cli import main
 from workers.mcp import results
+from workers.mcp.clients import Undelivered
+from workers.mcp.server import Facade
 from workers.mcp.tools import agent_tools
 from workers.router.decisions import Answer
 from workers.router.routing import Router
 from workers.router.semantic import SemanticRouting
+from workers.settings import Settings
 
 SHOP = """\
 connector:
@@ -263,3 +270,26 @@ def test_a_failed_run_is_an_mcp_error_saying_which_steps_were_undone() -> None:
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+class _Unanswered:
+    """AgentClients that publish and never see a receipt."""
+
+    async def call(self, call: Any, on_published: Any = None) -> Any:
+        raise Undelivered("no receipt within 1 s", published=True)
+
+
+@pytest.mark.parametrize("tool", ["refund_order", "shop__track_parcel"])
+def test_a_call_without_an_answer_never_advises_running_a_workflow_again(catalog: Catalog, tool: str) -> None:
+    facade = Facade(catalog, _Unanswered(), Settings(), lambda _ctx: "support")  # type: ignore[arg-type]
+    params = types.CallToolRequestParams(name=tool, arguments={"order_id": "ORD-1", "parcel": "1Z"})
+    result = anyio.run(facade.call_tool, SimpleNamespace(meta=None), params)  # type: ignore[arg-type]
+    text = text_of(result)
+    assert result.is_error and text.startswith("Outcome unknown: no receipt within 1 s.")
+    assert result.meta is not None and result.meta[results.INTENT_META_KEY]
+    if tool == "refund_order":  # the same key would start a second run: look the run up instead
+        run_id = result.meta[results.INTENT_META_KEY]
+        assert "Do not call refund_order again" in text and f"reach workflow show {run_id}" in text
+        assert "idempotency_key" not in text
+    else:  # an action: the same key gets the first outcome from the ledger
+        assert "idempotency_key" in text and "Do not call" not in text

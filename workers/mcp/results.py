@@ -20,7 +20,9 @@ how to learn it without running the action twice: call again with the same
 its idempotency ledger. A call that waits for a person's approval is no exception: the repeat joins
 that same approval (the router never asks a person twice for one key and payload) and, once it is
 approved, gets the approved call's outcome. When surely nothing was published, calling again is
-safe. Nothing here raises; every case is a result.
+safe. A workflow's call is the exception: its run's id is the intent's id, and a call with the same
+key is a second run, so the text says not to call again and names the run to look up instead.
+Nothing here raises; every case is a result.
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def no_receipt(intent_id: str, idempotency_key: str, tool: str, why: str) -> typ
         f"approval, that call joins the same approval (no second one is asked for) and gets its outcome "
         f"once decided. A call without that key is a new request. Intent {intent_id}.",
         {INTENT_META_KEY: intent_id},
+    )
+
+
+def no_final_receipt(run_id: str, workflow: str, why: str) -> types.CallToolResult:
+    """A workflow's call whose outcome the facade cannot tell: the run may be going on, done or
+    never started. Unlike an action's, calling again is no way to learn it: a second call starts
+    a second run, whatever its idempotency key."""
+    return _error(
+        f"Outcome unknown: {why}. The workflow {workflow} may or may not have started; if it did, its run "
+        f"{run_id} goes on and undoes its done steps if one fails. Do not call {workflow} again for the same "
+        f"purpose: a second call starts a second run. Ask an operator to look the run up "
+        f"(reach workflow show {run_id}).",
+        {INTENT_META_KEY: run_id},
     )
 
 

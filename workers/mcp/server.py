@@ -137,6 +137,8 @@ class Facade:
         except Undelivered as exc:
             if exc.published is False:
                 return results.not_sent(str(exc)), "not_sent"
+            if params.name in self.catalog.workflows:  # a call again would be a second run
+                return results.no_final_receipt(call.intent_id, params.name, str(exc)), "no_receipt"
             key = call.idempotency_key or call.intent_id  # the router's default key is the intent id
             return results.no_receipt(call.intent_id, key, params.name, str(exc)), "no_receipt"
         return results.from_receipt(receipt, self._output_check(agent, receipt)), receipt.status

@@ -15,8 +15,8 @@ input schema ``reach.list_tools`` and ``reach catalog --format mcp`` give) plus 
 
 A workflow is a tool named as the workflow (:func:`connectors.catalog.workflow_tool`), whose call
 starts a run and whose result is the run's final receipt. Its hints come from its steps: a write
-among them makes it destructive, and it is never idempotent (a second call is a second run unless
-it sends the same ``_meta.idempotency_key``). It has no ``outputSchema``: the catalog checks the
+among them makes it destructive, and it is never idempotent (a second call is a second run, even
+with the same ``_meta.idempotency_key``). It has no ``outputSchema``: the catalog checks the
 types its output reads at load time, but declares none for the workflow itself.
 """
 
