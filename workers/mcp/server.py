@@ -51,7 +51,8 @@ INSTRUCTIONS = (
     "Each tool is an action on a business system, or a workflow of several that undoes its done steps "
     "when one fails, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
-    "Send _meta.idempotency_key to make a call safe to repeat."
+    "Send _meta.idempotency_key to make an action's call safe to repeat; a workflow's second call is "
+    "a second run."
 )
 
 
