@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import redis
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -39,8 +39,19 @@ from workers.console.security import (
     same_origin,
 )
 from workers.console.users import Role, User, UsersFile, check_login
-from workers.console.views import MAX_REASON_CHARS, NAME, OPAQUE_ID, Fleet, SearchBusy, pretty_params
+from workers.console.views import (
+    MAX_REASON_CHARS,
+    NAME,
+    OPAQUE_ID,
+    RUN_ID,
+    RUN_STATES,
+    Fleet,
+    SearchBusy,
+    pretty_params,
+)
+from workers.ops.workflow_runs import RunNotFound
 from workers.settings import Settings
+from workers.workflows.machine import NotAllowed
 
 log = logging.getLogger("reach.console")
 
@@ -308,6 +319,60 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         )
         return done(request, "/approvals", bool(decision.ok), decision.message, 200 if decision.ok else 409)
 
+    # workflow runs: a run is named by its agent and id, in the query string (ids may be "." or "..")
+    def runs_page(request: Request) -> Response:
+        user = current_user(request)
+        if user is None:
+            return RedirectResponse(f"/login?next={quote('/runs')}", status_code=303)
+        agent, state = request.query_params.get("agent", ""), request.query_params.get("state", "")
+        chosen = {"agent": agent if NAME.match(agent) else "", "state": state if state in RUN_STATES else ""}
+        live = "/runs/live?" + urlencode({k: v for k, v in chosen.items() if v})
+        return render(request, "runs.html", user, page="runs", live=live, chosen=chosen, states=RUN_STATES)
+
+    def runs_live(request: Request) -> Response:
+        user = current_user(request)
+        if user is None:
+            return PlainTextResponse("log in again", status_code=401)
+        query = request.query_params
+        return render(request, "runs_live.html", user, data=fleet.runs(query.get("agent"), query.get("state")))
+
+    def run_page(request: Request) -> Response:
+        user = current_user(request)
+        agent, run_id = request.query_params.get("agent", ""), request.query_params.get("id", "")
+        here = "?" + urlencode({"agent": agent, "id": run_id})
+        if user is None:
+            return RedirectResponse(f"/login?next={quote('/run' + here)}", status_code=303)
+        return render(request, "run.html", user, page="runs", live="/run/live" + here, agent=agent, run_id=run_id)
+
+    def run_live(request: Request) -> Response:
+        user = current_user(request)
+        if user is None:
+            return PlainTextResponse("log in again", status_code=401)
+        query = request.query_params
+        return render(request, "run_live.html", user, data=fleet.run(query.get("agent", ""), query.get("id", "")))
+
+    async def act_on_run(request: Request) -> Response:
+        verb = request.path_params["verb"]
+        try:
+            user, data = await authorize(request, Role.operator, f"{verb}_run", "workflow run")
+        except Refused as exc:
+            return refused(request, exc)
+        agent, run_id = _field(data, "agent"), _field(data, "run_id")
+        back = "/run?" + urlencode({"agent": agent, "id": run_id})
+        if verb not in ("resume", "abort") or not NAME.match(agent) or not RUN_ID.match(run_id):
+            return done(request, "/runs", False, "no such run", 404)
+        try:
+            run = await run_in_threadpool(fleet.act_on_run, verb, agent, run_id, user.name)
+        except RunNotFound as exc:
+            return done(request, back, False, str(exc), 404)
+        except NotAllowed as exc:
+            return done(request, back, False, str(exc), 409)
+        except redis.RedisError as exc:
+            return done(request, back, False, f"not {verb}d: Redis did not answer: {exc}", 503)
+        # into the run's own trace too: a run's id is the id of the intent that started it
+        fleet.audited(user.name, user.role.name, f"{verb}_run", intent_id=run_id, agent=agent, result="ok")
+        return done(request, back, True, f"run {run_id}: {run.state} ({verb}d; the agent gets no second receipt)")
+
     # trace
     def trace(request: Request) -> Response:
         user = current_user(request)
@@ -352,6 +417,11 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
         Route("/dead-letters", page("dead_letters.html", "/dead-letters/live")),
         Route("/dead-letters/live", live("dead_letters_live.html", fleet.dead_letters)),
         Route("/dead-letters/replay", replay, methods=["POST"]),
+        Route("/runs", runs_page),
+        Route("/runs/live", runs_live),
+        Route("/run", run_page),
+        Route("/run/live", run_live),
+        Route("/run/{verb}", act_on_run, methods=["POST"]),
         Route("/trace", trace),
         Mount("/static", StaticFiles(packages=[("workers.console", "static")]), name="static"),
     ]

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,26 @@ from workers.ops.fleet import (
     replay_dead_letters,
     was_redacted,
 )
+from workers.ops.workflow_runs import RunNotFound, RunRow, abort_run, find_run, list_runs, resume_run
 from workers.settings import Settings
 from workers.state.control import set_paused
+from workers.state.workflow_runs import WorkflowRuns
 from workers.transport.app import JobMessages, create_app
 from workers.transport.topology import connector_queue
+from workers.workflows.model import Run, StepRecord
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")  # agent and connector names (contract §9)
 OPAQUE_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")  # intent, approval and message ids as the console accepts them
+RUN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # a run's id is its starting intent's id (contract §2)
 MAX_REASON_CHARS = 500
 DEAD_LETTERS_SHOWN = 100
 APPROVALS_SHOWN = 100
+RUNS_SHOWN = 100  # the newest runs on the Runs page; `reach workflow list --limit N` shows more
+RUN_STATES = ("running", "compensating", "parked", "succeeded", "failed", "unknown")
+ACTIONABLE = ("parked", "unknown")  # the states an operator may resume or abort (workers.workflows.machine)
 STATUS_TTL = 1.0  # seconds one fleet status answers every open page
 DEAD_LETTERS_TTL = 3.0
+RUNS_TTL = 2.0
 
 
 @dataclass
@@ -73,6 +82,60 @@ class ApprovalsPage(Page):
     agent: str | None = None
 
 
+@dataclass
+class RunsPage(Page):
+    """The newest runs (at most RUNS_SHOWN; ``more``: older ones are kept too), maybe of one agent or state."""
+
+    more: bool = False
+    agent: str | None = None
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class RunLine:
+    """A run in the Runs list."""
+
+    run_id: str
+    owner: str
+    workflow: str
+    state: str
+    started: str
+    steps: int | None  # None: the run expired between the listing and its reading
+    at_step: str
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """A step on a run's timeline; ``started`` and ``finished`` come from its intent's trace."""
+
+    step: str
+    action: str
+    intent_id: str | None
+    status: str
+    code: str | None
+    message: str | None
+    undone: bool
+    undo: str
+    started: str
+    finished: str
+
+
+@dataclass
+class RunPage:
+    """One run: its record, its timeline, the operators' actions on it, or why it cannot be shown."""
+
+    run: Run | None = None
+    steps: list[StepLine] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (when, what, by)
+    started: str = ""
+    deadline: str = ""
+    error: str = ""
+
+    @property
+    def may_act(self) -> bool:
+        return self.run is not None and self.run.state in ACTIONABLE
+
+
 class SearchBusy(Exception):
     """Another search for an intent's agent (a SCAN) is running in this console."""
 
@@ -96,6 +159,7 @@ class Fleet:
         self._dlq_lock = threading.Lock()
         # a search for an intent's agent SCANs up to 1M keys: one at a time per console process
         self._search_lock = threading.Lock()
+        self.workflow_runs = WorkflowRuns(client, settings.workflow_retention_seconds)
 
     def _cached(self, key: str, ttl: float, load: Callable[[], Page]) -> Page:
         now = time.monotonic()
@@ -192,6 +256,79 @@ class Fleet:
         ]
         return agent, [], rows
 
+    # workflow runs (workers/ops/workflow_runs.py, as `reach workflow list | show | resume | abort`)
+    def runs(self, agent: str | None = None, state: str | None = None) -> Page:
+        """The newest runs, newest first (``agent``, ``state``: as the query string gave them;
+        anything but an agent name or a run state is no filter)."""
+        chosen = agent if agent and NAME.match(agent) else None
+        in_state = state if state in RUN_STATES else None
+        if chosen is None and in_state is None:  # only the unfiltered list is shared: names are unbounded
+            return self._cached("runs", RUNS_TTL, lambda: self._runs(None, None))
+        return self._runs(chosen, in_state)
+
+    def _runs(self, agent: str | None, state: str | None) -> Page:
+        try:
+            rows = list_runs(self.workflow_runs, RUNS_SHOWN + 1, agent, state)
+            lines = [self._run_line(row) for row in rows[:RUNS_SHOWN]]
+        except redis.RedisError as exc:
+            return Page(error=f"Redis did not answer: {type(exc).__name__}: {exc}")
+        return RunsPage(rows=lines, more=len(rows) > RUNS_SHOWN, agent=agent, state=state)
+
+    def _run_line(self, row: RunRow) -> RunLine:
+        stored = self.workflow_runs.load(row.owner, row.run_id)
+        steps = len(Run.from_json(stored.doc).steps) if stored is not None else None
+        return RunLine(row.run_id, row.owner, row.workflow, row.state, _when(row.started_at), steps, row.step or "-")
+
+    def run(self, owner: str, run_id: str) -> RunPage:
+        """One run of ``owner`` (the agent that started it), with each step's times from its trace."""
+        if not NAME.match(owner) or not RUN_ID.match(run_id):
+            return RunPage(error="not a run id (or agent name)")
+        try:
+            run = find_run(self.workflow_runs, run_id, owner)
+            steps = [self._step_line(owner, record) for record in run.steps]
+        except RunNotFound as exc:
+            return RunPage(error=str(exc))
+        except redis.RedisError as exc:
+            return RunPage(error=f"Redis did not answer: {type(exc).__name__}: {exc}")
+        events = [(_when(e.at), e.what, e.by or "") for e in run.events]
+        return RunPage(run, steps, events, _when(run.started_at), _when(run.deadline))
+
+    def _step_line(self, owner: str, record: StepRecord) -> StepLine:
+        started = finished = ""
+        if record.intent_id:  # the step's own intent went through the router: its trace has the times
+            stages = read_trace(self.client, owner, record.intent_id)
+            if stages:
+                started = _when(stages[0]["ts"], precise=True)
+                answered = [s["ts"] for s in stages if s.get("stage") == "receipt"]
+                finished = _when(answered[-1], precise=True) if answered else ""
+        undo = record.undo
+        if record.undone:
+            shown = "undone"
+        elif undo is not None:
+            shown = f"{undo.status} (try {undo.attempt}" + (f", {undo.code}" if undo.code else "") + ")"
+        else:
+            shown = "-"
+        return StepLine(
+            record.step,
+            record.action,
+            record.intent_id,
+            record.status,
+            record.code,
+            record.message,
+            record.undone,
+            shown,
+            started,
+            finished,
+        )
+
+    def act_on_run(self, verb: str, owner: str, run_id: str, by: str) -> Run:
+        """Resume or abort ``owner``'s run as ``by`` (recorded on the run; the agent gets no second
+        final receipt). Raises RunNotFound, or machine.NotAllowed when the run's state forbids it."""
+        act = resume_run if verb == "resume" else abort_run
+        moved = act(self.workflow_runs, run_id, by, owner)
+        self.forget("runs")
+        return moved
+
     # approvals (workers/ops/approval_decisions.py)
     def pending(self, agent: str | None = None, page: str | None = None) -> Page:
         """One page of the waiting approvals, each agent's soonest first (``agent``: only its own;
@@ -248,6 +385,12 @@ class Fleet:
             self.audit.events(intent_id, [("console", stage)], agent=agent)
         else:
             self.audit.write_lines(self.audit.render("", [("console", stage)]))
+
+
+def _when(epoch: float, precise: bool = False) -> str:
+    """A time as the page shows it, in UTC (``precise``: to the millisecond, without the date)."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.strftime("%H:%M:%S.%f")[:-3] if precise else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _short(value: Any) -> str:
