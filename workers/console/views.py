@@ -20,6 +20,7 @@ import redis
 
 from connectors.catalog import build
 from connectors.loader import load_directory
+from producers.wire import INTENT_ID_PATTERN
 from workers.console.security import LoginLimiter, Sessions
 from workers.observability.audit import Audit, read_trace, trace_agents
 from workers.ops import approval_decisions as approvals
@@ -43,7 +44,7 @@ from workers.workflows.model import Run, StepRecord
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")  # agent and connector names (contract §9)
 OPAQUE_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")  # intent, approval and message ids as the console accepts them
-RUN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # a run's id is its starting intent's id (contract §2)
+RUN_ID = INTENT_ID_PATTERN  # a run's id is the id of the intent that started it
 MAX_REASON_CHARS = 500
 DEAD_LETTERS_SHOWN = 100
 APPROVALS_SHOWN = 100
