@@ -22,6 +22,7 @@ from workers.state.workflow_runs import WorkflowRuns
 from workers.transport.app import EXECUTE_TASK
 from workers.transport.delivery import Delivery
 from workers.transport.job import Job
+from workers.workflows.ids import parse_step_intent_id
 from workers.workflows.runner import CRASH_POINTS, Crash, WorkflowRunner
 
 
@@ -196,3 +197,32 @@ def test_a_run_finished_leaves_the_sweep_and_expires(catalog: Catalog, runs: Wor
     client = runs.client
     assert client.zscore(keys.workflow_due(), "support:done") is None
     assert 0 < client.ttl(keys.workflow_run("support", "done")) <= 3600
+
+
+def test_a_resume_racing_the_runners_last_look_keeps_the_run_in_the_sweeps_sight(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    """The runner works out its next look from the run it just published; an operator's resume
+    written meanwhile must not be put out of sight by it (found live: the resumed undo waited
+    until the run's time for undoing had nearly gone)."""
+    from workers.ops.workflow_runs import resume_run
+
+    outlet = Outlet()
+    now = [1.0e9]
+    one = WorkflowRunner(catalog, runs, outlet, clock=lambda: now[0])
+    one.handle_start(start_message("race"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], code=ErrorCode.DOWNSTREAM_CONFLICT))
+    while (stored := runs.load("support", "race")) is not None and json.loads(stored.doc)["state"] == "compensating":
+        one.handle_reply(reply(outlet.intents()[-1], code=ErrorCode.DOWNSTREAM_ERROR))
+        now[0] += 120
+        one.sweep()
+    assert stored is not None and json.loads(stored.doc)["state"] == "parked"
+    resume_run(runs, "race", "ann", agent="support")
+    runs.reschedule("support", "race", stored.version, None)  # the runner's stale "never again"
+    due = runs.client.zscore(keys.workflow_due(), "support:race")
+    assert due is not None
+    now[0] = due + 1.5  # the sweep's next round
+    sent = len(outlet.intents())
+    one.sweep()
+    assert len(outlet.intents()) == sent + 1 and parse_step_intent_id(outlet.intents()[-1]).kind == "undo"  # type: ignore[union-attr]

@@ -1,5 +1,6 @@
 """Prometheus metrics. Names start with ``reach_``; labels are bounded (connector, action, code,
-outcome, format, status) — never intent ids, trace ids or free text. Latencies are seconds.
+outcome, format, status; workflow and step names from the catalog) — never intent ids, trace ids
+or free text. Latencies are seconds.
 
 Each process uses the threads or solo pool, so the default single-process registry is correct;
 ``FleetCollector`` (router only) reads shared state from Redis and the broker at scrape time.
@@ -100,6 +101,30 @@ BINDING_SWEEPS = Counter(
     "reach_binding_sweeps",
     "Sweeps of agents' exchange-to-exchange bindings by reach beat, by outcome (swept, failed)",
     ["outcome"],
+)
+
+# the workflow runner (workers/workflows/runner.py); workflow and step are names from the catalog
+WORKFLOW_RUNS_STARTED = Counter("reach_workflow_runs_started", "Workflow runs started by this runner", ["workflow"])
+WORKFLOW_RUNS = Counter(
+    "reach_workflow_runs",
+    "Workflow runs whose one final receipt was decided, by outcome (succeeded, failed, unknown, parked)",
+    ["workflow", "outcome"],
+)
+WORKFLOW_STEP_SECONDS = Histogram(
+    "reach_workflow_step_seconds",
+    "From writing a step's (kind=do) or an undo's (kind=undo) intent to the run taking its answer",
+    ["workflow", "step", "kind"],
+    buckets=_LATENCY_BUCKETS,
+)
+WORKFLOW_UNDOS_FAILED = Counter(
+    "reach_workflow_undos_failed",
+    "Undo intents answered without success (tried again, or the run parked)",
+    ["workflow"],
+)
+# read from Redis by every runner's sweep alike: take max() over runners, not sum()
+WORKFLOW_RUNS_IN_FLIGHT = Gauge(
+    "reach_workflow_runs_in_flight",
+    "Runs the runners' sweep watches (running, compensating, or an outbound message not yet confirmed), fleet-wide",
 )
 
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}

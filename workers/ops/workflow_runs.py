@@ -120,6 +120,9 @@ def _act(runs: WorkflowRuns, run_id: str, agent: str | None, act: Any) -> Run:
             keep_until=machine.keep_until(moved),
             step_intent=step_intent,
         ):
+            # again after the write: the runner may have put the run out of the sweep's sight in
+            # between, from the version before (it checks the version only after its own change)
+            runs.look_at(owner, run_id, time.time())
             return moved
     raise RuntimeError(f"run {run_id}: {CAS_TRIES} writers raced on it")
 

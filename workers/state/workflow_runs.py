@@ -1,9 +1,9 @@
 """Workflow runs in Redis: one record per run, changed only by compare-and-set.
 
 A run is a hash under its owner's tag (``keys.workflow_run``): ``v`` its version, ``doc`` the run
-as JSON (the workflow runner's model, workers/workflows/model.py; this module never reads it), and
-``sent`` the outbound message the broker last confirmed. Every transition is one script: compare
-the version, write the new document, and file the step intent it is about to send under the run
+as JSON (the workflow runner's model, workers/workflows/model.py; this module never reads it),
+``sent`` the outbound message the broker last confirmed, and ``publishing`` the outbound a
+delivery is publishing right now (until when). Every transition is one script: compare the version, write the new document, and file the step intent it is about to send under the run
 (``keys.workflow_step``), so a receipt finds its run and the router can check that a delegated step
 intent belongs to a run of the agent it is sent for.
 
@@ -45,6 +45,19 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'sent', ARGV[1])
 return 1
 """
+# KEYS[1] the run; ARGV: the outbound's marker, now (ms), how long the claim holds (ms)
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local held = redis.call('HGET', KEYS[1], 'publishing')
+if held then
+  local sep = string.find(held, '|', 1, true)
+  if string.sub(held, sep + 1) == ARGV[1] and tonumber(string.sub(held, 1, sep - 1)) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], 'publishing', tostring(tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1])
+return 1
+"""
 LISTING_SCAN = 1000  # index entries looked at per page of a listing
 
 
@@ -75,6 +88,7 @@ class WorkflowRuns:
         self.retention_ms = retention_seconds * 1000
         self._write = client.register_script(_WRITE)
         self._mark = client.register_script(_MARK)
+        self._claim = client.register_script(_CLAIM)
 
     def load(self, owner: str, run_id: str) -> Stored | None:
         version, doc, sent = self.client.hmget(keys.workflow_run(owner, run_id), "v", "doc", "sent")
@@ -105,6 +119,13 @@ class WorkflowRuns:
         done = self._write(keys=names, args=[str(expected), str(expected + 1), doc, ttl_ms, run_id])
         return bool(done)
 
+    def claim_publish(self, owner: str, run_id: str, outbound: str, seconds: float) -> bool:
+        """Whether this caller may publish ``outbound`` now: no one else claimed it within the last
+        ``seconds`` (two deliveries of one message, handled at once, publish it once; a claimer
+        that dies before marking it sent leaves it to the sweep once the claim has run out)."""
+        now_ms = int(time.time() * 1000)
+        return bool(self._claim(keys=[keys.workflow_run(owner, run_id)], args=[outbound, now_ms, int(seconds * 1000)]))
+
     def mark_sent(self, owner: str, run_id: str, outbound: str) -> None:
         """The broker confirmed ``outbound`` (a marker the runner builds): a redelivery need not send it again."""
         self._mark(keys=[keys.workflow_run(owner, run_id)], args=[outbound])
@@ -130,6 +151,24 @@ class WorkflowRuns:
             self.client.zrem(keys.workflow_due(), member(owner, run_id))
         else:
             self.client.zadd(keys.workflow_due(), {member(owner, run_id): when})
+
+    def look_sooner(self, owner: str, run_id: str, when: float) -> None:
+        """The sweep looks at the run at ``when`` at the latest (an earlier look already set stays):
+        what a writer does *before* its compare-and-set, so the run is never out of the sweep's sight."""
+        self.client.zadd(keys.workflow_due(), {member(owner, run_id): when}, lt=True)
+
+    def reschedule(self, owner: str, run_id: str, version: int, when: float | None) -> None:
+        """Set when the sweep looks next (None: never) as worked out from version ``version``; if the
+        run moved on meanwhile (an operator's resume, another writer), that schedule may be stale,
+        so the sweep looks at once instead and works the schedule out again."""
+        self.look_at(owner, run_id, when)
+        current = self.client.hget(keys.workflow_run(owner, run_id), "v")
+        if current is not None and int(current) != version:
+            self.client.zadd(keys.workflow_due(), {member(owner, run_id): time.time()})
+
+    def watched(self) -> int:
+        """How many runs the sweep watches (the due index's size)."""
+        return int(self.client.zcard(keys.workflow_due()))
 
     def due(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
         found = self.client.zrangebyscore(keys.workflow_due(), "-inf", now, start=0, num=limit)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from connectors.catalog import Catalog
 from producers.wire import APPROVAL_PENDING, INTENT_ROUTING_KEY, ApprovalNotice, ErrorCode, Receipt
+from workers.observability import metrics
 from workers.observability.audit import Audit
 from workers.state.workflow_runs import Stored, WorkflowRuns
 from workers.transport.app import EXECUTE_TASK
@@ -159,7 +160,7 @@ class WorkflowRunner:
         owner, run_id = job.agent_id, job.intent_id
         stored = self.runs.load(owner, run_id)
         if stored is not None:  # the start came again (redelivered, or sent twice): no second run
-            self._redrive(Run.from_json(stored.doc), stored.sent)
+            self._redrive(Run.from_json(stored.doc), stored.sent, stored.version)
             return
         workflow = self.catalog.workflows.get(job.action)
         if workflow is None:  # the catalog the router had named it; this runner's no longer does
@@ -172,9 +173,10 @@ class WorkflowRunner:
         if not self._write(run, 0, now):
             stored = self.runs.load(owner, run_id)  # another delivery of the start won the race
             if stored is not None:
-                self._redrive(Run.from_json(stored.doc), stored.sent)
+                self._redrive(Run.from_json(stored.doc), stored.sent, stored.version)
             return
-        self._publish(run)
+        observe(None, run, now)
+        self._publish(run, 1)
 
     def _receipt(self, receipt: Receipt) -> None:
         self._transition(receipt.intent_id, lambda run, now: machine.on_receipt(run, receipt, now))
@@ -202,10 +204,11 @@ class WorkflowRunner:
             moved = event(run, now)
             if moved is None:  # recorded already: make sure what it led to went out
                 if redrive:
-                    self._redrive(run, stored.sent)
+                    self._redrive(run, stored.sent, stored.version)
                 return
             if self._write(moved, stored.version, now):
-                self._publish(moved)
+                observe(run, moved, now)
+                self._publish(moved, stored.version + 1)
                 return
         raise RuntimeError(f"run {run_id}: {CAS_TRIES} writers raced on it")
 
@@ -215,6 +218,7 @@ class WorkflowRunner:
         """Look at the runs that are due: undos to try again, overdue steps, outbounds not
         confirmed. Returns how many runs it looked at."""
         now = self.clock()
+        metrics.WORKFLOW_RUNS_IN_FLIGHT.set(self.runs.watched())
         due = self.runs.due(now, limit)
         for owner, run_id in due:
             try:
@@ -235,19 +239,23 @@ class WorkflowRunner:
             if moved is None:
                 outbound = run.outbound
                 if outbound is not None and stored.sent != outbound.marker and now >= outbound.written_at + 1:
-                    self._redrive(run, stored.sent)
+                    self._redrive(run, stored.sent, stored.version)
                     return
-                self.runs.look_at(owner, run_id, machine.next_look(run, stored.sent, now))
+                self.runs.reschedule(owner, run_id, stored.version, machine.next_look(run, stored.sent, now))
                 return
             if self._write(moved, stored.version, now):
-                self._publish(moved)
+                observe(run, moved, now)
+                self._publish(moved, stored.version + 1)
                 return
 
     # -- write, publish, mark ---------------------------------------------------------------------
 
     def _write(self, run: Run, expected: int, now: float) -> bool:
-        """One compare-and-set. The sweep is told to look first, so a run is never out of its sight."""
-        self.runs.look_at(run.owner, run.run_id, machine.next_look(run, None, now))
+        """One compare-and-set. The sweep is told to look first (sooner only: a writer that loses
+        the race must not put off a look the winner needs), so a run is never out of its sight."""
+        look = machine.next_look(run, None, now)
+        if look is not None:
+            self.runs.look_sooner(run.owner, run.run_id, look)
         outbound = run.outbound
         step_intent = outbound.intent_id if outbound is not None and outbound.kind != "final" else None
         written = self.runs.write(
@@ -257,9 +265,13 @@ class WorkflowRunner:
             self.crash("after_state_write")
         return written
 
-    def _publish(self, run: Run) -> None:
+    def _publish(self, run: Run, version: int) -> None:
+        """Publish the outbound of ``run`` (as written at ``version``), confirmed, then mark it sent."""
         outbound = run.outbound
         if outbound is None:
+            return
+        if not self.runs.claim_publish(run.owner, run.run_id, outbound.marker, machine.RESEND_AFTER_SECONDS):
+            log.info("run %s: %s is being published by another delivery", run.run_id, outbound.marker)
             return
         if outbound.kind == "final":
             self.outlet.send_final(outbound.body, run.reply_to)
@@ -269,13 +281,39 @@ class WorkflowRunner:
             self.audit.events(run.run_id, [_stage(run)], agent=run.owner)
         self.crash("after_publish")
         self.runs.mark_sent(run.owner, run.run_id, outbound.marker)
-        self.runs.look_at(run.owner, run.run_id, machine.next_look(run, outbound.marker, self.clock()))
+        # worked out from this version: an operator may have resumed the run meanwhile (reschedule checks)
+        self.runs.reschedule(run.owner, run.run_id, version, machine.next_look(run, outbound.marker, self.clock()))
 
-    def _redrive(self, run: Run, sent: str | None) -> None:
+    def _redrive(self, run: Run, sent: str | None, version: int) -> None:
         """Publish the run's outbound again if it may not have been confirmed."""
         if run.outbound is not None and sent != run.outbound.marker:
             log.info("run %s: publishing %s again", run.run_id, run.outbound.marker)
-            self._publish(run)
+            self._publish(run, version)
+
+
+_AWAITING = ("sent", "waiting_approval")
+
+
+def observe(before: Run | None, after: Run, now: float) -> None:
+    """Count what a transition just written did: a run started, a step's or an undo's answer taken
+    (its time since the intent was written), a failed undo, the final receipt decided."""
+    workflow = after.workflow
+    if before is None:
+        metrics.WORKFLOW_RUNS_STARTED.labels(workflow).inc()
+    elif before.outbound is not None and before.outbound.kind != "final" and before.outbound.step is not None:
+        index, kind = before.outbound.step, before.outbound.kind
+        was, now_is = before.steps[index], after.steps[index]
+        if kind == "step" and was.status in _AWAITING and now_is.status not in _AWAITING:
+            metrics.WORKFLOW_STEP_SECONDS.labels(workflow, was.step, "do").observe(now - before.outbound.written_at)
+        elif kind == "undo" and was.undo is not None and was.undo.status in _AWAITING:
+            undo = now_is.undo
+            if undo is None or undo.intent_id != was.undo.intent_id or undo.status not in _AWAITING:
+                seconds = now - before.outbound.written_at
+                metrics.WORKFLOW_STEP_SECONDS.labels(workflow, was.step, "undo").observe(seconds)
+                if undo is not None and undo.intent_id == was.undo.intent_id and undo.status == "failed":
+                    metrics.WORKFLOW_UNDOS_FAILED.labels(workflow).inc()
+    if after.final is not None and (before is None or before.final is None):
+        metrics.WORKFLOW_RUNS.labels(workflow, after.state).inc()
 
 
 def _stage(run: Run) -> tuple[str, dict[str, Any]]:
