@@ -41,6 +41,9 @@ from workers.workflows.model import Run, snapshot
 log = logging.getLogger("reach.workflows")
 CAS_TRIES = 20  # writers racing on one run (a receipt and the sweep) retry this often
 REQUEUE_PAUSE_SECONDS = 1.0
+# the sweep publishes an outbound not confirmed this long after it was written (its writer's own
+# publish usually confirms within milliseconds; a second publisher is held off by the claim)
+REDRIVE_AFTER_SECONDS = 1.0
 CRASH_POINTS = ("after_state_write", "after_publish", "before_ack")
 
 
@@ -238,10 +241,14 @@ class WorkflowRunner:
             moved = machine.on_due(run, now)
             if moved is None:
                 outbound = run.outbound
-                if outbound is not None and stored.sent != outbound.marker and now >= outbound.written_at + 1:
-                    self._redrive(run, stored.sent, stored.version)
-                    return
-                self.runs.reschedule(owner, run_id, stored.version, machine.next_look(run, stored.sent, now))
+                look = machine.next_look(run, stored.sent, now)
+                if outbound is not None and stored.sent != outbound.marker:
+                    if now >= outbound.written_at + REDRIVE_AFTER_SECONDS:
+                        self._redrive(run, stored.sent, stored.version)
+                        return
+                    # written by an operator's resume (ops publishes nothing), or still in its writer's hands
+                    look = outbound.written_at + REDRIVE_AFTER_SECONDS
+                self.runs.reschedule(owner, run_id, stored.version, look)
                 return
             if self._write(moved, stored.version, now):
                 observe(run, moved, now)
