@@ -135,6 +135,15 @@ def test_step_failed_is_retryable_as_the_steps_error_was(catalog: Catalog) -> No
     assert run.final is not None and run.final["error"]["retryable"] is True and run.state == "failed"
 
 
+def test_a_write_whose_answer_breaks_its_contract_says_it_may_have_taken_effect(catalog: Catalog) -> None:
+    run = answer(answer(begin(catalog), HOLD), code=ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION)
+    assert run.outbound is not None and run.outbound.kind == "undo" and run.outbound.step == 0  # the hold is undone
+    run = answer(run, {})
+    assert run.final is not None and run.final["error"]["code"] == "STEP_FAILED"
+    assert "may have taken effect and was not undone" in run.final["error"]["suggestion"]
+    assert [s["undone"] for s in run.final["execution"]["steps"]] == [True, False]
+
+
 def test_a_reference_without_a_value_fails_before_the_step_is_sent(catalog: Catalog) -> None:
     renamed = {k: v for k, v in HOLD.items() if k != "level"} | {"holdLevel": "soft"}
     run = answer(begin(catalog), renamed)

@@ -247,6 +247,14 @@ def _step_answered(run: Run, spec: WorkflowSpec, index: int, receipt: Receipt, n
         )
         return _advance(run.model_copy(update={"steps": steps, "outbound": None}), spec, index + 1, now)
     retryable = bool(error.retryable) if error is not None else False
+    suggestion = error.suggestion[:1000] if error is not None and error.suggestion else ""
+    if code == ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION.value:
+        # the system did answer (a write took effect) but without what its action declares, which
+        # is what an undo would read: the other steps are undone, this one cannot be
+        suggestion = (
+            f"Step {record.step!r} may have taken effect and was not undone (its answer broke the action's "
+            "declared output); check the system before starting the workflow again."
+        )
     steps[index] = record.model_copy(
         update={"status": receipt.status, "code": code, "message": message, "retryable": retryable}
     )
@@ -254,7 +262,7 @@ def _step_answered(run: Run, spec: WorkflowSpec, index: int, receipt: Receipt, n
         code=ErrorCode.STEP_FAILED.value,
         message=f"step {record.step!r} ({record.action}) {receipt.status}: {code}: {message}"[:2000],
         retryable=retryable,
-        suggestion=(error.suggestion[:1000] if error is not None and error.suggestion else "")
+        suggestion=suggestion
         or "The steps done before it were undone; fix what the step's error says, then start the workflow again.",
         details=[{"field": f"steps.{record.step}", "code": code, "message": message}],
     )
