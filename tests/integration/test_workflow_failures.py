@@ -29,14 +29,12 @@ import subprocess
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
 from click.testing import CliRunner
-from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from producers.client import ReachClient
 from producers.wire import Receipt
@@ -47,6 +45,8 @@ from tests.integration.workflow_shop import (
     AGENT,
     NOTICE,
     THRIFTY,
+    Copier,
+    Mailbox,
     Shop,
     catalog,
     order,
@@ -57,17 +57,12 @@ from tests.integration.workflow_shop import (
 from tests.waiting import wait_for
 from workers.cli import main
 from workers.transport.topology import (
-    DISPATCH_EXCHANGE,
     INTENTS_QUEUE,
-    RECEIPTS_EXCHANGE,
     WORKFLOW_RECEIPTS_QUEUE_NAME,
     WORKFLOW_REPLY_KEY,
     WORKFLOWS_QUEUE_NAME,
     connector_queue,
 )
-from workers.workflows.ids import run_digest
-
-COPY_HEADER = "x-test-copy"
 
 
 @pytest.fixture(scope="module")
@@ -261,70 +256,6 @@ def test_abort_of_a_parked_run_records_it_and_sends_nothing(fleet: Fleet, shop: 
 # -- 4. every runner message delivered three times ------------------------------------------------------
 
 
-class Copier:
-    """Delivers each start job of ``run_id`` and each receipt of its steps to the runner twice more
-    (a copy of the message, headers and all), from queues of its own bound beside the runner's."""
-
-    def __init__(self, broker_url: str, owner: str, run_id: str) -> None:
-        self.broker_url = broker_url
-        self.run_id = run_id
-        self.step_prefix = f"wf.{owner}.{run_digest(owner, run_id)}."
-        self.copied: list[str] = []
-        self.stopped = threading.Event()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Copier:
-        self.thread.start()
-        assert self.ready.wait(20), "the copier never bound its queues"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.thread.join(10)
-
-    def _run(self) -> None:
-        tag = uuid.uuid4().hex[:8]
-        starts = Queue(f"test-copier-{tag}-starts", DISPATCH_EXCHANGE, routing_key=WORKFLOWS_QUEUE_NAME, exclusive=True)
-        replies = Queue(f"test-copier-{tag}-replies", RECEIPTS_EXCHANGE, routing_key=WORKFLOW_REPLY_KEY, exclusive=True)
-        with Connection(self.broker_url) as conn:
-            producer = Producer(conn.channel())
-
-            def copy(message: Any) -> None:
-                message.ack()
-                headers = dict(message.headers or {})
-                if headers.get(COPY_HEADER):
-                    return
-                doc = json.loads(message.body)
-                exchange: Exchange = RECEIPTS_EXCHANGE
-                key = WORKFLOW_REPLY_KEY
-                if isinstance(doc, list):  # a start job: [[job], {}, {}]
-                    if doc[0][0].get("intent_id") != self.run_id:
-                        return
-                    exchange, key = DISPATCH_EXCHANGE, WORKFLOWS_QUEUE_NAME
-                elif not str(doc.get("intent_id", "")).startswith(self.step_prefix):
-                    return
-                for _ in range(2):
-                    producer.publish(
-                        message.body,
-                        exchange=exchange,
-                        routing_key=key,
-                        headers={**headers, COPY_HEADER: "1"},
-                        content_type=message.content_type,
-                        content_encoding=message.content_encoding,
-                        delivery_mode=2,
-                    )
-                self.copied.append(key)
-
-            with Consumer(conn.channel(), [starts, replies], on_message=copy, no_ack=False):
-                self.ready.set()
-                while not self.stopped.is_set():
-                    try:
-                        conn.drain_events(timeout=0.2)
-                    except TimeoutError:
-                        pass
-
-
 def test_each_runner_message_delivered_three_times_calls_nothing_extra(
     fleet: Fleet, shop: Shop, agent: ReachClient
 ) -> None:
@@ -374,44 +305,6 @@ def test_a_run_finishes_on_the_definition_it_started_with_across_a_catalog_reloa
 
 
 # -- 6. the broker and Redis going away mid-run --------------------------------------------------------
-
-
-class Mailbox:
-    """A durable queue of the test's own for an agent's receipts: it outlives the connections a
-    broker outage drops (a client's own queue is exclusive and goes with its connection)."""
-
-    def __init__(self, broker_url: str) -> None:
-        tag = uuid.uuid4().hex[:8]
-        self.broker_url = broker_url
-        self.reply_to = f"{AGENT}.mailbox{tag}"
-        self.queue = Queue(f"test-wf-mailbox-{tag}", RECEIPTS_EXCHANGE, routing_key=self.reply_to, durable=True)
-
-    def __enter__(self) -> Mailbox:
-        with Connection(self.broker_url) as conn:
-            self.queue(conn.default_channel).declare()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with Connection(self.broker_url) as conn:
-            self.queue(conn.default_channel).delete()
-
-    def receipts(self, intent_id: str, timeout: float, grace: float = 2.0) -> list[Receipt]:
-        """Every receipt for ``intent_id`` that comes within ``timeout``, and ``grace`` after the first."""
-        got: list[Any] = []
-        with Connection(self.broker_url) as conn:
-            with Consumer(conn, [self.queue], on_message=got.append, no_ack=False):
-                end = time.monotonic() + timeout
-                while time.monotonic() < end:
-                    if any(Receipt.model_validate_json(m.body).intent_id == intent_id for m in got):
-                        end = min(end, time.monotonic() + grace)
-                    try:
-                        conn.drain_events(timeout=0.2)
-                    except TimeoutError:
-                        pass
-            for message in got:
-                message.ack()
-        receipts = [Receipt.model_validate_json(m.body) for m in got]
-        return [r for r in receipts if r.intent_id == intent_id]
 
 
 def one_run_through(

@@ -6,6 +6,9 @@ of 5xx is not kept (a failed request did nothing, so the same key may try again)
 it answer 409 (``conflict_on``), leave a declared field out (``rename_for``), answer 500 for one
 path and id until a switch flips (``failing``), or hold one request until the test lets it go
 (``gate``: a request that reached the shop, with the pool waiting for its answer).
+
+On the broker: ``Copier`` delivers a run's start job and step receipts to the runner twice more;
+``Mailbox`` keeps an agent's receipts in a durable queue across a broker outage.
 """
 
 from __future__ import annotations
@@ -19,11 +22,21 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
 from producers.client import ReachClient
 from producers.wire import Receipt
 from tests.fleet import Fleet
-from workers.transport.topology import WORKFLOW_RECEIPTS_QUEUE_NAME, WORKFLOWS_QUEUE_NAME
+from workers.transport.topology import (
+    DISPATCH_EXCHANGE,
+    RECEIPTS_EXCHANGE,
+    WORKFLOW_RECEIPTS_QUEUE_NAME,
+    WORKFLOW_REPLY_KEY,
+    WORKFLOWS_QUEUE_NAME,
+)
+from workers.workflows.ids import run_digest
 
+COPY_HEADER = "x-test-copy"
 RUN = uuid.uuid4().hex[:6]
 AGENT = f"wf_{RUN}"
 OTHER = f"wfo_{RUN}"
@@ -284,3 +297,108 @@ def order() -> str:
 
 def run(agent: ReachClient, order_id: str, timeout: float = 30.0, workflow: str = "refund_order") -> Receipt:
     return agent.call(workflow, {"order_id": order_id}, timeout=timeout)
+
+
+# -- on the broker: copies of the runner's messages, an agent's receipts across an outage ---------
+
+
+class Copier:
+    """Delivers each start job of ``run_id`` and each receipt of its steps to the runner twice more
+    (a copy of the message, headers and all), from queues of its own bound beside the runner's."""
+
+    def __init__(self, broker_url: str, owner: str, run_id: str) -> None:
+        self.broker_url = broker_url
+        self.run_id = run_id
+        self.step_prefix = f"wf.{owner}.{run_digest(owner, run_id)}."
+        self.copied: list[str] = []
+        self.stopped = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Copier:
+        self.thread.start()
+        assert self.ready.wait(20), "the copier never bound its queues"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        tag = uuid.uuid4().hex[:8]
+        starts = Queue(f"test-copier-{tag}-starts", DISPATCH_EXCHANGE, routing_key=WORKFLOWS_QUEUE_NAME, exclusive=True)
+        replies = Queue(f"test-copier-{tag}-replies", RECEIPTS_EXCHANGE, routing_key=WORKFLOW_REPLY_KEY, exclusive=True)
+        with Connection(self.broker_url) as conn:
+            producer = Producer(conn.channel())
+
+            def copy(message: Any) -> None:
+                message.ack()
+                headers = dict(message.headers or {})
+                if headers.get(COPY_HEADER):
+                    return
+                doc = json.loads(message.body)
+                exchange: Exchange = RECEIPTS_EXCHANGE
+                key = WORKFLOW_REPLY_KEY
+                if isinstance(doc, list):  # a start job: [[job], {}, {}]
+                    if doc[0][0].get("intent_id") != self.run_id:
+                        return
+                    exchange, key = DISPATCH_EXCHANGE, WORKFLOWS_QUEUE_NAME
+                elif not str(doc.get("intent_id", "")).startswith(self.step_prefix):
+                    return
+                for _ in range(2):
+                    producer.publish(
+                        message.body,
+                        exchange=exchange,
+                        routing_key=key,
+                        headers={**headers, COPY_HEADER: "1"},
+                        content_type=message.content_type,
+                        content_encoding=message.content_encoding,
+                        delivery_mode=2,
+                    )
+                self.copied.append(key)
+
+            with Consumer(conn.channel(), [starts, replies], on_message=copy, no_ack=False):
+                self.ready.set()
+                while not self.stopped.is_set():
+                    try:
+                        conn.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        pass
+
+
+class Mailbox:
+    """A durable queue of the test's own for an agent's receipts: it outlives the connections a
+    broker outage drops (a client's own queue is exclusive and goes with its connection)."""
+
+    def __init__(self, broker_url: str) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.broker_url = broker_url
+        self.reply_to = f"{AGENT}.mailbox{tag}"
+        self.queue = Queue(f"test-wf-mailbox-{tag}", RECEIPTS_EXCHANGE, routing_key=self.reply_to, durable=True)
+
+    def __enter__(self) -> Mailbox:
+        with Connection(self.broker_url) as conn:
+            self.queue(conn.default_channel).declare()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with Connection(self.broker_url) as conn:
+            self.queue(conn.default_channel).delete()
+
+    def receipts(self, intent_id: str, timeout: float, grace: float = 2.0) -> list[Receipt]:
+        """Every receipt for ``intent_id`` that comes within ``timeout``, and ``grace`` after the first."""
+        got: list[Any] = []
+        with Connection(self.broker_url) as conn:
+            with Consumer(conn, [self.queue], on_message=got.append, no_ack=False):
+                end = time.monotonic() + timeout
+                while time.monotonic() < end:
+                    if any(Receipt.model_validate_json(m.body).intent_id == intent_id for m in got):
+                        end = min(end, time.monotonic() + grace)
+                    try:
+                        conn.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        pass
+            for message in got:
+                message.ack()
+        receipts = [Receipt.model_validate_json(m.body) for m in got]
+        return [r for r in receipts if r.intent_id == intent_id]
