@@ -243,6 +243,7 @@ def test_the_probes_of_a_runner_process_keep_the_http_settings_against_half_requ
     /metrics answer meanwhile."""
     port = servers.beat_port
     before = closed_count(port, "probes", "header_timeout")
+    refused_before = closed_count(port, "probes", "per_client_limit")
     started = time.monotonic()
     slow = open_slow(port, 30, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
     got: dict[socket.socket, bytes] = {}
@@ -256,8 +257,13 @@ def test_the_probes_of_a_runner_process_keep_the_http_settings_against_half_requ
         assert all(got.get(s, b"")[:13] in (b"", b"HTTP/1.1 408 ") for s in held), {got.get(s, b"")[:40] for s in held}
     finally:
         close_all(slow)
-    assert closed_count(port, "probes", "header_timeout") >= before + len(held)
-    assert closed_count(port, "probes", "per_client_limit") >= 30 - BEAT_PER_CLIENT
+    timed_out = closed_count(port, "probes", "header_timeout") - before
+    refused = closed_count(port, "probes", "per_client_limit") - refused_before
+    assert timed_out >= len(held)
+    # every half request was closed unserved; on a loaded machine the server may accept one only after a
+    # held one timed out, so it is timed out rather than refused. More than the default 8 per client allows
+    # were refused, so the runner took the setting.
+    assert timed_out + refused >= 30 and refused > 30 - 8, (timed_out, refused)
 
 
 def test_the_mcp_server_reports_the_package_version(servers: Servers) -> None:

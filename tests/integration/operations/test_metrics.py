@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from examples.ticket_system import TicketSystem
 from producers.client import ReachClient
-from tests.fleet import BROKER_URL, Fleet, agent, purge
+from tests.fleet import BROKER_URL, REPO, Fleet, agent, purge
 from tests.integration.operations.support import (
     ALLOWED_LABELS,
     CREATE,
@@ -125,12 +125,21 @@ def test_promtool_check_metrics_passes_on_every_endpoint(fleet: Fleet, prometheu
         "reach_pool_threads",
         "reach_pool_in_flight",
         "reach_pool_paused",
+        "reach_binding_sweeps",
+        "reach_workflow_runs_started",
+        "reach_workflow_runs",
+        "reach_workflow_step_seconds",
+        "reach_workflow_undos_failed",
+        "reach_workflow_runs_in_flight",
     }
     # counters and histograms appear once they have a child; the gauges are there from the start
     assert {"reach_breaker_state", "reach_connector_health", "reach_queue_depth", "reach_queue_consumers"} <= names
     # prometheus_client also serves a `<counter or histogram>_created` gauge family for each of them
     ours = {n.removesuffix("_created") for n in names if n.startswith("reach_")}
     assert ours <= documented | {"reach_retries"}
+    # and an operator finds each of them in the operations guide
+    guide = (REPO / "docs" / "operations.md").read_text()
+    assert not {name for name in documented if name not in guide}
 
 
 def test_dashboard_panels_have_unique_ids_and_do_not_overlap() -> None:
