@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from connectors.catalog import Catalog, build
 from connectors.loader import load_directory
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from workers.mcp import results
-from workers.mcp.tools import OMITTED_KEY, agent_tools, output_check, output_schema
+from workers.mcp.tools import OMITTED_KEY, agent_tools, output_check, output_schema, output_validator
 
 CATALOG = """
 connector:
@@ -147,6 +148,81 @@ def test_the_output_schema_admits_what_the_pool_lets_through_and_nothing_else(
     assert schema is not None
     Draft202012Validator.check_schema(schema)
     assert (output_check(Draft202012Validator(schema))(data) is None) is conforms
+
+
+# RE2 reads both; Python's re cannot compile the first and backtracks on the second
+LETTERS, WORDS = r"^\p{L}+$", r"^([a-zA-Z0-9]+\s?)*$"
+PATTERNED = f"""
+connector:
+  name: names
+  endpoint: http://names.example
+  actions:
+    - action: lookup
+      path: GET /names/{{nid}}
+      input:
+        nid: {{ type: string, required: true }}
+      output:
+        given: {{ type: string, pattern: '{LETTERS}' }}
+        motto: {{ type: string, pattern: '{WORDS}' }}
+        tags: {{ type: array, items: {{ type: object, properties: {{ code: {{ type: string, pattern: '^[a-z]+$' }} }} }} }}
+      permission: read
+---
+agent_app:
+  name: reader
+  connector_bindings:
+    - connector: names
+      allowed_actions: [lookup]
+"""
+
+
+@pytest.fixture(scope="module")
+def patterned(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
+    directory: Path = tmp_path_factory.mktemp("patterned")
+    (directory / "names.yaml").write_text(PATTERNED)
+    built, problems = build(load_directory(directory))
+    assert problems == []
+    return built
+
+
+def contains_key(value: Any, key: str) -> bool:
+    if isinstance(value, dict):
+        return key in value or any(contains_key(v, key) for v in value.values())
+    return isinstance(value, list) and any(contains_key(v, key) for v in value)
+
+
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        ({"given": "Zürich", "motto": "plain words here", "tags": [{"code": "ok"}]}, None),
+        ({"given": "Zürich1", "motto": "x", "tags": []}, "given: does not match the pattern ^\\p{L}+$"),
+        ({"given": "Ana", "motto": "a" * 4999 + "!", "tags": []}, f"motto: does not match the pattern {WORDS}"),
+        # RE2's $ is the very end (Python's also matches before a final newline), as the pool reads it
+        (
+            {"given": "Ana", "motto": "x", "tags": [{"code": "ok\n"}]},
+            "tags/0/code: does not match the pattern ^[a-z]+$",
+        ),
+    ],
+)
+def test_the_facade_checks_output_patterns_on_re2_in_linear_time(
+    patterned: Catalog, data: dict[str, Any], problem: str | None
+) -> None:
+    check = output_check(agent_tools(patterned, "reader").outputs["names__lookup"])
+    started = time.monotonic()
+    assert check(data) == problem
+    assert time.monotonic() - started < 0.5  # Python's re takes minutes on the 5,000 characters
+
+
+def test_the_published_output_schema_leaves_patterns_to_the_fleet(patterned: Catalog) -> None:
+    """Clients check structuredContent with their own engines (the official SDK: Python's re, which
+    cannot even compile \\p{L}), so the outputSchema they get has every keyword but pattern."""
+    (tool,) = agent_tools(patterned, "reader").tools
+    assert tool.output_schema is not None and not contains_key(tool.output_schema, "pattern")
+    Draft202012Validator.check_schema(tool.output_schema)  # checks each pattern with re: it would fail on \p{L}
+    assert tool.output_schema["properties"]["given"] == {"type": "string"}
+    assert tool.output_schema["anyOf"][0] == {"required": ["given", "motto", "tags"]}
+    declared = output_schema(patterned.refs[("names", "lookup")].action)
+    assert declared is not None and declared["properties"]["given"]["pattern"] == LETTERS  # what the facade checks
+    assert output_check(output_validator(declared))({"given": "Ana1", "motto": "", "tags": []}) is not None
 
 
 # -- tools/call results --------------------------------------------------------------------------
