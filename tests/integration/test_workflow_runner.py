@@ -33,6 +33,7 @@ class Died(BaseException):
 class Outlet:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.to: list[tuple[str, str]] = []  # (intent id, reply_to) of every receipt
 
     def send_intent(self, body: dict[str, Any], owner: str, run_id: str) -> None:
         assert owner == body["agent_id"]
@@ -40,9 +41,17 @@ class Outlet:
 
     def send_final(self, receipt: dict[str, Any], reply_to: str) -> None:
         self.sent.append(("final", receipt))
+        self.to.append((receipt["intent_id"], reply_to))
+
+    def send_again(self, receipt: dict[str, Any], reply_to: str) -> None:
+        self.sent.append(("again", receipt))
+        self.to.append((receipt["intent_id"], reply_to))
 
     def intents(self) -> list[str]:
         return [body["intent_id"] for kind, body in self.sent if kind == "intent"]
+
+    def receipts(self, kind: str = "final") -> list[dict[str, Any]]:
+        return [body for k, body in self.sent if k == kind]
 
 
 @pytest.fixture(scope="module")
@@ -64,21 +73,31 @@ def runs() -> Any:
     client.close()
 
 
-def start_message(run_id: str, agent: str = "support") -> Delivery:
+def start_message(
+    run_id: str,
+    agent: str = "support",
+    *,
+    key: str | None = None,
+    order_id: str = "o-1",
+    received_at: float = 1.0e9,
+    reply_to: str | None = None,
+) -> Delivery:
+    """A start job as the router builds it; ``received_at``: when the router read the intent (a
+    resend of the same intent id is read again, later)."""
     job = Job(
         intent_id=run_id,
         agent_id=agent,
         connector="(workflow)",
         action="refund_order",
-        params={"order_id": "o-1", "amount": 5.0},
-        idempotency_key=run_id,
-        reply_to=agent,
+        params={"order_id": order_id, "amount": 5.0},
+        idempotency_key=key or run_id,
+        reply_to=reply_to or agent,
         deadline=None,
         trace_id="a" * 32,
         traceparent=None,
         format="native",
-        received_at=1.0e9,
-        dispatched_at=1.0e9,
+        received_at=received_at,
+        dispatched_at=received_at,
     )
     body = json.dumps([[job.model_dump(mode="json")], {}, {}]).encode()
     return Delivery(body=body, headers={"task": EXECUTE_TASK})
@@ -226,3 +245,98 @@ def test_a_resume_racing_the_runners_last_look_keeps_the_run_in_the_sweeps_sight
     sent = len(outlet.intents())
     one.sweep()
     assert len(outlet.intents()) == sent + 1 and parse_step_intent_id(outlet.intents()[-1]).kind == "undo"  # type: ignore[union-attr]
+
+
+def finish(one: WorkflowRunner, outlet: Outlet) -> None:
+    """Answer the run's three steps (the last one sent first)."""
+    for data in (HOLD, REFUND, {}):
+        one.handle_reply(reply(outlet.intents()[-1], data))
+
+
+def test_a_start_resent_after_its_run_ended_gets_the_stored_final_receipt_again(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("again"))
+    one.handle_start(start_message("again", received_at=1.0e9 + 1))  # resent while it runs: absorbed
+    finish(one, outlet)
+    assert len(outlet.receipts()) == 1 and outlet.receipts("again") == []
+    one.handle_start(start_message("again"))  # the same start job delivered again: nothing
+    assert outlet.receipts("again") == []
+    one.handle_start(start_message("again", received_at=1.0e9 + 60, reply_to="support.s2"))
+    assert outlet.receipts("again") == outlet.receipts()  # the very receipt, to where the resend asks
+    assert outlet.to[-1] == ("again", "support.s2")
+    assert len(outlet.intents()) == 3
+
+
+def test_a_new_intent_with_the_key_of_an_ended_run_gets_its_outcome_as_its_own(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("first", key="order-o-1"))
+    finish(one, outlet)
+    one.handle_start(start_message("second", key="order-o-1", received_at=1.0e9 + 60))
+    one.handle_start(start_message("second", key="order-o-1", received_at=1.0e9 + 60))  # redelivered
+    first, second = outlet.receipts()[0], outlet.receipts()[1]
+    assert len(outlet.receipts()) == 3 and outlet.receipts()[2] == second  # the same receipt, built again
+    assert len(outlet.intents()) == 3  # no step of its own
+    assert second["intent_id"] == "second" and second["data"] == first["data"] == {"refund_id": "R1"}
+    assert second["execution"]["deduplicated"] is True and second["execution"]["attempts"] == 0
+    assert second["execution"]["steps"] == first["execution"]["steps"]
+
+
+def test_a_new_intent_with_the_key_of_a_running_run_is_answered_when_it_ends(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("lead", key="k-2"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_start(start_message("waits", key="k-2", received_at=1.0e9 + 1, reply_to="support.s2"))
+    one.handle_start(start_message("waits", key="k-2", received_at=1.0e9 + 1, reply_to="support.s2"))
+    assert outlet.receipts() == [] and len(outlet.intents()) == 2
+    one.handle_reply(reply(outlet.intents()[-1], REFUND))
+    one.handle_reply(reply(outlet.intents()[-1], {}))
+    assert [r["intent_id"] for r in outlet.receipts()] == ["lead", "waits"]
+    assert ("waits", "support.s2") in outlet.to
+    waited = outlet.receipts()[1]
+    assert waited["status"] == "succeeded" and waited["execution"]["deduplicated"] is True
+    assert len(outlet.intents()) == 3
+
+
+def test_the_key_of_a_run_with_other_input_is_refused(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("mine", key="k-3"))
+    one.handle_start(start_message("other", key="k-3", order_id="o-2", received_at=1.0e9 + 1))
+    refused = outlet.receipts()
+    assert len(refused) == 1 and refused[0]["intent_id"] == "other" and refused[0]["status"] == "rejected"
+    assert refused[0]["error"]["code"] == "IDEMPOTENCY_KEY_REUSED" and "mine" in refused[0]["error"]["message"]
+    assert len(outlet.intents()) == 1
+
+
+def test_the_same_key_of_two_agents_is_two_runs(catalog: Catalog, runs: WorkflowRuns) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("a1", key="k-4"))
+    one.handle_start(start_message("b1", agent="other", key="k-4"))
+    assert len(outlet.intents()) == 2 and outlet.receipts() == []
+
+
+def test_the_sweep_trims_index_entries_of_runs_past_retention(catalog: Catalog, runs: WorkflowRuns) -> None:
+    """Entries older than the retention plus twice the longest workflow timeout (and the grace)
+    go; a run started within it stays listed."""
+    outlet = Outlet()
+    now = 1.0e9
+    one = WorkflowRunner(catalog, runs, outlet, clock=lambda: now)
+    one.handle_start(start_message("live", received_at=now - 10))
+    horizon = one.index_horizon()
+    assert horizon == 3600 + 2 * (max(w.timeout for w in catalog.workflows.values()) + 30)
+    old = {f"support:old{i}": now - horizon - 1 - i for i in range(3)}
+    runs.client.zadd(keys.workflow_runs(), {**old, "support:edge": now - horizon + 1})
+    one.sweep()
+    left = {m.decode() for m in runs.client.zrange(keys.workflow_runs(), 0, -1)}
+    assert left == {"support:live", "support:edge"}
+    assert runs.trim(now - horizon, limit=1) == 0

@@ -4,8 +4,9 @@ against a fake shop that keeps an ordered log of what it *did* (tests/integratio
 Every test starts runs of its own (order ids of its own) and reads the shop's log for them: the
 happy path (three calls, one final receipt), a conflict on the last step (undo 2 then undo 1, once
 each), a renamed output field (step 2 never called, the receipt names the reference), a runner
-killed at each crash point (each call exactly once, one final receipt), a start sent twice, and
-what another agent may not do.
+killed at each crash point (each call exactly once, one final receipt), a start sent twice, a
+start resent after or during its run (the same one final receipt), starts sharing an idempotency
+key (the work done once, each answered), and what another agent may not do.
 """
 
 from __future__ import annotations
@@ -117,6 +118,73 @@ def test_a_start_sent_twice_runs_once(fleet: Fleet, shop: Shop, agent: ReachClie
     assert receipt.status == "succeeded"
     time.sleep(1)
     assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
+
+
+def test_a_start_resent_after_its_run_ended_gets_the_same_final_receipt(
+    fleet: Fleet, shop: Shop, agent: ReachClient
+) -> None:
+    order_id = order()
+    intent_id = agent.publish("refund_order", {"order_id": order_id})
+    first = agent.wait(intent_id, timeout=30)
+    assert first.status == "succeeded"
+    agent.publish("refund_order", {"order_id": order_id}, intent_id=intent_id)
+    assert agent.wait(intent_id, timeout=15) == first  # the stored receipt, as it was sent
+    with pytest.raises(TimeoutError):
+        agent.wait(intent_id, timeout=1)
+    assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
+
+
+def test_a_start_resent_while_its_run_goes_on_gets_one_final_receipt(
+    fleet: Fleet, shop: Shop, agent: ReachClient
+) -> None:
+    order_id = order()
+    held = shop.gate("/refunds", order_id)
+    try:
+        intent_id = agent.publish("refund_order", {"order_id": order_id})
+        wait_for(lambda: shop.reached("/refunds", order_id), 20, "the refund never reached the shop")
+        agent.publish("refund_order", {"order_id": order_id}, intent_id=intent_id)
+        time.sleep(1)  # the resend reaches the runner while the step is held
+    finally:
+        held.set()
+    assert agent.wait(intent_id, timeout=30).status == "succeeded"
+    with pytest.raises(TimeoutError):
+        agent.wait(intent_id, timeout=2)
+    assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
+
+
+def test_two_starts_with_one_idempotency_key_do_the_work_once(fleet: Fleet, shop: Shop, agent: ReachClient) -> None:
+    """The second start comes while the first run is at its refund, a third after it ended: the
+    shop does each step once and every start gets the run's outcome under its own intent id."""
+    order_id = order()
+    key = f"refund-{order_id}"
+    held = shop.gate("/refunds", order_id)
+    try:
+        first = agent.publish("refund_order", {"order_id": order_id}, idempotency_key=key)
+        wait_for(lambda: shop.reached("/refunds", order_id), 20, "the refund never reached the shop")
+        second = agent.publish("refund_order", {"order_id": order_id}, idempotency_key=key)
+        time.sleep(1)
+    finally:
+        held.set()
+    done = agent.wait(first, timeout=30)
+    waited = agent.wait(second, timeout=30)
+    assert done.status == waited.status == "succeeded" and waited.data == done.data == {"refund_id": f"R-{order_id}"}
+    assert waited.execution.deduplicated is True and done.execution.deduplicated is False
+    late = agent.call("refund_order", {"order_id": order_id}, idempotency_key=key, timeout=30)
+    assert late.status == "succeeded" and late.execution.deduplicated is True and late.data == done.data
+    assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
+
+
+def test_an_idempotency_key_reused_with_other_input_is_refused_and_runs_nothing(
+    fleet: Fleet, shop: Shop, agent: ReachClient
+) -> None:
+    order_id, other = order(), order()
+    key = f"refund-{order_id}"
+    assert agent.call("refund_order", {"order_id": order_id}, idempotency_key=key, timeout=30).status == "succeeded"
+    refused = agent.call("refund_order", {"order_id": other}, idempotency_key=key, timeout=30)
+    assert refused.status == "rejected" and refused.error is not None
+    assert refused.error.code == "IDEMPOTENCY_KEY_REUSED" and refused.error.retryable is False
+    time.sleep(1)
+    assert shop.calls(other) == [] and shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
 
 
 def test_another_agent_cannot_drive_or_read_a_run(fleet: Fleet, shop: Shop, agent: ReachClient) -> None:

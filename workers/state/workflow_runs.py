@@ -14,7 +14,13 @@ beside the run, not in its script (another slot under Redis Cluster): the due in
 dropped when the sweep or a listing meets it.
 
 Retention: a run's keys expire ``retention`` after its last change (a run still going is kept
-until its deadline, then ``retention`` longer), so finished runs cost nothing forever.
+until its deadline, then ``retention`` longer), so finished runs cost nothing forever. The index of
+every run is trimmed by the runner's sweep (``trim``): an entry older than the retention plus twice
+the longest workflow timeout names a run that has expired, bar one an operator resumed late.
+
+Idempotency keys: a start claims (owner, workflow, idempotency key) for its run, with a digest of
+its input (``claim_key``), so a start with the same key and a new intent id finds the first run
+instead of starting a second one (the runner answers it, workers/workflows/runner.py).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 
 import redis
 
+from workers.settings import Settings
 from workers.state import keys
 
 log = logging.getLogger("reach.workflow_runs")
@@ -58,7 +65,18 @@ end
 redis.call('HSET', KEYS[1], 'publishing', tostring(tonumber(ARGV[2]) + tonumber(ARGV[3])) .. '|' .. ARGV[1])
 return 1
 """
+# KEYS[1] the key's claim; ARGV: the run id and input digest ("<digest>|<run id>"), time to live (ms).
+# Returns the claim that holds: ours, or the one made first
+_CLAIM_KEY = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""
 LISTING_SCAN = 1000  # index entries looked at per page of a listing
+TRIM_BATCH = 1000  # index entries the sweep removes at most per look
+WORKFLOW_KEY_PREFIX = keys.PREFIX + "wf-key:"  # moves to keys.py with workflow_key
+DEFAULT_KEY_TTL_SECONDS: int = Settings.model_fields["idempotency_ttl_seconds"].default
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,22 @@ class Stored:
     version: int
     doc: bytes
     sent: str | None
+
+
+@dataclass(frozen=True)
+class KeyClaim:
+    """The run an idempotency key belongs to, and the digest of the input it was started with."""
+
+    run_id: str
+    digest: str
+
+
+def workflow_key(owner: str, workflow: str, key: str) -> str:
+    """``reach:wf-key:{<owner>}:<workflow>:<idempotency key>`` (the claim of a start's key).
+
+    Built from ``keys`` until keys.py has its own ``workflow_key`` (the one-place rule).
+    """
+    return f"{WORKFLOW_KEY_PREFIX}{{{owner or keys.NO_AGENT}}}:{workflow}:{key}"
 
 
 def member(owner: str, run_id: str) -> str:
@@ -83,12 +117,18 @@ def split_member(value: bytes | str) -> tuple[str, str]:
 class WorkflowRuns:
     """The runs of the fleet's workflows, kept ``retention_seconds`` after their last change."""
 
-    def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
+    def __init__(
+        self, client: redis.Redis, retention_seconds: int, key_ttl_seconds: int = DEFAULT_KEY_TTL_SECONDS
+    ) -> None:
+        """``key_ttl_seconds``: how long a start's idempotency key is kept past the run's longest
+        life (REACH_IDEMPOTENCY_TTL)."""
         self.client = client
         self.retention_ms = retention_seconds * 1000
+        self.key_ttl_ms = key_ttl_seconds * 1000
         self._write = client.register_script(_WRITE)
         self._mark = client.register_script(_MARK)
         self._claim = client.register_script(_CLAIM)
+        self._claim_key = client.register_script(_CLAIM_KEY)
 
     def load(self, owner: str, run_id: str) -> Stored | None:
         version, doc, sent = self.client.hmget(keys.workflow_run(owner, run_id), "v", "doc", "sent")
@@ -139,6 +179,17 @@ class WorkflowRuns:
         """Whether ``intent_id`` is a step the runner filed under ``owner``'s run ``run_id`` (what
         the router checks before it accepts a delegated step intent)."""
         return self.run_of(owner, intent_id) == run_id
+
+    def claim_key(self, owner: str, workflow: str, key: str, run_id: str, digest: str, longest_life: float) -> KeyClaim:
+        """Claim ``owner``'s idempotency ``key`` of ``workflow`` for the run ``run_id`` (started with
+        input of ``digest``), or find the claim made first. Kept the key TTL after the run's
+        ``longest_life`` (seconds from now), but never longer than the retention, so a claim never
+        outlives the run it names (a run is kept at least the retention after it was written)."""
+        ttl_ms = min(self.key_ttl_ms + int(longest_life * 1000), self.retention_ms)
+        held = self._claim_key(keys=[workflow_key(owner, workflow, key)], args=[f"{digest}|{run_id}", max(1, ttl_ms)])
+        text = held.decode() if isinstance(held, bytes) else str(held)
+        found_digest, _, found_run = text.partition("|")
+        return KeyClaim(found_run, found_digest)
 
     # -- the indexes ----------------------------------------------------------------------------
 
@@ -197,6 +248,14 @@ class WorkflowRuns:
                 self.client.zrem(keys.workflow_runs(), *gone)
                 start -= len(gone)
         return out[:limit]
+
+    def trim(self, older_than: float, limit: int = TRIM_BATCH) -> int:
+        """Drop at most ``limit`` entries of the index of every run started before ``older_than``
+        (epoch seconds): their runs have expired. Returns how many were dropped."""
+        old = self.client.zrangebyscore(keys.workflow_runs(), "-inf", f"({older_than}", start=0, num=limit)
+        if not old:
+            return 0
+        return int(self.client.zrem(keys.workflow_runs(), *old))
 
     def owners_of(self, run_id: str) -> list[str]:
         """The agents with a kept run of this id (run ids are the agents' intent ids: two agents may

@@ -1,8 +1,10 @@
 """The one receipt the agent gets for a run: ``action`` the workflow's name, ``connector`` null,
-``data`` the workflow's ``output`` (on success), and each step in ``execution.steps``."""
+``data`` the workflow's ``output`` (on success), and each step in ``execution.steps``; and the same
+outcome as the answer to a later start with the run's idempotency key (``repeated``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
@@ -54,3 +56,23 @@ def final_receipt(run: Run, state: str, now: float, data: Any = None) -> dict[st
         ),
     )
     return receipt.to_doc()
+
+
+def repeated(final: dict[str, Any], intent_id: str, trace_id: str, received_at: float) -> dict[str, Any]:
+    """The run's final receipt as the receipt of a later start with the same idempotency key and
+    input: under that start's own ``intent_id`` and trace, ``deduplicated``, no attempts (nothing
+    ran for it), as the pools answer a repeated key. It depends on nothing but its arguments, so
+    built again after a crash it is the same receipt."""
+    original = Receipt.model_validate(final)
+    finished = max(datetime.fromisoformat(original.execution.finished_at).timestamp(), received_at)
+    execution = original.execution.model_copy(
+        update={
+            "trace_id": trace_id,
+            "attempts": 0,
+            "latency_ms": round((finished - received_at) * 1000, 3),
+            "received_at": iso(received_at),
+            "finished_at": iso(finished),
+            "deduplicated": True,
+        }
+    )
+    return original.model_copy(update={"intent_id": intent_id, "execution": execution}).to_doc()

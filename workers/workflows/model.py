@@ -23,6 +23,7 @@ RunState = Literal["running", "compensating", "parked", "succeeded", "failed", "
 SETTLED: frozenset[str] = frozenset({"parked", "succeeded", "failed", "unknown"})
 StepStatus = Literal["pending", "sent", "waiting_approval", "succeeded", "rejected", "failed", "unknown", "not_sent"]
 MAX_EVENTS = 50  # operator actions and notes kept per run (the oldest dropped)
+MAX_FOLLOWERS = 20  # starts with the run's idempotency key waiting for its final receipt
 STEP_DATA_BYTES = 256 * 1024  # what is kept of one step's answer (declared fields only)
 MAX_SPECS = 256  # definitions parsed and kept per process
 _SPECS: dict[str, WorkflowSpec] = {}
@@ -81,6 +82,16 @@ class RunError(_Model):
     details: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class Follower(_Model):
+    """A later start with the run's idempotency key and input, under an intent id of its own: it
+    gets the run's final receipt, as its own, when the run ends."""
+
+    intent_id: str
+    reply_to: str
+    trace_id: str
+    received_at: float
+
+
 class Event(_Model):
     at: float
     what: str
@@ -109,6 +120,7 @@ class Run(_Model):
     final: dict[str, Any] | None = None  # the final receipt, once decided (sent once)
     intents_sent: int = 0
     events: list[Event] = Field(default_factory=list)
+    followers: list[Follower] = Field(default_factory=list)
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_defaults=False).encode()

@@ -10,10 +10,17 @@ only acks. A transition made by the sweep (an undo tried again, an overdue step)
 come again: the sweep itself publishes any outbound not marked sent a few seconds after it was
 written. ``crash_at`` (REACH_WORKFLOW_CRASH_AT, tests only) kills the process at one of those
 points, the first time it gets there.
+
+A start is one run per intent id and per idempotency key. The same intent id again (the agent
+resent it) is that run: absorbed while it runs, and answered with its stored final receipt once
+it has ended. A new intent id with the key of a kept run (and the same input) is answered with
+that run's outcome as its own receipt: at once if the run has ended, else when it ends (it waits
+on the run as a *follower*); with other input it is refused IDEMPOTENCY_KEY_REUSED.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,19 +31,21 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from connectors.catalog import Catalog
+from connectors.workflows.spec import WorkflowSpec
 from producers.wire import APPROVAL_PENDING, INTENT_ROUTING_KEY, ApprovalNotice, ErrorCode, Receipt
 from workers.observability import metrics
 from workers.observability.audit import Audit
-from workers.state.workflow_runs import Stored, WorkflowRuns
+from workers.state.workflow_runs import KeyClaim, Stored, WorkflowRuns
 from workers.transport.app import EXECUTE_TASK
-from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Settle
+from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Refused, Settle
 from workers.transport.job import Job, JobDecodeError, parse_job
 from workers.transport.publisher import Publisher
 from workers.transport.receipts import ReceiptSink, build_receipt
 from workers.transport.topology import INTENTS_EXCHANGE, ON_BEHALF_OF_HEADER, RUN_ID_HEADER
 from workers.workflows import machine
+from workers.workflows.final import repeated
 from workers.workflows.ids import parse_step_intent_id
-from workers.workflows.model import Run, snapshot
+from workers.workflows.model import MAX_FOLLOWERS, Follower, Run, snapshot
 
 log = logging.getLogger("reach.workflows")
 CAS_TRIES = 20  # writers racing on one run (a receipt and the sweep) retry this often
@@ -45,6 +54,7 @@ REQUEUE_PAUSE_SECONDS = 1.0
 # publish usually confirms within milliseconds; a second publisher is held off by the claim)
 REDRIVE_AFTER_SECONDS = 1.0
 CRASH_POINTS = ("after_state_write", "after_publish", "before_ack")
+STARTING_RETRY_MS = 1000  # a start whose key's run is not written yet is told to come back this soon
 
 
 class Outlet(Protocol):
@@ -53,6 +63,8 @@ class Outlet(Protocol):
     def send_intent(self, body: dict[str, Any], owner: str, run_id: str) -> None: ...
 
     def send_final(self, receipt: dict[str, Any], reply_to: str) -> None: ...
+
+    def send_again(self, receipt: dict[str, Any], reply_to: str) -> None: ...
 
 
 class BrokerOutlet:
@@ -76,6 +88,12 @@ class BrokerOutlet:
 
     def send_final(self, receipt: dict[str, Any], reply_to: str) -> None:
         self.sink.send(Receipt.model_validate(receipt), reply_to)
+
+    def send_again(self, receipt: dict[str, Any], reply_to: str) -> None:
+        """A receipt that was sent already, published once more as it was (a start resent under
+        the same intent id after its answer went out)."""
+        encoded, body = self.sink.encode(Receipt.model_validate(receipt))
+        self.sink.publish(encoded, body, reply_to)
 
 
 class Crash:
@@ -163,11 +181,16 @@ class WorkflowRunner:
         owner, run_id = job.agent_id, job.intent_id
         stored = self.runs.load(owner, run_id)
         if stored is not None:  # the start came again (redelivered, or sent twice): no second run
-            self._redrive(Run.from_json(stored.doc), stored.sent, stored.version)
+            self._start_again(job, stored)
             return
         workflow = self.catalog.workflows.get(job.action)
         if workflow is None:  # the catalog the router had named it; this runner's no longer does
             self.outlet.send_final(_no_such_workflow(job), job.reply_to)
+            return
+        digest = input_digest(job.params)
+        claim = self.runs.claim_key(owner, workflow.name, job.idempotency_key, run_id, digest, longest_life(workflow))
+        if claim.run_id != run_id:  # the key is another run's
+            self._repeat(job, claim, digest)
             return
         now = self.clock()
         begin = machine.Start(run_id, owner, job.params, job.reply_to, job.trace_id, job.traceparent, job.received_at)
@@ -180,6 +203,61 @@ class WorkflowRunner:
             return
         observe(None, run, now)
         self._publish(run, 1)
+
+    def _start_again(self, job: Job, stored: Stored) -> None:
+        """The start of a kept run came again. The same start job (a redelivery, a copy: the
+        router's receive time is the run's) only makes sure the run's outbound went out; the agent's
+        own resend after the final receipt was sent gets that receipt again, as stored. While the
+        run goes on, a resend is absorbed: the run's one final receipt answers it."""
+        run = Run.from_json(stored.doc)
+        self._redrive(run, stored.sent, stored.version)
+        if job.received_at == run.started_at or run.final is None:
+            return
+        outbound = run.outbound
+        if outbound is not None and outbound.kind == "final" and stored.sent != outbound.marker:
+            return  # not confirmed yet: the redrive above (or the sweep) sends it
+        log.info(
+            "run %s of %s: the start came again after the run ended; its final receipt again", run.run_id, run.owner
+        )
+        self.outlet.send_again(run.final, job.reply_to)
+
+    def _repeat(self, job: Job, claim: KeyClaim, digest: str) -> None:
+        """A start under a new intent id with the idempotency key of the run ``claim.run_id``: the
+        same input gets that run's outcome as its own receipt (now, or when the run ends); other
+        input is refused IDEMPOTENCY_KEY_REUSED."""
+        owner = job.agent_id
+        if claim.digest != digest:
+            self.outlet.send_final(_key_reused(job, claim.run_id), job.reply_to)
+            return
+        for _ in range(CAS_TRIES):
+            stored = self.runs.load(owner, claim.run_id)
+            if stored is None:  # its start is still being written (or was lost before it was)
+                self.outlet.send_final(_key_busy(job, claim.run_id, "is starting"), job.reply_to)
+                return
+            run = Run.from_json(stored.doc)
+            if run.final is not None:
+                self.outlet.send_final(repeated(run.final, job.intent_id, job.trace_id, job.received_at), job.reply_to)
+                self._note_repeat(job, run, waits=False)
+                return
+            if any(f.intent_id == job.intent_id for f in run.followers):
+                return  # this start came again: it waits already
+            if len(run.followers) >= MAX_FOLLOWERS:
+                self.outlet.send_final(_key_busy(job, claim.run_id, "is still running"), job.reply_to)
+                return
+            follower = Follower(
+                intent_id=job.intent_id, reply_to=job.reply_to, trace_id=job.trace_id, received_at=job.received_at
+            )
+            moved = run.model_copy(update={"followers": [*run.followers, follower]})
+            if self._write(moved, stored.version, self.clock()):
+                self._note_repeat(job, run, waits=True)
+                return
+        raise RuntimeError(f"run {claim.run_id}: {CAS_TRIES} writers raced on it")
+
+    def _note_repeat(self, job: Job, run: Run, waits: bool) -> None:
+        """In the trace of the repeated start: which run's outcome answers it."""
+        if self.audit is not None:
+            what = {"agent": job.agent_id, "run_id": run.run_id, "state": run.state, "waits": waits}
+            self.audit.events(job.intent_id, [("workflow_same_key", what)], agent=job.agent_id)
 
     def _receipt(self, receipt: Receipt) -> None:
         self._transition(receipt.intent_id, lambda run, now: machine.on_receipt(run, receipt, now))
@@ -222,6 +300,7 @@ class WorkflowRunner:
         confirmed. Returns how many runs it looked at."""
         now = self.clock()
         metrics.WORKFLOW_RUNS_IN_FLIGHT.set(self.runs.watched())
+        self.runs.trim(now - self.index_horizon())
         due = self.runs.due(now, limit)
         for owner, run_id in due:
             try:
@@ -229,6 +308,13 @@ class WorkflowRunner:
             except Exception:
                 log.exception("sweeping run %s of %s failed; it is looked at again", run_id, owner)
         return len(due)
+
+    def index_horizon(self) -> float:
+        """How long (seconds) an entry stays in the index of every run: past the retention plus
+        twice the longest workflow timeout (a run's deadline, then its time for undoing) and the
+        grace on each, its run has expired."""
+        longest = max((w.timeout for w in self.catalog.workflows.values()), default=0.0)
+        return self.runs.retention_ms / 1000 + 2 * (longest + machine.GRACE_SECONDS)
 
     def _sweep_one(self, owner: str, run_id: str) -> None:
         for _ in range(CAS_TRIES):
@@ -282,6 +368,7 @@ class WorkflowRunner:
             return
         if outbound.kind == "final":
             self.outlet.send_final(outbound.body, run.reply_to)
+            self._answer_followers(run)
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
         if self.audit is not None:
@@ -290,6 +377,17 @@ class WorkflowRunner:
         self.runs.mark_sent(run.owner, run.run_id, outbound.marker)
         # worked out from this version: an operator may have resumed the run meanwhile (reschedule checks)
         self.runs.reschedule(run.owner, run.run_id, version, machine.next_look(run, outbound.marker, self.clock()))
+
+    def _answer_followers(self, run: Run) -> None:
+        """The starts that waited on the run with its idempotency key get its outcome, each as its
+        own receipt (sent once per intent id: the receipt sink keeps the sent marks)."""
+        assert run.final is not None
+        for follower in run.followers:
+            receipt = repeated(run.final, follower.intent_id, follower.trace_id, follower.received_at)
+            try:
+                self.outlet.send_final(receipt, follower.reply_to)
+            except Refused:  # that agent's queue would not take it: the others still get theirs
+                log.error("run %s: the receipt of %s was refused by its queue", run.run_id, follower.intent_id)
 
     def _redrive(self, run: Run, sent: str | None, version: int) -> None:
         """Publish the run's outbound again if it may not have been confirmed."""
@@ -345,6 +443,48 @@ def decode_start(message: Delivery) -> Job:
     if not isinstance(args, list) or len(args) != 1:
         raise JobDecodeError("the task's argument is not a job object")
     return parse_job(args[0])
+
+
+def input_digest(params: dict[str, Any]) -> str:
+    """What a start's idempotency key is compared by: its input (defaults applied by the router)."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def longest_life(workflow: WorkflowSpec) -> float:
+    """The longest a run of ``workflow`` goes on (seconds from its start): its timeout, then as long
+    again for undoing, and the grace on each."""
+    return 2 * (workflow.timeout + machine.GRACE_SECONDS)
+
+
+def _key_reused(job: Job, run_id: str) -> dict[str, Any]:
+    receipt = build_receipt(
+        intent_id=job.intent_id,
+        agent_id=job.agent_id,
+        action=job.action,
+        connector=None,
+        trace_id=job.trace_id,
+        received_at=job.received_at,
+        code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
+        message=f"idempotency key was already used by run {run_id} of {job.action} with different input",
+        suggestion="Use a new idempotency_key for a different request, or resend the original input.",
+    )
+    return receipt.to_doc()
+
+
+def _key_busy(job: Job, run_id: str, why: str) -> dict[str, Any]:
+    receipt = build_receipt(
+        intent_id=job.intent_id,
+        agent_id=job.agent_id,
+        action=job.action,
+        connector=None,
+        trace_id=job.trace_id,
+        received_at=job.received_at,
+        code=ErrorCode.CONNECTOR_UNAVAILABLE,
+        message=f"run {run_id} with the same idempotency key {why}",
+        suggestion=f"Send it again after retry_after_ms; it will get run {run_id}'s outcome.",
+        retry_after_ms=STARTING_RETRY_MS,
+    )
+    return receipt.to_doc()
 
 
 def _no_such_workflow(job: Job) -> dict[str, Any]:
