@@ -6,7 +6,8 @@ it can be driven by property tests; ``workers.router.runtime`` carries its decis
 module holds the order of the checks; what the router may decide is in
 ``workers.router.decisions``, the allowances and time windows in ``workers.router.allowances``,
 the value budgets in ``workers.router.budget_check``, the choice among connectors in
-``workers.router.connector_choice`` and the built-in actions in ``workers.router.built_ins``.
+``workers.router.connector_choice``, the built-in actions in ``workers.router.built_ins`` and the
+job a dispatch carries in ``workers.router.jobs``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from producers.wire import LIST_TOOLS_ACTION as LIST_TOOLS
 from producers.wire import ErrorCode
 from workers.observability import metrics
 from workers.observability.redaction import redact_params
-from workers.observability.tracing import traceparent_for
 from workers.router.allowances import COUNTED_AS_INVALID, closed_window, count_invalid, model_allowance
 from workers.router.approval_parking import Park
 from workers.router.budget_check import spend
@@ -32,6 +32,7 @@ from workers.router.built_ins import find_tools, list_tools
 from workers.router.connector_choice import choose
 from workers.router.decisions import Answer, Decision, Dispatch, human_ms, invalid, refuse
 from workers.router.intake import ParseFailure, RawMessage, parse
+from workers.router.jobs import job_for
 from workers.router.semantic import SemanticRouting
 from workers.router.workflow_starts import RunVouch, WorkflowStarts
 from workers.state.breaker import AlwaysAvailable
@@ -212,21 +213,13 @@ class Router:
             if isinstance(spent, Answer):
                 return spent
             over_budget = spent
-        job = Job(
-            intent_id=intent.intent_id,
-            agent_id=agent_id,
+        job = job_for(
+            parsed,
             connector=ref.connector.name,
             action=ref.action.action,
             params=params,
-            idempotency_key=intent.idempotency_key or intent.intent_id,
-            reply_to=intent.reply_to or agent_id,
-            deadline=intent.deadline.timestamp() if intent.deadline else None,
-            trace_id=parsed.trace_id,
-            traceparent=traceparent_for(parsed.trace_id, parsed.traceparent),
-            format=parsed.format,
             received_at=received_at,
             dispatched_at=now,
-            hops=intent.context.hops if intent.context else 0,
             routing=routing,
         )
         policy = self.catalog.approvals.get((agent_id, ref.connector.name, ref.action.action))

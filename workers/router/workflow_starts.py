@@ -20,10 +20,9 @@ from connectors.schema import ParamValidator, suggestion_for
 from connectors.spec import ActionSpec
 from connectors.workflows.spec import WorkflowSpec
 from producers.wire import ErrorCode
-from workers.observability.tracing import traceparent_for
 from workers.router.decisions import Answer, Dispatch, refuse
 from workers.router.intake import ParsedIntent
-from workers.transport.job import Job
+from workers.router.jobs import job_for
 from workers.transport.topology import WORKFLOW_JOB_CONNECTOR
 
 
@@ -108,22 +107,13 @@ class WorkflowStarts:
                 f"the deadline {intent.deadline.isoformat()} has passed",
                 "Send a new intent with a later deadline if the workflow is still wanted.",
             )
-        assert intent.intent_id is not None
-        job = Job(
-            intent_id=intent.intent_id,
-            agent_id=agent_id,
+        job = job_for(
+            parsed,
             connector=WORKFLOW_JOB_CONNECTOR,
             action=name,
             params=params,
-            idempotency_key=intent.idempotency_key or intent.intent_id,
-            reply_to=intent.reply_to or agent_id,
-            deadline=intent.deadline.timestamp() if intent.deadline else None,
-            trace_id=parsed.trace_id,
-            traceparent=traceparent_for(parsed.trace_id, parsed.traceparent),
-            format=parsed.format,
             received_at=received_at,
             dispatched_at=now,
-            hops=intent.context.hops if intent.context else 0,
         )
         return Dispatch(job)
 
