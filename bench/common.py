@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from workers.ops.processes import Proc, ProcessGroup  # noqa: E402, F401  (Proc: re-exported for the scripts)
+from workers.ops.local_fleet import Proc, ProcessGroup  # noqa: E402, F401  (Proc: re-exported for the scripts)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"

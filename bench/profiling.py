@@ -49,7 +49,7 @@ def _is_project(key: str) -> bool:
 
 # frames that are on every stack of a process (entry points) or belong to background threads
 # that mostly sleep: they do not mean "handling an intent"
-_NOT_HANDLING = ("(workers/cli/", "(workers/ops/runner.py", "Heartbeat._run", "_ProbeServer", "PauseWatcher")
+_NOT_HANDLING = ("(workers/cli/", "(workers/ops/startup.py", "Heartbeat._run", "_ProbeServer", "PauseWatcher")
 
 
 def _handling(key: str) -> bool:

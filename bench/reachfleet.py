@@ -1,5 +1,5 @@
 """Variant c: the real fleet, started exactly as the tests start it — ``python -m workers.cli
-router`` and ``python -m workers.cli worker NAME`` subprocesses from ``workers.ops.processes``
+router`` and ``python -m workers.cli worker NAME`` subprocesses from ``workers.ops.local_fleet``
 (the harness reach demo and tests/fleet.py use), each in its own session, with REACH_CATALOG,
 REACH_BROKER_URL, REACH_REDIS_URL, REACH_LOG_LEVEL=INFO and a REACH_METRICS_PORT of its own."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common import Procs
 
-from workers.ops.processes import FleetProcesses
+from workers.ops.local_fleet import FleetProcesses
 
 
 class ReachFleet(FleetProcesses):

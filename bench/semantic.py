@@ -561,7 +561,7 @@ def e2e(work: Path, broker_url: str, redis_url: str, count: int) -> dict[str, An
 def process(work: Path, broker_url: str, redis_url: str, cold: bool) -> dict[str, Any]:
     import redis
 
-    from workers.ops.processes import FleetProcesses, ProcessGroup
+    from workers.ops.local_fleet import FleetProcesses, ProcessGroup
 
     client = redis.Redis.from_url(redis_url)
     if PLACEHOLDER_FILLER:

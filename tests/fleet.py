@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from kombu import Connection
 
 from producers.client import ReachClient, ReachError
-from workers.ops.processes import FleetProcesses, Proc, ProcessGroup, free_port  # noqa: F401  (free_port: tests import it from here)
+from workers.ops.local_fleet import FleetProcesses, Proc, ProcessGroup, free_port  # noqa: F401  (free_port: tests import it from here)
 from workers.transport.topology import INTENTS_QUEUE, connector_queue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,7 +198,7 @@ class Fleet:
     """The router and one pool per named connector against a catalog text, on this test run's
     vhost and Redis database (or the URLs given), and a process per pool group (``groups``: the
     group's name -> its connectors, each started as ``reach worker A B --group NAME``). The
-    processes are those of ``workers.ops.processes``, which ``reach demo`` and the benchmarks use too."""
+    processes are those of ``workers.ops.local_fleet``, which ``reach demo`` and the benchmarks use too."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from tests.chart.chart import (
 )
 from tests.chart.test_values import _catalog_of
 from workers.cli import main as reach_cli
-from workers.ops.runner import GROUP_NAME, parse_members
+from workers.ops.startup import GROUP_NAME, parse_members
 
 GROUPS = scenario_values("pool-groups")
 BACKOFFICE = "reach-agent-reach-group-backoffice"

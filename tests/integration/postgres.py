@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from workers.ops.processes import free_port
+from workers.ops.local_fleet import free_port
 
 BINARIES = "/usr/lib/postgresql/*/bin"
 SUPERUSER = "postgres"

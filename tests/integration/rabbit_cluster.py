@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tests.waiting import wait_for
-from workers.ops.processes import free_ports
+from workers.ops.local_fleet import free_ports
 
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 # run by the watchdog: once the test process (argv[1]) is gone, SIGTERM then SIGKILL every process

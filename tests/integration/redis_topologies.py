@@ -1,7 +1,7 @@
 """Redis set-ups on this machine, for the tests and benchmarks: a Redis Cluster, a
 Sentinel-watched master with a replica, and one server that persists what it is sent (AOF), each
 ``redis-server`` processes on free loopback ports, started and stopped by PID
-(``workers.ops.processes.ProcessGroup``).
+(``workers.ops.local_fleet.ProcessGroup``).
 
     with LocalCluster(masters=3, replicas=1) as cluster:     # cluster.url: redis+cluster://...
         ...
@@ -41,7 +41,7 @@ from typing import Any
 
 import redis
 
-from workers.ops.processes import ProcessGroup, free_port, free_ports
+from workers.ops.local_fleet import ProcessGroup, free_port, free_ports
 
 SENTINEL_SERVICE = "reach"
 

@@ -38,7 +38,7 @@ from producers.client import ReachClient, ReachError
 from tests.fleet import Fleet, agent
 from tests.integration.counting_system import CountingSystem
 from tests.waiting import wait_for
-from workers.ops.processes import Proc
+from workers.ops.local_fleet import Proc
 from workers.transport.topology import INTENTS_QUEUE_NAME, connector_queue_name
 
 RUN = uuid.uuid4().hex[:6]

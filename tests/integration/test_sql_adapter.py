@@ -331,7 +331,7 @@ def test_the_call_context_timeout_wins_over_the_actions(shop: SqlAdapter) -> Non
 
 
 def test_nothing_listening_is_downstream_unreachable_never_sent(pg: PostgresServer) -> None:
-    from workers.ops.processes import free_port
+    from workers.ops.local_fleet import free_port
 
     adapter = make_adapter(pg.url(port=free_port()))
     try:

@@ -36,7 +36,7 @@ from producers.wire import ErrorCode
 from tests.fleet import BROKER_URL, REDIS_URL, Fleet
 from tests.waiting import wait_for
 from workers.cli import main as reach_cli
-from workers.ops.processes import free_port
+from workers.ops.local_fleet import free_port
 from workers.state import keys
 
 INSTALL = "apt-get install mariadb-server (the tests start their own server)"

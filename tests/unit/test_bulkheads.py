@@ -1,5 +1,5 @@
 """A pool process's bulkheads (workers/transport/consuming.py ``bulkhead_consumer``) and the
-arguments of ``reach worker A B C`` (workers/ops/runner.py), without a broker: each queue gets its
+arguments of ``reach worker A B C`` (workers/ops/startup.py), without a broker: each queue gets its
 own prefetch before it is consumed, its own threads, and a blocked connector does not hold another's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from workers.ops.runner import Member, group_name, parse_members
+from workers.ops.startup import Member, group_name, parse_members
 from workers.transport.consuming import Bulkhead, bulkhead_consumer, queue_of
 
 A, B = "reach.connector.a", "reach.connector.b"

@@ -4,6 +4,7 @@ never import higher ones (the order is in workers/__init__.py). Function-level i
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ WORKER_LAYERS["console"] = 5  # the operator web page: over ops' functions
 WORKER_LAYERS["cli"] = 6  # the `reach` command: the top floor, over everything it starts
 
 
+@functools.cache  # read-only: every check walks the same tree
 def modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:

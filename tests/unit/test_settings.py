@@ -226,7 +226,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         "connectors/loader.py",  # ${VAR} in endpoints
         "connectors/adapters/auth/secrets.py",  # the secrets a connector's auth names
         "workers/cli/users.py",  # --password-env VAR: the operator names the variable
-        "workers/ops/processes.py",  # the environment of the processes demo, tests and bench start
+        "workers/ops/local_fleet.py",  # the environment of the processes demo, tests and bench start
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables
     }
     readers = re.compile(r"os\.getenv|os\.environ|environ\.get\(")

@@ -7,11 +7,12 @@ One module per family of commands::
     catalog.py      validate, catalog, route, import openapi
     broker.py       setup
     processes.py    router, worker, beat, mcp, console (hash-password), demo
-    control.py      pause, resume, status, trace
+    steering.py     pause, resume, status, trace
     dlq.py          dlq list, dlq replay
     approvals.py    approvals list, show, approve, deny
     send.py         send
     users.py        agent-user create, delete, sweep-bindings; mcp-user create, delete
+    workflows.py    workflows (the runner); workflow list, show, resume, abort
 
 Exit codes: 0 success; 1 the thing checked is not right (catalog problems, a receipt that did
 not succeed, no receipt in time); 2 usage or configuration errors (unknown connector, missing
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import click
 
-from workers.cli import approvals, broker, catalog, control, dlq, processes, send, users, workflows
+from workers.cli import approvals, broker, catalog, dlq, processes, send, steering, users, workflows
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,10 +39,10 @@ for command in (
     processes.router,
     processes.worker,
     processes.beat,
-    control.pause,
-    control.resume,
-    control.status,
-    control.trace,
+    steering.pause,
+    steering.resume,
+    steering.status,
+    steering.trace,
     dlq.dlq,
     catalog.import_group,
     send.send,

@@ -95,7 +95,7 @@ def setup(
         vhost_limits_command,
     )
     from workers.ops.fleet import redact_url
-    from workers.ops.runner import dead_letter_bounds
+    from workers.ops.startup import dead_letter_bounds
     from workers.transport.migration import MigrationError
     from workers.transport.migration import migrate_queues as migrate
     from workers.transport.rabbitmqctl import vhost_of

@@ -15,7 +15,7 @@ from workers.cli.common import check_agent, fail, load_catalog, read_settings, s
 @click.command()
 def router() -> None:
     """Run the router: consumes reach.intents and checks every intent before dispatch."""
-    from workers.ops.runner import run_router
+    from workers.ops.startup import run_router
 
     settings = read_settings()
     setup_logging(settings.log_level)
@@ -39,7 +39,7 @@ def worker(connectors: tuple[str, ...], concurrency: int | None, group: str | No
     others' threads. CONNECTOR:THREADS sets one connector's threads. Give large or critical
     connectors a process of their own.
     """
-    from workers.ops.runner import GROUP_NAME, parse_members, run_pool
+    from workers.ops.startup import GROUP_NAME, parse_members, run_pool
 
     try:
         members = parse_members(connectors, concurrency)
@@ -64,7 +64,7 @@ def worker(connectors: tuple[str, ...], concurrency: int | None, group: str | No
 @click.command()
 def beat() -> None:
     """Probe every connector's health and mark it up or down for the router."""
-    from workers.ops.runner import run_beat
+    from workers.ops.startup import run_beat
 
     settings = read_settings()
     setup_logging(settings.log_level)

@@ -27,7 +27,7 @@ from workers.ops.demo_assets.ticket_system import TicketSystem
 from workers.ops.demo_assets.warehouse import QUEUE as WAREHOUSE_QUEUE
 from workers.ops.demo_assets.warehouse import Warehouse
 from workers.ops.fleet import Unreachable, redact_url
-from workers.ops.processes import FleetProcesses, ProcessGroup
+from workers.ops.local_fleet import FleetProcesses, ProcessGroup
 from workers.ops.table import print_table
 from workers.settings import Settings
 from workers.transport.topology import WORKFLOW_RECEIPTS_QUEUE_NAME, WORKFLOWS_QUEUE_NAME, TopologyMismatch
@@ -87,7 +87,7 @@ def declare_topology(settings: Settings) -> None:
 
     from connectors.catalog import build
     from connectors.loader import load_directory
-    from workers.ops.runner import dead_letter_bounds
+    from workers.ops.startup import dead_letter_bounds
     from workers.transport.topology import declare_all
 
     catalog, _ = build(load_directory(CATALOG_DIR))

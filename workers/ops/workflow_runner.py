@@ -20,7 +20,7 @@ from workers.observability import probes
 from workers.observability.audit import Audit
 from workers.observability.http_guard import HttpLimits
 from workers.observability.tracing import configure_tracing
-from workers.ops.runner import dead_letter_bounds, quiet_per_intent_logs, receipt_limits
+from workers.ops.startup import dead_letter_bounds, quiet_per_intent_logs, receipt_limits
 from workers.router.intake import fleet_login
 from workers.settings import Settings
 from workers.state.batcher import Batcher
