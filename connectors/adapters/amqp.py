@@ -18,8 +18,8 @@ than the fleet's. The wire (docs/contract.md section 5, "AMQP connectors")::
 
 Failures, in the order they can happen::
 
-    a value JSON or an AMQP frame cannot carry     VALIDATION_FAILED        sent False (not retried, not
-                                                                            counted by the breaker)
+    a value JSON or an AMQP frame cannot carry,    VALIDATION_FAILED        sent False (not retried, not
+    or a date-time its timezone cannot hold                                 counted by the breaker)
     no connection / channel before the publish     DOWNSTREAM_UNREACHABLE   sent False
     unroutable (mandatory return) or nacked        DOWNSTREAM_UNREACHABLE   sent False
     connection lost after the publish              DOWNSTREAM_ERROR if safe to repeat, else OUTCOME_UNKNOWN
@@ -113,7 +113,7 @@ class AmqpAdapter:
         body: dict[str, Any] = {}
         for name, value in params.items():
             spec = action.input.get(name)
-            converted = convert_for_system(value, spec) if spec is not None else value
+            converted = convert_for_system(value, spec, name) if spec is not None else value
             if converted is not OMIT:
                 body[(spec.name if spec is not None else None) or name] = converted
         try:

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 
+from connectors.adapters.errors import Unsendable
 from connectors.schema import Check, FieldProblem, Problems, compile_field
 from connectors.spec import ConnectorSpec, FieldSpec
 
@@ -33,8 +34,14 @@ def scalar_text(value: Any) -> str:
     return str(value)
 
 
-def convert_for_system(value: Any, spec: FieldSpec) -> Any:
-    """Agent value -> what the legacy system expects (null_as, format/timezone, as: string)."""
+def convert_for_system(value: Any, spec: FieldSpec, name: str | None = None) -> Any:
+    """Agent value -> what the legacy system expects (null_as, format/timezone, as: string).
+
+    Raises :class:`Unsendable` (naming the param ``name``) for a valid value that cannot be
+    shaped so: a date-time at the edge of the calendar whose instant in the field's ``timezone``
+    falls outside years 1-9999 (``9999-12-31T23:00:00-10:00`` in Asia/Tokyo). Nothing was sent,
+    and no retry or other system could take it: it is the agent's value, not the system's health.
+    """
     if value is None:
         if spec.null_as == "omit":
             return OMIT
@@ -44,7 +51,16 @@ def convert_for_system(value: Any, spec: FieldSpec) -> Any:
     if spec.type == "datetime" and (spec.format or spec.timezone):
         moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
         if spec.timezone:
-            moment = moment.astimezone(ZoneInfo(spec.timezone))
+            try:
+                moment = moment.astimezone(ZoneInfo(spec.timezone))
+            except OverflowError as exc:
+                raise Unsendable(
+                    f"{value} is outside the years 1-9999 in the time zone {spec.timezone}, "
+                    "so it cannot be written for the system",
+                    name,
+                    "format",
+                    f"Send {name or 'the date-time'} as a moment within the years 1-9999 in {spec.timezone}.",
+                ) from exc
         return moment.strftime(spec.format) if spec.format else moment.isoformat()
     if spec.type == "date" and spec.format:
         return date.fromisoformat(str(value)).strftime(spec.format)

@@ -35,13 +35,17 @@ class Unsendable(ValueError):
     """A value the client library refused before sending; nothing reached the system.
 
     ``field`` names the param at fault when it is known, ``code`` the problem as the params
-    validator would name it.
+    validator would name it, ``suggestion`` what to send instead when the raiser knows better than
+    the adapter's general advice.
     """
 
-    def __init__(self, message: str, field: str | None = None, code: str = "unsendable") -> None:
+    def __init__(
+        self, message: str, field: str | None = None, code: str = "unsendable", suggestion: str | None = None
+    ) -> None:
         super().__init__(message[:MAX_REASON_CHARS])
         self.field = field
         self.code = code
+        self.suggestion = suggestion
 
 
 def refused_outcome(exc: Unsendable, *, suggestion: str = DEFAULT_SUGGESTION, started: float | None = None) -> Outcome:
@@ -52,7 +56,7 @@ def refused_outcome(exc: Unsendable, *, suggestion: str = DEFAULT_SUGGESTION, st
         False,
         code=ErrorCode.VALIDATION_FAILED,
         message=str(exc),
-        suggestion=suggestion,
+        suggestion=exc.suggestion or suggestion,
         details=details,
         sent=False,
         downstream_ms=elapsed,

@@ -79,7 +79,7 @@ class RequestBuilder:
                 raise UnsafeRequest(f"param {name!r} is not declared")  # validation runs first; never reached
             place = spec.in_ or ("path" if name in in_template else default_place)
             wire = spec.name or name
-            converted = convert_for_system(value, spec)
+            converted = convert_for_system(value, spec, name)
             if converted is OMIT:
                 continue
             if place == "path":

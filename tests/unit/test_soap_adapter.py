@@ -132,6 +132,36 @@ def test_a_value_xml_cannot_carry_is_refused_before_sending(adapter: SoapAdapter
     assert len(service.state.headers) == sent_before
 
 
+def test_a_date_time_its_time_zone_cannot_hold_is_refused_before_sending(service: SoapService) -> None:
+    """9999-12-31T23:00:00-10:00 is valid, but in Asia/Tokyo it is in the year 10000: the agent's value
+    (VALIDATION_FAILED, never sent, naming the param), not an adapter failure the pool retries."""
+    actions = [
+        {
+            "action": "bill_at",
+            "operation": "CreateInvoice",
+            "permission": "write",
+            "input": {
+                "when": {"type": "datetime", "timezone": "Asia/Tokyo", "name": "customer", "required": True},
+                "amount": {"type": "number", "required": True},
+            },
+        }
+    ]
+    spec = ConnectorSpec.model_validate(
+        {"name": "invoices", "type": "soap", "wsdl": service.wsdl_url, "actions": actions}
+    )
+    adapter = SoapAdapter(spec)
+    before = service.executions("CreateInvoice")
+    try:
+        refused = adapter.call(spec.actions[0], {"when": "9999-12-31T23:00:00-10:00", "amount": 1}, CallContext("i"))
+        served = adapter.call(spec.actions[0], {"when": "2026-01-31T12:00:00Z", "amount": 1}, CallContext("j"))
+    finally:
+        adapter.close()
+    assert refused.code is ErrorCode.VALIDATION_FAILED and not refused.sent, refused
+    assert [d["field"] for d in refused.details] == ["when"] and "1-9999" in (refused.message or "")
+    assert served.ok and served.data["customer"] == "2026-01-31T21:00:00+09:00", served
+    assert service.executions("CreateInvoice") == before + 1
+
+
 def test_a_client_fault_is_downstream_validation_failed_with_the_fault_string(adapter: SoapAdapter) -> None:
     outcome = call(adapter, "create_invoice", {"customer": "ACME", "amount": -5})
     assert outcome.code is ErrorCode.DOWNSTREAM_VALIDATION_FAILED and outcome.sent

@@ -169,8 +169,8 @@ class SoapAdapter:
             if wire not in operation.parts:
                 return self._refused(f"{operation.name} has no input part {wire!r}", started, field=name)
             try:
-                converted = convert_for_system(value, spec) if spec is not None else value
-            except ValueError as exc:  # a date the field's format cannot take
+                converted = convert_for_system(value, spec, name) if spec is not None else value
+            except ValueError as exc:  # a date the field's format or time zone cannot take (Unsendable)
                 return self._refused(f"param {name!r} cannot be converted: {exc}", started, field=name)
             if converted is not OMIT:
                 kwargs[wire] = converted
