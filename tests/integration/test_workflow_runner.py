@@ -340,3 +340,26 @@ def test_the_sweep_trims_index_entries_of_runs_past_retention(catalog: Catalog, 
     left = {m.decode() for m in runs.client.zrange(keys.workflow_runs(), 0, -1)}
     assert left == {"support:live", "support:edge"}
     assert runs.trim(now - horizon, limit=1) == 0
+
+
+def test_a_run_written_with_the_final_receipt_in_its_outbound_still_sends_it(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    """Runs written before the final receipt was kept once (in ``final`` only) carried a copy in
+    the outbound's body: such a run, left unconfirmed by a crash, is read and its receipt sent."""
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("older"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], REFUND))
+    last = outlet.intents()[-1]
+    with pytest.raises(Died):
+        runner(catalog, runs, outlet, "after_state_write").handle_reply(reply(last, {}))
+    key = keys.workflow_run("support", "older")
+    doc = json.loads(runs.client.hget(key, "doc"))
+    assert doc["outbound"]["kind"] == "final" and doc["outbound"]["body"] == {}
+    doc["outbound"]["body"] = doc["final"]  # as the runner wrote it before
+    runs.client.hset(key, "doc", json.dumps(doc))
+    assert outlet.receipts() == []
+    one.handle_reply(reply(last, {}))  # the reply comes again
+    assert outlet.receipts() == [doc["final"]]

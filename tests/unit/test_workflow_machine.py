@@ -94,7 +94,8 @@ def test_a_happy_run_sends_three_steps_then_one_final_receipt(catalog: Catalog) 
     run = answer(run, {})
     final = run.outbound
     assert run.state == "succeeded" and final is not None and final.kind == "final" and final.intent_id == "run-1"
-    doc = final.body
+    doc = run.final
+    assert doc is not None and final.body == {}  # the receipt is kept once, in ``final``
     assert doc["status"] == "succeeded" and doc["data"] == {"refund_id": "R1"} and doc["connector"] is None
     assert doc["action"] == "refund_order" and doc["execution"]["attempts"] == 3
     assert [s["step"] for s in doc["execution"]["steps"]] == ["hold", "refund", "notify"]

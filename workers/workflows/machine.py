@@ -390,7 +390,7 @@ def _finish(run: Run, spec: WorkflowSpec, state: str, now: float, data: Any = No
     if run.final is not None:
         return run.model_copy(update={"state": state, "events": run.noted(f"ended {state}", now)})
     receipt = final_receipt(run, state, now, data)
-    outbound = Outbound(kind="final", intent_id=run.run_id, body=receipt, written_at=now)
+    outbound = Outbound(kind="final", intent_id=run.run_id, written_at=now)  # its body is ``final``
     return run.model_copy(update={"state": state, "final": receipt, "outbound": outbound, "retry_at": None})
 
 

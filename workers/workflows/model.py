@@ -63,7 +63,9 @@ class Outbound(_Model):
     kind: Literal["step", "undo", "final"]
     intent_id: str
     step: int | None = None
-    body: dict[str, Any]  # the intent document, or the receipt document
+    # the intent document; empty for the final receipt, which is the run's ``final`` (runs written
+    # before kept a copy here, which is read and ignored)
+    body: dict[str, Any] = Field(default_factory=dict)
     written_at: float
 
     @property
@@ -117,7 +119,7 @@ class Run(_Model):
     retry_at: float | None = None  # compensating: when the failed undo is tried again
     undo_until: float | None = None  # compensating: undos are tried until then, then the run is parked
     error: RunError | None = None
-    final: dict[str, Any] | None = None  # the final receipt, once decided (sent once)
+    final: dict[str, Any] | None = None  # the final receipt, once decided (sent once), kept only here
     intents_sent: int = 0
     events: list[Event] = Field(default_factory=list)
     followers: list[Follower] = Field(default_factory=list)

@@ -367,7 +367,8 @@ class WorkflowRunner:
             log.info("run %s: %s is being published by another delivery", run.run_id, outbound.marker)
             return
         if outbound.kind == "final":
-            self.outlet.send_final(outbound.body, run.reply_to)
+            assert run.final is not None  # decided with the outbound (machine._finish)
+            self.outlet.send_final(run.final, run.reply_to)
             self._answer_followers(run)
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
