@@ -374,6 +374,13 @@ def test_a_dead_letter_is_listed_and_replayed_from_the_page(
     wait_for(lambda: queue_depth(DLQ.name)[0] == 0, 10, "the replayed letter is still in reach.dlq")
     wait_for(lambda: browser.find_elements(By.ID, "no-dead-letters"), 15, "the page still lists the letter")
 
+    def audited() -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in fleet.log_lines("console") if '"stage":"console"' in line]
+        return [e for e in lines if e["action"] == "replay" and e.get("target") == intent_id]
+
+    replays = wait_for(audited, 10, "the console's audit line for the replay")
+    assert replays[0]["user"] == "olga" and replays[0]["result"] == "ok" and replays[0]["replayed"] == [intent_id]
+
 
 def test_logging_out_in_the_browser_makes_a_copy_of_its_cookie_worthless(fleet: Fleet, browser: WebDriver) -> None:
     """The session cookie is signed, not stored: the logout is recorded in Redis, so a copy taken

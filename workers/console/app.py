@@ -267,8 +267,12 @@ def create_app(settings: Settings, fleet: Fleet, users: UsersFile) -> Starlette:
             replayed, kept = await run_in_threadpool(fleet.replay, message_id)
         except Exception as exc:  # kombu's connection errors, or Redis's: nothing was replayed
             return done(request, "/dead-letters", False, f"not replayed: {type(exc).__name__}: {exc}", 503)
+        # the audit line says what happened: a refused replay is not "ok"
+        result = "ok" if not kept else ("partial" if replayed else "refused")
+        if message_id and not replayed and not kept:
+            result = "not_found"
         fleet.audited(
-            user.name, user.role.name, "replay", target=message_id or "all", result="ok", replayed=replayed, kept=kept
+            user.name, user.role.name, "replay", target=message_id or "all", result=result, replayed=replayed, kept=kept
         )
         message = f"replayed {len(replayed)} dead letter(s)"
         message += "".join(f"; not replayed {mid or '(no id)'}: {why}" for mid, why in kept)
