@@ -32,7 +32,7 @@ from tests.integration.test_console import on_live, post_from_page, screenshot
 from tests.integration.workflow_shop import AGENT, Shop, catalog, order, running_shop, start_runner
 from tests.waiting import wait_for
 from workers.console.users import hash_password
-from workers.ops.workflow_runs import find_run
+from workers.ops.workflow_commands import find_run
 from workers.state.workflow_runs import WorkflowRuns
 from workers.workflows.model import Run
 

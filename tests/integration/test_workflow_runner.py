@@ -224,7 +224,7 @@ def test_a_resume_racing_the_runners_last_look_keeps_the_run_in_the_sweeps_sight
     """The runner works out its next look from the run it just published; an operator's resume
     written meanwhile must not be put out of sight by it (found live: the resumed undo waited
     until the run's time for undoing had nearly gone)."""
-    from workers.ops.workflow_runs import resume_run
+    from workers.ops.workflow_commands import resume_run
 
     outlet = Outlet()
     now = [1.0e9]

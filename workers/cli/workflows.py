@@ -64,7 +64,7 @@ def workflow_list(limit: int, agent: str | None, state: str | None, as_json: boo
     from redis import RedisError
 
     from workers.ops.fleet import Unreachable
-    from workers.ops.workflow_runs import list_runs
+    from workers.ops.workflow_commands import list_runs
 
     settings, runs = _runs()
     try:
@@ -93,7 +93,7 @@ def workflow_show(run_id: str, agent: str | None, as_json: bool) -> None:
     from redis import RedisError
 
     from workers.ops.fleet import Unreachable
-    from workers.ops.workflow_runs import RunIsShared, RunNotFound, describe, find_run
+    from workers.ops.workflow_commands import RunIsShared, RunNotFound, describe, find_run
 
     settings, runs = _runs()
     try:
@@ -136,7 +136,7 @@ def _act(action: str, run_id: str, agent: str | None, by: str | None) -> None:
     from redis import RedisError
 
     from workers.ops.fleet import Unreachable
-    from workers.ops.workflow_runs import RunIsShared, RunNotFound, abort_run, resume_run
+    from workers.ops.workflow_commands import RunIsShared, RunNotFound, abort_run, resume_run
     from workers.workflows.machine import NotAllowed
 
     settings, runs = _runs()

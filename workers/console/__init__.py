@@ -4,7 +4,7 @@ Rooms: ``users`` (who may log in, with which role; password hashes), ``security`
 CSRF token, Origin check, login rate limit), ``views`` (what each page shows, from the ops
 functions), ``app`` (routes and templates), ``server`` (uvicorn). Nothing here re-implements
 the fleet's operations: pages call ``workers.ops.fleet``, ``workers.state.control``,
-``workers.observability.audit``, ``workers.ops.approval_decisions`` and ``workers.ops.workflow_runs``.
+``workers.observability.audit``, ``workers.ops.approval_decisions`` and ``workers.ops.workflow_commands``.
 """
 
 from workers.console.app import create_app

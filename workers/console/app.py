@@ -49,7 +49,7 @@ from workers.console.views import (
     SearchBusy,
     pretty_params,
 )
-from workers.ops.workflow_runs import RunNotFound
+from workers.ops.workflow_commands import RunNotFound
 from workers.settings import Settings
 from workers.workflows.machine import NotAllowed
 

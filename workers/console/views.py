@@ -34,7 +34,7 @@ from workers.ops.fleet import (
     replay_dead_letters,
     was_redacted,
 )
-from workers.ops.workflow_runs import RunNotFound, RunRow, abort_run, find_run, list_runs, resume_run
+from workers.ops.workflow_commands import RunNotFound, RunRow, abort_run, find_run, list_runs, resume_run
 from workers.settings import Settings
 from workers.state.control import set_paused
 from workers.state.workflow_runs import WorkflowRuns
@@ -257,7 +257,7 @@ class Fleet:
         ]
         return agent, [], rows
 
-    # workflow runs (workers/ops/workflow_runs.py, as `reach workflow list | show | resume | abort`)
+    # workflow runs (workers/ops/workflow_commands.py, as `reach workflow list | show | resume | abort`)
     def runs(self, agent: str | None = None, state: str | None = None) -> Page:
         """The newest runs, newest first (``agent``, ``state``: as the query string gave them;
         anything but an agent name or a run state is no filter)."""
