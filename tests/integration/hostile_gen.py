@@ -1032,3 +1032,44 @@ def sha256_hex(data: bytes) -> str:
 
 def gzip_of(data: bytes) -> bytes:
     return gzip.compress(data)
+
+
+# -- a regex-heavy catalog: patterns as vendors write them ------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegexField:
+    """A string field whose ``pattern`` backtracks catastrophically on Python's ``re`` (or uses a
+    spelling RE2 lacks). ``oracle`` is the same pattern in RE2's own spelling, which the contract says
+    decides (docs/contract.md: patterns run on RE2); ``unit`` repeated, plus a tail, makes near misses."""
+
+    name: str
+    pattern: str
+    unit: str
+    oracle: str = ""
+
+    @property
+    def re2_pattern(self) -> str:
+        return self.oracle or self.pattern
+
+
+REGEX_FIELDS: tuple[RegexField, ...] = (
+    RegexField("code", r"^([a-zA-Z0-9]+\s?)*$", "a1 "),  # issue 30's: 32 characters cost 130 s on re
+    RegexField("email", r"^([a-zA-Z0-9_\.\-])+\@(([a-zA-Z0-9\-])+\.)+([a-zA-Z0-9]{2,4})+$", "a."),
+    RegexField("name", r"^\p{L}+(?:[ '\-]\p{L}+)*$", "é "),
+    RegexField("slug", r"^(a+)+$", "a"),
+    RegexField("alt", r"^(a|aa)+$", "a"),
+    RegexField("words", r"^(\w+\s?)*$", "ab "),
+    RegexField("phone", r"^\+?(\d+[-. ]?)*\d$", "1-"),
+    RegexField("latin", r"^\u00c0[\u0041-\u005A]{1,3}\Z", "A", r"^\x{00c0}[\x{0041}-\x{005A}]{1,3}\z"),
+    RegexField("upto", r"^x{,3}$", "x", r"^x{0,3}$"),
+    RegexField("printable", r"^\P{Cc}*$", "é"),
+    RegexField("handle", r"^[\p{Lu}\p{Ll}\p{Nd}_-]{1,64}$", "Ab"),
+)
+
+
+def regex_fields_yaml(indent: int = 8) -> str:
+    """The ``input:`` lines of an action with every :data:`REGEX_FIELDS` field (JSON strings are
+    YAML double-quoted scalars, so the backslashes arrive as written)."""
+    pad = " " * indent
+    return "".join(f"{pad}{f.name}: {{ type: string, pattern: {json.dumps(f.pattern)} }}\n" for f in REGEX_FIELDS)

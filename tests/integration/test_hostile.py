@@ -60,6 +60,7 @@ from tests.integration.hostile_gen import (
     peek_queue,
     properties,
     rabbit_queues,
+    regex_fields_yaml,
     sha256_hex,
     table,
     unknown_params,
@@ -79,6 +80,7 @@ SIDE_AGENT = f"hs_{RUN}"  # approval resends and odd SQL values: not behind the 
 CONNECTOR = "hostile_sys"
 CREATE, READ = f"{CONNECTOR}.create_item", f"{CONNECTOR}.get_item"
 REFUND, REFUND_OVER = f"{CONNECTOR}.refund", 500  # waits for a person's approval above 500
+REGISTER = f"{CONNECTOR}.register"  # every field a backtracking pattern (hostile_gen.REGEX_FIELDS)
 SQL_CONNECTOR = "hostile_sql"
 SQL_ADD = f"{SQL_CONNECTOR}.add_item"
 APPROVER = "alice"
@@ -120,6 +122,13 @@ connector:
       approval:
         when: "amount > 500"
         approvers: [finance]
+    - action: register
+      path: POST /register
+      description: a regex-heavy form (hostile_gen.REGEX_FIELDS), for the generated run
+      input:
+        title: {{ type: string, required: true }}
+{regex_fields}      permission: write
+      idempotent: false
 ---
 connector:
   name: hostile_sql
@@ -151,6 +160,11 @@ agent_app:
     for name in (AGENT, BYSTANDER, GEN_AGENT, SIDE_AGENT)
 )
 
+
+def catalog(url: str) -> str:
+    return CATALOG.format(url=url, regex_fields=regex_fields_yaml())
+
+
 RESTARTS: list[str] = []
 
 
@@ -173,7 +187,7 @@ def pg() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="module")
 def fleet(system: CountingSystem, pg: PostgresServer) -> Iterator[Fleet]:
     redis.Redis.from_url(REDIS_URL).delete(keys.breaker(SQL_CONNECTOR), keys.health(SQL_CONNECTOR))
-    with Fleet(CATALOG.format(url=system.url), [CONNECTOR, SQL_CONNECTOR], env={"HOSTILE_DSN": pg.dsn}) as running:
+    with Fleet(catalog(system.url), [CONNECTOR, SQL_CONNECTOR], env={"HOSTILE_DSN": pg.dsn}) as running:
         yield running
     if RESTARTS:
         print(f"\nhostile tests had to revive the fleet {len(RESTARTS)} time(s): {'; '.join(RESTARTS)}")
