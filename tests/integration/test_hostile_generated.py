@@ -33,6 +33,7 @@ no example database); the soak variant (``-m soak``) explores far more.
 from __future__ import annotations
 
 import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -652,3 +653,37 @@ def test_soak_generated_hostile_input_keeps_every_fleet_property(
     soak_only: None, live: Live, scenario: Scenario
 ) -> None:
     live.check(scenario)
+
+
+def rst_close(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a client that gives up or crashes does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@pytest.mark.parametrize("process", ["router", CONNECTOR])
+def test_clients_that_give_up_leave_no_traceback_in_the_processs_log(fleet: Fleet, process: str) -> None:
+    """The slow clients of the generated run showed it: every probes/metrics client that went away
+    before its answer (reset, broken pipe) or timed out printed a ~1.7 KB traceback to the
+    process's log, so anyone who can reach REACH_METRICS_PORT could fill the log at their own
+    connection rate (the per-client bound limits connections at once, not their rate)."""
+    port = fleet.metrics_port(process)
+    log_path = fleet.log_dir / f"{process}.log"
+    size_before = log_path.stat().st_size
+    for i in range(40):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.5", 0))
+        # half a header (the server's read is reset), or a whole request (its write is)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + (b"\r\n" if i % 2 else b""))
+        rst_close(sock)
+    time.sleep(1.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        assert response.status == 200
+    with log_path.open("rb") as log:
+        log.seek(size_before)
+        grown = log.read()
+    tracebacks = grown.count(b"Traceback (most recent call last)")
+    assert tracebacks == 0 and b"Exception occurred during processing" not in grown, (
+        f"{process}'s log grew {len(grown)} bytes with {tracebacks} tracebacks for 40 clients that gave up: "
+        f"{grown[-600:].decode('utf-8', 'replace')}"
+    )
+    assert len(grown) < 8 * 1024, f"{process}'s log grew {len(grown)} bytes for 40 clients that gave up"

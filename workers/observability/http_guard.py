@@ -21,7 +21,9 @@ library's threading server with them (``/metrics`` and the probes). Each refusal
 from __future__ import annotations
 
 import io
+import logging
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -31,6 +33,8 @@ from typing import Any
 
 from workers.observability.metrics import HTTP_CONNECTIONS_CLOSED
 from workers.settings import Settings
+
+log = logging.getLogger("reach.http")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,16 @@ class GuardedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._release(str(client_address[0]) if client_address else "-")
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, broken pipe) or ran out of time is the client's doing:
+        nothing is written for it. The standard library prints a traceback to stderr per connection,
+        so anyone who can reach the port could fill the process's log at their own connection rate
+        (``per_client`` bounds connections at once, not their rate). Anything else is a bug: logged."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        address = client_address[0] if client_address else "-"
+        log.error("%s server failed on a request from %s", self.name, address, exc_info=True)
 
     def _release(self, address: str) -> None:
         with self._lock:
