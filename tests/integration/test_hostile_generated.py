@@ -269,6 +269,7 @@ class Live:
         router_pid = before["router"]
         dlq0 = dlq_depth()
         seen0 = len(self.tap.seen)
+        logs0 = {name: self.log_size(name) for name in before}
         held = self.hold(scenario.slow) if scenario.slow is not None else []
         try:
             with PeakRss(router_pid) as rss:
@@ -293,6 +294,7 @@ class Live:
             problems += self.judge_approval(parked)
         problems += self.judge_strays(seen0, sent)
         problems += self.judge_fleet(before, rss.peak, dlq0, len(sent) + (parked is not None) * 20)
+        problems += self.judge_logs(logs0)
         self.previous = [s.intent_id for s in sent] + ([parked.intent_id] if parked else [])
         return problems
 
@@ -585,6 +587,23 @@ class Live:
             state = self.store.hget(keys.breaker(connector), "state")
             if state not in (None, b"closed"):
                 problems.append(f"the breaker of {connector} is {state!r}")
+        return problems
+
+    def log_size(self, name: str) -> int:
+        path = self.fleet.log_dir / f"{name}.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def judge_logs(self, sizes: dict[str, int]) -> list[str]:
+        """No process printed a traceback: nothing an outsider sends is a bug, and a traceback per
+        message or connection lets them fill the log."""
+        problems = []
+        for name, size in sizes.items():
+            with (self.fleet.log_dir / f"{name}.log").open("rb") as log:
+                log.seek(size)
+                grown = log.read()
+            at = grown.find(b"Traceback (most recent call last)")
+            if at >= 0:
+                problems.append(f"{name} logged a traceback: {grown[at : at + 1500].decode('utf-8', 'replace')}")
         return problems
 
     def served_meanwhile(self, slow: SlowClients) -> list[str]:
