@@ -57,8 +57,15 @@ class Pattern:
     _compiled: Any
 
     def search(self, value: str) -> bool:
-        """Whether the pattern matches anywhere in ``value`` (JSON Schema's ``pattern`` semantics)."""
-        return self._compiled.search(value) is not None
+        """Whether the pattern matches anywhere in ``value`` (JSON Schema's ``pattern`` semantics).
+
+        A value with a lone surrogate (a system's JSON ``"\\ud800"``; agents' are refused earlier)
+        is not Unicode text, and RE2 matches UTF-8: it never matches, rather than raise in a check.
+        """
+        try:
+            return self._compiled.search(value) is not None
+        except UnicodeEncodeError:
+            return False
 
 
 def translate(source: str) -> str:
