@@ -56,7 +56,7 @@ MAX_INTENT_BYTES = 256 * 1024  # the contract's default intent size limit
 def brief(value: Any, keep: int = 24) -> str:
     """``value`` as short Python-like text: long strings as ``'x'*N+'tail'``, deep dicts cut."""
     if isinstance(value, str):
-        if len(value) <= keep:
+        if len(value) <= max(keep, 60):
             return repr(value)
         head = value[:3]
         if head and len(value) > 50 and value.startswith(head * 5):

@@ -14,7 +14,8 @@ py-amqp and pika refuse to encode them, RabbitMQ stores and delivers them.
 The generated run (``run_generator``) also holds half-open sockets against the router's /metrics
 and probes during each batch, and after each batch sends what must each get exactly one receipt
 (``side_checks``): resends of a waiting approval's intent id, approved afterwards, and NULs and odd
-code points for a SQL connector on a real PostgreSQL.
+code points for a SQL connector on a real PostgreSQL. tests/integration/test_hostile_generated.py
+drives the same fleet with Hypothesis (strategies in hostile_strategies.py), shrinking what fails.
 
 Before each test the fleet is brought back to a known state: a dead process is restarted, a
 router that no longer answers (stuck on a poison message) is killed and restarted, and

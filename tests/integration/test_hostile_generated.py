@@ -215,6 +215,7 @@ class Live:
         self.tally = Tally()
         self.previous: list[str] = []  # the last example's ids: a late second receipt shows up here
         self.dirty = False
+        self.failed = False
 
     def reconnect(self, timeout: float = 120.0) -> None:
         """New connections for the test's own clients, once the broker takes them again."""
@@ -257,6 +258,9 @@ class Live:
         self.tally.seconds += time.monotonic() - started
         if problems:
             self.dirty = True
+            if not self.failed:  # before Hypothesis shrinks it (each step costs a live example)
+                self.failed = True
+                print(f"first failing example, unshrunk:\n{scenario!r}\n  " + "\n  ".join(problems))
             note("problems:\n  " + "\n  ".join(problems))
             raise AssertionError(
                 "the fleet broke a property:\n  " + "\n  ".join(problems) + f"\nscenario: {scenario!r}"
@@ -642,15 +646,29 @@ def finish(live: Live) -> None:
     assert left == 0, f"reach.intents still holds {left} message(s) after the run"
 
 
+@pytest.fixture
+def bounded_shrinking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing example is shrunk for at most 90 s, not Hypothesis's 5 minutes: each shrinking
+    step here is an example against the live fleet (the unshrunk one is printed first anyway)."""
+    from hypothesis.internal.conjecture import engine
+
+    if hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 90)
+
+
 @CI
 @given(scenario=scenarios(TARGETS))
-def test_generated_hostile_input_keeps_every_fleet_property(live: Live, scenario: Scenario) -> None:
+def test_generated_hostile_input_keeps_every_fleet_property(
+    bounded_shrinking: None, live: Live, scenario: Scenario
+) -> None:
     live.check(scenario)
 
 
 @settings(CI, max_examples=8)
 @given(scenario=regex_scenarios(TARGETS))
-def test_generated_regex_heavy_params_are_judged_by_re2_alone(live: Live, scenario: Scenario) -> None:
+def test_generated_regex_heavy_params_are_judged_by_re2_alone(
+    bounded_shrinking: None, live: Live, scenario: Scenario
+) -> None:
     live.check(scenario)
 
 
