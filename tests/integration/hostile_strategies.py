@@ -497,14 +497,18 @@ RESEND_KINDS = (
 @dataclass(frozen=True)
 class ApprovalCase(ShortRepr):
     """An intent above the approval threshold, parked; its id sent again as ``resends`` (in that
-    order) before a person ``decision``s it."""
+    order) before a person decides it, or right after (racing the decision being carried out)."""
 
     amount: float
     resends: tuple[str, ...]
-    decision: str  # approve | deny
+    decision: str  # approve | deny | approve_twice | approve_and_deny (two people at once)
+    timing: str = "before"  # the resends: before the decision, or "racing" it (sent right after)
 
     def __repr__(self) -> str:
-        return f"ApprovalCase(amount={self.amount!r}, resends={list(self.resends)}, decision={self.decision!r})"
+        return (
+            f"ApprovalCase(amount={self.amount!r}, resends={list(self.resends)}, decision={self.decision!r}, "
+            f"timing={self.timing!r})"
+        )
 
 
 def approval_cases() -> st.SearchStrategy[ApprovalCase]:
@@ -512,7 +516,8 @@ def approval_cases() -> st.SearchStrategy[ApprovalCase]:
         ApprovalCase,
         st.sampled_from([500.01, 501, 1000, 1e6]),
         st.lists(st.sampled_from(RESEND_KINDS), min_size=1, max_size=4).map(tuple),
-        st.sampled_from(["approve", "approve", "deny"]),
+        st.sampled_from(["approve", "approve", "deny", "approve_twice", "approve_and_deny"]),
+        st.sampled_from(["before", "before", "racing"]),
     )
 
 

@@ -40,6 +40,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +157,8 @@ class Parked:
     title: str
     others: list[str] = field(default_factory=list)  # titles the resends carried (must never run)
     other_agent_title: str | None = None  # another agent's intent with the same id (must run once)
+    queued: list[tuple[ReachClient, bytes]] = field(default_factory=list)  # the resends, until sent
+    outcome: str = ""  # approve | deny: the decision that took effect
 
 
 @dataclass
@@ -294,7 +297,7 @@ class Live:
 
         for s in sent:
             problems += self.judge(s)
-        if parked is not None:
+        if parked is not None and parked.outcome:
             problems += self.judge_approval(parked)
         problems += self.judge_strays(seen0, sent)
         problems += self.judge_fleet(before, rss.peak, dlq0, len(sent) + (parked is not None) * 20)
@@ -335,7 +338,7 @@ class Live:
                 agent_body = json.dumps(
                     {"intent_id": intent_id, "agent_id": AGENT, "action": CREATE, "params": {"title": other}}
                 ).encode()
-                self.other.publish_raw(agent_body, message_id=intent_id)
+                parked.queued.append((self.other, agent_body))
                 continue
             parked.others.append(other)
             resend = {
@@ -356,16 +359,24 @@ class Live:
                     REFUND, {"title": other, "amount": amount}, reply_to=f"{SIDE_AGENT}.elsewhere"
                 ),
             }[kind]()
-            self.side.publish_raw(resend, message_id=intent_id)
-            self.tally.resends += 1
+            parked.queued.append((self.side, resend))
+        if case.timing == "before":
+            self.resend(parked)
         return parked
+
+    def resend(self, parked: Parked) -> None:
+        for client, body in parked.queued:
+            client.publish_raw(body, message_id=parked.intent_id)
+            self.tally.resends += 1
+        parked.queued.clear()
 
     def decide(self, parked: Parked) -> list[str]:
         """Wait for the resends' answers, then check nothing answered the gated intent, and decide it."""
         problems: list[str] = []
-        resent = sum(kind != "other_agent" for kind in parked.case.resends)
+        before = parked.case.timing == "before"
+        resent = sum(kind != "other_agent" for kind in parked.case.resends) if before else 0
         self.wait(lambda: len(self.notices(parked.intent_id)) > resent, 10)
-        if parked.other_agent_title is not None:
+        if parked.other_agent_title is not None and before:
             self.wait(lambda: self.receipts(parked.intent_id, AGENT), 10)
         early = self.receipts(parked.intent_id)
         if early:
@@ -378,13 +389,32 @@ class Live:
         pending = [p for p in approvals.list_pending(self.store, 10_000) if p.intent_id == parked.intent_id]
         if len(pending) != 1:
             return problems + [f"{len(pending)} pending approvals for the gated intent {parked.intent_id}, not 1"]
-        decide = approvals.approve if parked.case.decision == "approve" else approvals.deny
-        decision = decide(self.store, BROKER_URL, pending[0].approval_id, APPROVER)
-        if not decision.ok:
-            return problems + [f"{parked.case.decision} of {parked.intent_id} answered {decision}"]
+        approval_id = pending[0].approval_id
+        kinds = {"approve": ["approve"], "deny": ["deny"], "approve_twice": ["approve", "approve"]}
+        kinds["approve_and_deny"] = ["approve", "deny"]
+        moves = kinds[parked.case.decision]
+        with ThreadPoolExecutor(len(moves)) as pool:  # two people deciding at once
+            decided = list(
+                pool.map(
+                    lambda move: (
+                        move,
+                        (approvals.approve if move == "approve" else approvals.deny)(
+                            self.store, BROKER_URL, approval_id, APPROVER
+                        ),
+                    ),
+                    moves,
+                )
+            )
+        self.resend(parked)  # timing "racing": while the decision is carried out
+        won = [move for move, decision in decided if decision.ok]
+        if len(won) != 1:
+            return problems + [f"{len(won)} of {len(moves)} decisions at once took effect: {decided}"]
+        parked.outcome = won[0]
         self.tally.approvals += 1
         if not self.wait(lambda: len(self.receipts(parked.intent_id)) > len(early), RECEIPT_WAIT):
-            problems.append(f"no receipt within {RECEIPT_WAIT:g} s after the gated intent was {parked.case.decision}d")
+            problems.append(f"no receipt within {RECEIPT_WAIT:g} s after the gated intent was {parked.outcome}d")
+        if parked.other_agent_title is not None:
+            self.wait(lambda: self.receipts(parked.intent_id, AGENT), 10)
         return problems
 
     def hold(self, slow: SlowClients) -> list[socket.socket]:
@@ -512,17 +542,20 @@ class Live:
     def judge_approval(self, parked: Parked) -> list[str]:
         problems: list[str] = []
         got = self.receipts(parked.intent_id)
-        want = "succeeded" if parked.case.decision == "approve" else "rejected"
+        want = "succeeded" if parked.outcome == "approve" else "rejected"
         answers = [(r.doc.get("status"), r.error.get("code")) for r in got]
-        if len(got) != 1 or got[0].doc.get("status") != want:
+        # racing resends may come after the receipt, when the id is answered like any other (the
+        # hold lasts until the receipt is sent): then the first receipt must be the decided work's
+        racing = parked.case.timing == "racing"
+        if not got or got[0].doc.get("status") != want or (len(got) != 1 and not racing):
             problems.append(
                 f"the gated intent {parked.intent_id} ({parked.case!r}) ended in receipts {answers}, not one {want}"
             )
         calls = self.system.requests("POST", title=parked.title)
-        expected = 1 if parked.case.decision == "approve" else 0
+        expected = 1 if parked.outcome == "approve" else 0
         if len(calls) != expected or any(c["body"].get("amount") != parked.case.amount for c in calls):
             problems.append(f"the approved work ran {len(calls)} times (expected {expected}) for {parked.case!r}")
-        for other in parked.others:
+        for other in parked.others if not racing else []:
             if self.system.requests(title=other) or self.system.requests(title=other + "\u202e\x00\uffff"):
                 problems.append(f"a resend of the gated id ran ({other}) for {parked.case!r}")
         if parked.other_agent_title is not None:
