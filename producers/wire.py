@@ -177,7 +177,10 @@ class Receipt(BaseModel):
     def to_doc(self) -> dict[str, Any]:
         """The receipt as the JSON document the wire carries."""
         # retry_after_ms appears only when set, as the contract writes it with a "?"
-        doc = self.model_dump(mode="json")
+        try:
+            doc = self.model_dump(mode="json")
+        except UnicodeEncodeError:  # a system answered with a lone surrogate in a key (values pass)
+            doc = self.model_copy(update={"data": valid_text(self.data)}).model_dump(mode="json")
         if doc["error"] is not None and doc["error"].get("retry_after_ms") is None:
             doc["error"].pop("retry_after_ms", None)
         if doc["execution"].get("routing") is None:
@@ -187,8 +190,35 @@ class Receipt(BaseModel):
         return doc
 
     def to_json(self) -> bytes:
-        # ASCII escapes: a lone surrogate in a system's answer must not make the receipt unsendable
-        return json.dumps(self.to_doc(), separators=(",", ":")).encode()
+        doc = self.to_doc()
+        body = json.dumps(doc, separators=(",", ":")).encode()  # ASCII only: the rest as escapes
+        if _LONE_SURROGATE_ESCAPE.search(body) is None:
+            return body
+        # a system's answer held lone surrogates: not Unicode text, and strict JSON parsers (the
+        # SDK's, other languages') refuse them, so the agent would never read its receipt
+        return json.dumps(valid_text(doc), separators=(",", ":")).encode()
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (a str holds a pair as one code point)
+# in ASCII JSON: a high surrogate escape not followed by a low one, or a low one not after a high one
+# (an escaped backslash before it may make this match where there is none: then nothing changes)
+_LONE_SURROGATE_ESCAPE = re.compile(
+    rb"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
+
+
+def valid_text(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings and mapping keys replaced by U+FFFD.
+
+    A system's JSON answer can hold ``"\\ud800"``; it decodes to a str that is not Unicode text:
+    pydantic cannot serialize it as a key, and strict parsers refuse it anywhere (RFC 7493)."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {valid_text(key): valid_text(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [valid_text(item) for item in value]
+    return value
 
 
 # the AMQP ``type`` of a notice (not a receipt) on reach.receipts
