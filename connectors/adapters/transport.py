@@ -1,10 +1,20 @@
 """An httpx transport on urllib3's connection pools: one calling thread's HTTP/1.1 connections,
 kept alive, one per origin.
 
+What was decided (issue 31; figures in BENCHMARKS.md, "The HTTP transport", how they were reached
+in docs/performance.md): the connection work is a well-kept library's, not this project's. The
+transport written here before on ``http.client`` (``ThreadTransport``) spent less CPU a call, but
+within the 10 % of the fleet's throughput the issue allows, so it went. httpx's default
+transport (httpcore and h11) was not taken because, when the choice was made, it had measured far
+costlier a call (2026-12-02); measured in the same runs as this one since, it costs about the
+same, within the 10 % too. What still tells the two apart: here the answer is read by
+``http.client``, which refuses heads h11 lets through (more than 100 header lines, one line over
+64 KiB, a whole head over 100 KiB arriving in one read, a status line that is not HTTP/1.x: the
+cases tests/unit/test_transport_differential.py lists as intended). Moving to httpx's default
+transport stays open on those terms, and would leave no connection code of ours at all.
+
 urllib3 does the connection work (opening, keeping alive, dropping a connection the system closed
-while idle, TLS with the given context, sending, framing the answer's body); it sits on
-``http.client`` as this project's earlier transport did, so a call costs about the same CPU, far
-less than httpcore and h11 (see docs/performance.md, "The HTTP transport"). What urllib3 leaves
+while idle, TLS with the given context, sending, framing the answer's body). What urllib3 leaves
 lenient is made as strict as h11 here:
 
 - the answer is read by ``http.client`` through :class:`StrictResponse` (interim answers, bad
