@@ -47,6 +47,10 @@ class Outlet:
         self.sent.append(("again", receipt))
         self.to.append((receipt["intent_id"], reply_to))
 
+    def answered(self, owner: str, intent_id: str) -> dict[str, Any] | None:
+        """The first receipt sent for the intent (what the receipt sink keeps)."""
+        return next((b for k, b in self.sent if k == "final" and b["intent_id"] == intent_id), None)
+
     def intents(self) -> list[str]:
         return [body["intent_id"] for kind, body in self.sent if kind == "intent"]
 
@@ -304,6 +308,8 @@ def test_a_new_intent_with_the_key_of_a_running_run_is_answered_when_it_ends(
     waited = outlet.receipts()[1]
     assert waited["status"] == "succeeded" and waited["execution"]["deduplicated"] is True
     assert len(outlet.intents()) == 3
+    one.handle_start(start_message("waits", key="k-2", received_at=1.0e9 + 90))  # resent once answered
+    assert outlet.receipts("again") == [waited] and outlet.to[-1] == ("waits", "support")
 
 
 def test_the_key_of_a_run_with_other_input_is_refused(catalog: Catalog, runs: WorkflowRuns) -> None:
@@ -311,10 +317,15 @@ def test_the_key_of_a_run_with_other_input_is_refused(catalog: Catalog, runs: Wo
     one = runner(catalog, runs, outlet)
     one.handle_start(start_message("mine", key="k-3"))
     one.handle_start(start_message("other", key="k-3", order_id="o-2", received_at=1.0e9 + 1))
-    refused = outlet.receipts()
+    refused = outlet.receipts()[:]
     assert len(refused) == 1 and refused[0]["intent_id"] == "other" and refused[0]["status"] == "rejected"
     assert refused[0]["error"]["code"] == "IDEMPOTENCY_KEY_REUSED" and "mine" in refused[0]["error"]["message"]
     assert len(outlet.intents()) == 1
+    # redelivered: answered on the path that sends once per intent id (the receipt sink drops it)
+    one.handle_start(start_message("other", key="k-3", order_id="o-2", received_at=1.0e9 + 1))
+    assert outlet.receipts("again") == [] and len(outlet.intents()) == 1
+    one.handle_start(start_message("other", key="k-3", order_id="o-2", received_at=1.0e9 + 5))  # resent
+    assert outlet.receipts("again") == refused[:1]
 
 
 def test_the_same_key_of_two_agents_is_two_runs(catalog: Catalog, runs: WorkflowRuns) -> None:

@@ -171,6 +171,8 @@ def test_two_starts_with_one_idempotency_key_do_the_work_once(fleet: Fleet, shop
     assert waited.execution.deduplicated is True and done.execution.deduplicated is False
     late = agent.call("refund_order", {"order_id": order_id}, idempotency_key=key, timeout=30)
     assert late.status == "succeeded" and late.execution.deduplicated is True and late.data == done.data
+    agent.publish("refund_order", {"order_id": order_id}, intent_id=second, idempotency_key=key)
+    assert agent.wait(second, timeout=15) == waited  # resent once answered: its receipt again
     assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
 
 

@@ -7,6 +7,7 @@ ordinary intent sent through the router on behalf of the agent that started the 
     model.py     a run as kept in Redis (workers/state/workflow_runs.py): steps, outbound, final receipt
     machine.py   the transitions: pure functions from a run and what happened to the next run
     final.py     the run's one final receipt
+    keyed_starts.py  starts sharing an idempotency key: the input digest, the claim's life, refusals
     runner.py    per message: load, transition, compare-and-set, publish confirmed, then ack; the sweep
     operators.py what ``reach workflow list | show | resume | abort`` do to runs
 

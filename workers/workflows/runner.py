@@ -13,14 +13,13 @@ points, the first time it gets there.
 
 A start is one run per intent id and per idempotency key. The same intent id again (the agent
 resent it) is that run: absorbed while it runs, and answered with its stored final receipt once
-it has ended. A new intent id with the key of a kept run (and the same input) is answered with
+it has ended (an intent id answered without a run of its own gets its stored receipt again too). A new intent id with the key of a kept run (and the same input) is answered with
 that run's outcome as its own receipt: at once if the run has ended, else when it ends (it waits
 on the run as a *follower*); with other input it is refused IDEMPOTENCY_KEY_REUSED.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,6 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from connectors.catalog import Catalog
-from connectors.workflows.spec import WorkflowSpec
 from producers.wire import APPROVAL_PENDING, INTENT_ROUTING_KEY, ApprovalNotice, ErrorCode, Receipt
 from workers.observability import metrics
 from workers.observability.audit import Audit
@@ -40,11 +38,12 @@ from workers.transport.app import EXECUTE_TASK
 from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Refused, Settle
 from workers.transport.job import Job, JobDecodeError, parse_job
 from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt
+from workers.transport.receipts import ReceiptSink, build_receipt, iso
 from workers.transport.topology import INTENTS_EXCHANGE, ON_BEHALF_OF_HEADER, RUN_ID_HEADER
 from workers.workflows import machine
 from workers.workflows.final import repeated
 from workers.workflows.ids import parse_step_intent_id
+from workers.workflows.keyed_starts import input_digest, key_busy, key_reused, longest_life
 from workers.workflows.model import MAX_FOLLOWERS, Follower, Run, snapshot
 
 log = logging.getLogger("reach.workflows")
@@ -54,7 +53,6 @@ REQUEUE_PAUSE_SECONDS = 1.0
 # publish usually confirms within milliseconds; a second publisher is held off by the claim)
 REDRIVE_AFTER_SECONDS = 1.0
 CRASH_POINTS = ("after_state_write", "after_publish", "before_ack")
-STARTING_RETRY_MS = 1000  # a start whose key's run is not written yet is told to come back this soon
 
 
 class Outlet(Protocol):
@@ -65,6 +63,8 @@ class Outlet(Protocol):
     def send_final(self, receipt: dict[str, Any], reply_to: str) -> None: ...
 
     def send_again(self, receipt: dict[str, Any], reply_to: str) -> None: ...
+
+    def answered(self, owner: str, intent_id: str) -> dict[str, Any] | None: ...
 
 
 class BrokerOutlet:
@@ -94,6 +94,11 @@ class BrokerOutlet:
         the same intent id after its answer went out)."""
         encoded, body = self.sink.encode(Receipt.model_validate(receipt))
         self.sink.publish(encoded, body, reply_to)
+
+    def answered(self, owner: str, intent_id: str) -> dict[str, Any] | None:
+        """The receipt stored for ``owner``'s intent, if it had one (kept REACH_RECEIPT_TTL)."""
+        stored = self.sink.stored(owner, intent_id)
+        return stored.to_doc() if stored is not None and stored.agent_id == owner else None
 
 
 class Crash:
@@ -183,6 +188,12 @@ class WorkflowRunner:
         if stored is not None:  # the start came again (redelivered, or sent twice): no second run
             self._start_again(job, stored)
             return
+        answered = self.outlet.answered(owner, run_id)
+        if answered is not None and answered["execution"]["received_at"] != iso(job.received_at):
+            # no run of its own, but answered (another run's outcome, or a refusal): the agent
+            # resent it, and gets that receipt again (the same start job again only acks, below)
+            self.outlet.send_again(answered, job.reply_to)
+            return
         workflow = self.catalog.workflows.get(job.action)
         if workflow is None:  # the catalog the router had named it; this runner's no longer does
             self.outlet.send_final(_no_such_workflow(job), job.reply_to)
@@ -227,12 +238,12 @@ class WorkflowRunner:
         input is refused IDEMPOTENCY_KEY_REUSED."""
         owner = job.agent_id
         if claim.digest != digest:
-            self.outlet.send_final(_key_reused(job, claim.run_id), job.reply_to)
+            self.outlet.send_final(key_reused(job, claim.run_id), job.reply_to)
             return
         for _ in range(CAS_TRIES):
             stored = self.runs.load(owner, claim.run_id)
             if stored is None:  # its start is still being written (or was lost before it was)
-                self.outlet.send_final(_key_busy(job, claim.run_id, "is starting"), job.reply_to)
+                self.outlet.send_final(key_busy(job, claim.run_id, "is starting"), job.reply_to)
                 return
             run = Run.from_json(stored.doc)
             if run.final is not None:
@@ -242,7 +253,7 @@ class WorkflowRunner:
             if any(f.intent_id == job.intent_id for f in run.followers):
                 return  # this start came again: it waits already
             if len(run.followers) >= MAX_FOLLOWERS:
-                self.outlet.send_final(_key_busy(job, claim.run_id, "is still running"), job.reply_to)
+                self.outlet.send_final(key_busy(job, claim.run_id, "is still running"), job.reply_to)
                 return
             follower = Follower(
                 intent_id=job.intent_id, reply_to=job.reply_to, trace_id=job.trace_id, received_at=job.received_at
@@ -444,48 +455,6 @@ def decode_start(message: Delivery) -> Job:
     if not isinstance(args, list) or len(args) != 1:
         raise JobDecodeError("the task's argument is not a job object")
     return parse_job(args[0])
-
-
-def input_digest(params: dict[str, Any]) -> str:
-    """What a start's idempotency key is compared by: its input (defaults applied by the router)."""
-    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
-
-
-def longest_life(workflow: WorkflowSpec) -> float:
-    """The longest a run of ``workflow`` goes on (seconds from its start): its timeout, then as long
-    again for undoing, and the grace on each."""
-    return 2 * (workflow.timeout + machine.GRACE_SECONDS)
-
-
-def _key_reused(job: Job, run_id: str) -> dict[str, Any]:
-    receipt = build_receipt(
-        intent_id=job.intent_id,
-        agent_id=job.agent_id,
-        action=job.action,
-        connector=None,
-        trace_id=job.trace_id,
-        received_at=job.received_at,
-        code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
-        message=f"idempotency key was already used by run {run_id} of {job.action} with different input",
-        suggestion="Use a new idempotency_key for a different request, or resend the original input.",
-    )
-    return receipt.to_doc()
-
-
-def _key_busy(job: Job, run_id: str, why: str) -> dict[str, Any]:
-    receipt = build_receipt(
-        intent_id=job.intent_id,
-        agent_id=job.agent_id,
-        action=job.action,
-        connector=None,
-        trace_id=job.trace_id,
-        received_at=job.received_at,
-        code=ErrorCode.CONNECTOR_UNAVAILABLE,
-        message=f"run {run_id} with the same idempotency key {why}",
-        suggestion=f"Send it again after retry_after_ms; it will get run {run_id}'s outcome.",
-        retry_after_ms=STARTING_RETRY_MS,
-    )
-    return receipt.to_doc()
 
 
 def _no_such_workflow(job: Job) -> dict[str, Any]:
