@@ -88,7 +88,8 @@ def run_workflows(settings: Settings, catalog: Catalog) -> None:
     publisher.prewarm(settings.workflow_threads)
     redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
-    runs = WorkflowRuns(redis_client, settings.workflow_retention_seconds)
+    # a start's idempotency key is kept as long as the pools keep an action's
+    runs = WorkflowRuns(redis_client, settings.workflow_retention_seconds, settings.idempotency_ttl_seconds)
     batcher = Batcher(redis_client)
     runner = WorkflowRunner(
         catalog,

@@ -57,6 +57,7 @@ so it is filed under its owner's tag, beside the index of its step intents (one 
 
     reach:wf-run:{<owner>}:<run_id>                   hash    v (version), doc (the run, JSON), sent (outbound confirmed)
     reach:wf-step:{<owner>}:<intent_id>               string  the run a step or undo intent belongs to
+    reach:wf-key:{<owner>}:<workflow>:<key>           string  the run a start's idempotency key belongs to (digest|run)
 
 and two indexes of runs, tag ``{workflows}``, members ``<owner>:<run_id>`` (no agent name holds a ``:``)::
 
@@ -268,6 +269,7 @@ def embedding(model_and_digest: str) -> str:
 
 WORKFLOW_RUN_PREFIX = PREFIX + "wf-run:"
 WORKFLOW_STEP_PREFIX = PREFIX + "wf-step:"
+WORKFLOW_KEY_PREFIX = PREFIX + "wf-key:"
 WORKFLOWS_TAG = "{workflows}"
 
 
@@ -277,6 +279,11 @@ def workflow_run(owner: str, run_id: str) -> str:
 
 def workflow_step(owner: str, intent_id: str) -> str:
     return f"{WORKFLOW_STEP_PREFIX}{_agent(owner)}:{intent_id}"
+
+
+def workflow_key(owner: str, workflow: str, key: str) -> str:
+    """The claim of a workflow start's idempotency key (scope: agent, workflow, key, as an action's)."""
+    return f"{WORKFLOW_KEY_PREFIX}{_agent(owner)}:{workflow}:{key}"
 
 
 def workflow_runs() -> str:

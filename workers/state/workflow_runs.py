@@ -75,7 +75,6 @@ return ARGV[1]
 """
 LISTING_SCAN = 1000  # index entries looked at per page of a listing
 TRIM_BATCH = 1000  # index entries the sweep removes at most per look
-WORKFLOW_KEY_PREFIX = keys.PREFIX + "wf-key:"  # moves to keys.py with workflow_key
 DEFAULT_KEY_TTL_SECONDS: int = Settings.model_fields["idempotency_ttl_seconds"].default
 
 
@@ -94,14 +93,6 @@ class KeyClaim:
 
     run_id: str
     digest: str
-
-
-def workflow_key(owner: str, workflow: str, key: str) -> str:
-    """``reach:wf-key:{<owner>}:<workflow>:<idempotency key>`` (the claim of a start's key).
-
-    Built from ``keys`` until keys.py has its own ``workflow_key`` (the one-place rule).
-    """
-    return f"{WORKFLOW_KEY_PREFIX}{{{owner or keys.NO_AGENT}}}:{workflow}:{key}"
 
 
 def member(owner: str, run_id: str) -> str:
@@ -186,7 +177,9 @@ class WorkflowRuns:
         ``longest_life`` (seconds from now), but never longer than the retention, so a claim never
         outlives the run it names (a run is kept at least the retention after it was written)."""
         ttl_ms = min(self.key_ttl_ms + int(longest_life * 1000), self.retention_ms)
-        held = self._claim_key(keys=[workflow_key(owner, workflow, key)], args=[f"{digest}|{run_id}", max(1, ttl_ms)])
+        held = self._claim_key(
+            keys=[keys.workflow_key(owner, workflow, key)], args=[f"{digest}|{run_id}", max(1, ttl_ms)]
+        )
         text = held.decode() if isinstance(held, bytes) else str(held)
         found_digest, _, found_run = text.partition("|")
         return KeyClaim(found_run, found_digest)
