@@ -28,7 +28,10 @@ def longest_life(workflow: WorkflowSpec) -> float:
     return 2 * (workflow.timeout + machine.GRACE_SECONDS)
 
 
-def key_reused(job: Job, run_id: str) -> dict[str, Any]:
+def refusal(
+    job: Job, code: ErrorCode, message: str, suggestion: str, retry_after_ms: int | None = None
+) -> dict[str, Any]:
+    """The receipt a workflow start gets when it starts no run of its own."""
     receipt = build_receipt(
         intent_id=job.intent_id,
         agent_id=job.agent_id,
@@ -36,25 +39,29 @@ def key_reused(job: Job, run_id: str) -> dict[str, Any]:
         connector=None,
         trace_id=job.trace_id,
         received_at=job.received_at,
-        code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
-        message=f"idempotency key was already used by run {run_id} of {job.action} with different input",
-        suggestion="Use a new idempotency_key for a different request, or resend the original input.",
+        code=code,
+        message=message,
+        suggestion=suggestion,
+        retry_after_ms=retry_after_ms,
     )
     return receipt.to_doc()
+
+
+def key_reused(job: Job, run_id: str) -> dict[str, Any]:
+    return refusal(
+        job,
+        ErrorCode.IDEMPOTENCY_KEY_REUSED,
+        f"idempotency key was already used by run {run_id} of {job.action} with different input",
+        "Use a new idempotency_key for a different request, or resend the original input.",
+    )
 
 
 def key_busy(job: Job, run_id: str, why: str) -> dict[str, Any]:
-    receipt = build_receipt(
-        intent_id=job.intent_id,
-        agent_id=job.agent_id,
-        action=job.action,
-        connector=None,
-        trace_id=job.trace_id,
-        received_at=job.received_at,
-        code=ErrorCode.CONNECTOR_UNAVAILABLE,
-        message=f"run {run_id} with the same idempotency key {why}",
-        suggestion=f"Send it again after retry_after_ms, with a new intent id and the same idempotency_key: "
+    return refusal(
+        job,
+        ErrorCode.CONNECTOR_UNAVAILABLE,
+        f"run {run_id} with the same idempotency key {why}",
+        f"Send it again after retry_after_ms, with a new intent id and the same idempotency_key: "
         f"it will get run {run_id}'s outcome.",
         retry_after_ms=STARTING_RETRY_MS,
     )
-    return receipt.to_doc()

@@ -38,12 +38,12 @@ from workers.transport.app import EXECUTE_TASK
 from workers.transport.delivery import TRANSIENT_ERRORS, Delivery, Refused, Settle
 from workers.transport.job import Job, JobDecodeError, parse_job
 from workers.transport.publisher import Publisher
-from workers.transport.receipts import ReceiptSink, build_receipt, iso
+from workers.transport.receipts import ReceiptSink, iso
 from workers.transport.topology import INTENTS_EXCHANGE, ON_BEHALF_OF_HEADER, RUN_ID_HEADER
 from workers.workflows import machine
 from workers.workflows.final import repeated
 from workers.workflows.ids import parse_step_intent_id
-from workers.workflows.keyed_starts import input_digest, key_busy, key_reused, longest_life
+from workers.workflows.keyed_starts import input_digest, key_busy, key_reused, longest_life, refusal
 from workers.workflows.model import MAX_FOLLOWERS, Follower, Run, snapshot
 
 log = logging.getLogger("reach.workflows")
@@ -458,18 +458,12 @@ def decode_start(message: Delivery) -> Job:
 
 
 def _no_such_workflow(job: Job) -> dict[str, Any]:
-    receipt = build_receipt(
-        intent_id=job.intent_id,
-        agent_id=job.agent_id,
-        action=job.action,
-        connector=None,
-        trace_id=job.trace_id,
-        received_at=job.received_at,
-        code=ErrorCode.UNKNOWN_ACTION,
-        message=f"workflow {job.action!r} is not in this runner's catalog (reloaded meanwhile?)",
-        suggestion="Ask for your tools again (reach.list_tools) and send the intent again.",
+    return refusal(
+        job,
+        ErrorCode.UNKNOWN_ACTION,
+        f"workflow {job.action!r} is not in this runner's catalog (reloaded meanwhile?)",
+        "Ask for your tools again (reach.list_tools) and send the intent again.",
     )
-    return receipt.to_doc()
 
 
 def stored_run(stored: Stored | None) -> Run | None:
