@@ -228,6 +228,10 @@ def test_an_undo_failing_until_a_switch_flips_parks_the_run_and_resume_undoes_ea
     assert shop.calls(order_id) == ["/holds", "/refunds", "/refunds/cancel", "/holds/release"]
     assert shop.tries("/refunds/cancel", f"R-{order_id}") == [*tries, 200]
     assert shop.tries("/holds/release", f"H-{order_id}") == [200]
+    # every try of one undo, the resumed one too, carries one idempotency key, so a system behind
+    # idempotency_header applies it once even when a try's answer was lost
+    keys = shop.keys_sent("/refunds/cancel", f"R-{order_id}")
+    assert len(keys) == len(tries) + 1 and len(set(keys)) == 1 and None not in keys, keys
     assert [s["undone"] for s in shown["steps"]] == [True, True, False]
     assert any(e["what"].startswith("resumed") and e["by"] == "ops_ann" for e in shown["events"]), shown["events"]
     assert shown["final_receipt"]["error"]["code"] == "COMPENSATION_FAILED"  # what the agent was told stays

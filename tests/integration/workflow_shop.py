@@ -56,6 +56,7 @@ class Shop(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.log: list[tuple[str, str]] = []
         self.attempts: list[tuple[str, str, int]] = []
+        self.keys: list[tuple[str, str, str | None]] = []  # (path, id, Idempotency-Key) of each request
         self.texts: dict[str, str] = {}
         self.done: dict[str, dict[str, Any]] = {}  # Idempotency-Key -> the answer given
         self.conflict_on: set[str] = set()
@@ -79,6 +80,11 @@ class Shop(ThreadingHTTPServer):
         with self.lock:
             return [status for p, a, status in self.attempts if p == path and a == about]
 
+    def keys_sent(self, path: str, about: str) -> list[str | None]:
+        """The Idempotency-Key headers of the requests to ``path`` for ``about``, in order."""
+        with self.lock:
+            return [key for p, a, key in self.keys if p == path and a == about]
+
     def gate(self, path: str, about: str) -> threading.Event:
         """Hold the request to ``path`` for ``about`` until the returned event is set."""
         event = threading.Event()
@@ -100,9 +106,12 @@ class _ShopHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        key = self.headers.get("Idempotency-Key") or uuid.uuid4().hex
+        sent_key = self.headers.get("Idempotency-Key")
+        key = sent_key or uuid.uuid4().hex
         shop = self.server
         about = _about(body)
+        with shop.lock:
+            shop.keys.append((self.path, about, sent_key))
         time.sleep(shop.delay)
         with shop.lock:
             gate = shop.gates.get((self.path, about))

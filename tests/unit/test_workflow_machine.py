@@ -189,6 +189,30 @@ def test_a_failing_undo_is_tried_again_then_the_run_is_parked(catalog: Catalog) 
     assert [e.what for e in done.events][-2:] == ["resumed: undoing the completed steps", "ended failed"]
 
 
+def test_an_undos_tries_share_one_idempotency_key_until_the_system_says_a_definite_no(catalog: Catalog) -> None:
+    run = answer(answer(answer(begin(catalog), HOLD), REFUND), code=ErrorCode.DOWNSTREAM_CONFLICT)
+    assert run.outbound is not None and run.outbound.body is not None
+    first = run.outbound.body["idempotency_key"]
+    assert first == run.outbound.intent_id  # a step's and an undo's first try: the intent id
+
+    def next_try(run: Run, code: ErrorCode, now: float) -> Run:
+        failed = answer(run, code=code, now=now)
+        assert failed.retry_at is not None
+        again = machine.on_due(failed, failed.retry_at)
+        assert again is not None and again.outbound is not None and again.outbound.body is not None
+        return again
+
+    # a timeout or a 5xx may have landed: the next try carries the same key, so the system dedupes it
+    run = next_try(next_try(run, ErrorCode.DOWNSTREAM_TIMEOUT, T0 + 2), ErrorCode.DOWNSTREAM_ERROR, T0 + 4)
+    assert run.outbound is not None and run.outbound.body is not None
+    assert run.outbound.intent_id == step_intent_id("support", "run-1", 1, "undo", 3)
+    assert run.outbound.body["idempotency_key"] == first
+    # a definite no took no effect, and the pool keeps it under the old key: a new key, or it repeats
+    run = next_try(run, ErrorCode.DOWNSTREAM_CONFLICT, T0 + 8)
+    assert run.outbound is not None and run.outbound.body is not None
+    assert run.outbound.body["idempotency_key"] == run.outbound.intent_id != first
+
+
 def test_only_parked_or_halted_runs_take_operator_actions(catalog: Catalog) -> None:
     run = begin(catalog)
     with pytest.raises(machine.NotAllowed):

@@ -326,11 +326,12 @@ def _send_undo(run: Run, spec: WorkflowSpec, index: int, now: float) -> Run:
         return _park(run, spec, index, f"its undo reads {exc.reference}, which has no value", now)
     attempt = record.undo.attempt + 1 if record.undo is not None else 1
     intent_id = step_intent_id(run.owner, run.run_id, index, "undo", attempt)
+    key = _undo_key(record.undo, intent_id)
     undo_until = run.undo_until if run.undo_until is not None else run.deadline
     until = min(now + step.timeout, undo_until) if step.timeout else undo_until
     steps = list(run.steps)
-    steps[index] = record.model_copy(update={"undo": Undo(intent_id=intent_id, attempt=attempt)})
-    body = _intent(run, intent_id, compensate.action, params, until)
+    steps[index] = record.model_copy(update={"undo": Undo(intent_id=intent_id, attempt=attempt, key=key)})
+    body = _intent(run, intent_id, compensate.action, params, until, key)
     return run.model_copy(
         update={
             "steps": steps,
@@ -339,6 +340,20 @@ def _send_undo(run: Run, spec: WorkflowSpec, index: int, now: float) -> Run:
             "intents_sent": run.intents_sent + 1,
         }
     )
+
+
+def _undo_key(last: Undo | None, intent_id: str) -> str:
+    """The idempotency key of an undo's next try: the last try's, so that a system behind
+    ``idempotency_header`` applies the undo once even when a try's answer was lost (a timeout, a
+    5xx). A new one only after a definite no (a failed, not retryable answer: nothing took effect,
+    and the pool keeps that answer under the old key, so the same key would only repeat it)."""
+    if last is None or last.key is None:
+        return intent_id
+    code = ErrorCode._value2member_map_.get(last.code or "")
+    definite_no = isinstance(code, ErrorCode) and (
+        (code.status == "failed" and not code.retryable) or code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    )
+    return intent_id if definite_no else last.key
 
 
 def _undo_answered(run: Run, spec: WorkflowSpec, index: int, receipt: Receipt, now: float) -> Run:
@@ -394,14 +409,16 @@ def _finish(run: Run, spec: WorkflowSpec, state: str, now: float, data: Any = No
     return run.model_copy(update={"state": state, "final": receipt, "outbound": outbound, "retry_at": None})
 
 
-def _intent(run: Run, intent_id: str, action: str, params: dict[str, Any], until: float) -> dict[str, Any]:
+def _intent(
+    run: Run, intent_id: str, action: str, params: dict[str, Any], until: float, key: str | None = None
+) -> dict[str, Any]:
     """A step's or an undo's intent, sent for the run's owner; its receipt comes to the runner."""
     body: dict[str, Any] = {
         "intent_id": intent_id,
         "agent_id": run.owner,
         "action": action,
         "params": params,
-        "idempotency_key": intent_id,
+        "idempotency_key": key or intent_id,
         "reply_to": WORKFLOW_REPLY_KEY,
         "deadline": iso(until),
     }

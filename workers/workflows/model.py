@@ -38,6 +38,7 @@ class Undo(_Model):
 
     intent_id: str
     attempt: int
+    key: str | None = None  # the idempotency key this try was sent with (shared by the undo's tries)
     status: Literal["sent", "waiting_approval", "succeeded", "failed"] = "sent"
     code: str | None = None
     message: str | None = None
