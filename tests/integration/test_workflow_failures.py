@@ -234,6 +234,8 @@ def test_an_undo_failing_until_a_switch_flips_parks_the_run_and_resume_undoes_ea
     assert len(keys) == len(tries) + 1 and len(set(keys)) == 1 and None not in keys, keys
     assert [s["undone"] for s in shown["steps"]] == [True, True, False]
     assert any(e["what"].startswith("resumed") and e["by"] == "ops_ann" for e in shown["events"]), shown["events"]
+    traced = reach(fleet, "trace", intent_id, "--agent", AGENT)
+    assert traced.exit_code == 0 and "run_resumed" in traced.output and "ops_ann" in traced.output, traced.output
     assert shown["final_receipt"]["error"]["code"] == "COMPENSATION_FAILED"  # what the agent was told stays
     no_other_receipt(agent, intent_id)
     again = reach(fleet, "workflow", "resume", intent_id, "--agent", AGENT)
@@ -251,6 +253,7 @@ def test_abort_of_a_parked_run_records_it_and_sends_nothing(fleet: Fleet, shop: 
     assert shown["state"] == "failed"
     assert shown["outbound"] is None or shown["outbound"]["kind"] == "final"  # the one sent at parking
     assert any(e["what"].startswith("aborted") and e["by"] == "ops_bob" for e in shown["events"])
+    assert "run_aborted" in reach(fleet, "trace", intent_id, "--agent", AGENT).output
     no_other_receipt(agent, intent_id, 3.0)  # the sweep (every second) had time to send anything
     assert shop.tries("/refunds/cancel", f"R-{order_id}") == tries
     assert shop.calls(order_id) == ["/holds", "/refunds"]

@@ -231,6 +231,29 @@ def test_a_step_with_no_receipt_past_the_deadline_is_unknown(catalog: Catalog) -
     assert overdue is not None and overdue.state == "unknown" and overdue.steps[0].status == "unknown"
 
 
+def test_a_step_with_its_own_timeout_is_unknown_30_s_past_it_not_at_the_runs_end(tmp_path: Path) -> None:
+    timed = WORKFLOW.replace(
+        "      params: { order_id: $input.order_id }\n      compensate:",
+        "      timeout: 20s\n      params: { order_id: $input.order_id }\n      compensate:",
+        1,
+    )
+    assert timed != WORKFLOW
+    (tmp_path / "shop.yaml").write_text(SHOP + "---\n" + timed)
+    catalog, problems = build(load_directory(tmp_path))
+    assert problems == []
+    run = begin(catalog)
+    assert run.outbound is not None and run.outbound.body["deadline"].startswith("2023-11-14T22:13:40")  # T0 + 20 s
+    assert machine.next_look(run, run.outbound.marker, T0) == T0 + 20 + machine.GRACE_SECONDS
+    assert machine.on_due(run, T0 + 20 + machine.GRACE_SECONDS - 1) is None
+    overdue = machine.on_due(run, T0 + 20 + machine.GRACE_SECONDS)
+    assert overdue is not None and overdue.state == "unknown" and overdue.final is not None
+    assert overdue.final["error"]["code"] == "STEP_OUTCOME_UNKNOWN"
+    # while a person decides on it, the run's own time is what counts
+    waiting = machine.on_approval(run, run.outbound.intent_id, "ap-1", T0 + 1)
+    assert waiting is not None and machine.on_due(waiting, T0 + 20 + machine.GRACE_SECONDS) is None
+    assert machine.on_due(waiting, waiting.deadline + machine.GRACE_SECONDS) is not None
+
+
 def test_an_approval_notice_marks_the_step_waiting(catalog: Catalog) -> None:
     run = begin(catalog)
     assert run.outbound is not None

@@ -135,6 +135,7 @@ def workflow_show(run_id: str, agent: str | None, as_json: bool) -> None:
 def _act(action: str, run_id: str, agent: str | None, by: str | None) -> None:
     from redis import RedisError
 
+    from workers.observability.audit import LoggedAudit
     from workers.ops.fleet import Unreachable
     from workers.ops.workflow_commands import RunIsShared, RunNotFound, abort_run, resume_run
     from workers.workflows.machine import NotAllowed
@@ -147,7 +148,12 @@ def _act(action: str, run_id: str, agent: str | None, by: str | None) -> None:
         _problem(str(exc))
     except RedisError as exc:
         unreachable(settings, Unreachable("Redis", exc))
-    click.echo(f"run {run.run_id} of {run.owner}: {run.state} ({action}d by {who}; no second final receipt is sent)")
+    # into the run's own trace too (the console writes its own line there): a run's id is the id of
+    # the intent that started it
+    stage = {"agent": run.owner, "workflow": run.workflow, "by": who, "state": run.state}
+    done = "resumed" if action == "resume" else "aborted"
+    LoggedAudit(runs.client, "cli").events(run.run_id, [(f"run_{done}", stage)], agent=run.owner)
+    click.echo(f"run {run.run_id} of {run.owner}: {run.state} ({done} by {who}; no second final receipt is sent)")
 
 
 @workflow.command("resume")

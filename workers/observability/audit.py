@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from typing import Any
 
@@ -26,6 +27,8 @@ from workers.state import keys
 from workers.state.batcher import Batcher, write_stdout
 from workers.state.client import eval_into
 from workers.state.ledger import params_hash
+
+log = logging.getLogger("reach.audit")
 
 TRACE_TTL_SECONDS = 24 * 3600
 TRACE_MAX_EVENTS = 50
@@ -161,3 +164,24 @@ def trace_agents(client: redis.Redis, intent_id: str, limit: int = 10) -> list[s
         pipe.exists(keys.trace(agent, intent_id))
     # a trace that expired before its index (a later push renewed the index) is left out
     return sorted(agent for agent, kept in zip(members, pipe.execute(), strict=True) if kept)[:limit]
+
+
+class LoggedAudit(Audit):
+    """The audit trail of a tool run by people (approval decisions, operators' commands): lines
+    through logging (not onto the tool's own output), always in full, and the stages into the
+    intent's trace in Redis as everywhere else."""
+
+    def events(
+        self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full", agent: str | None = None
+    ) -> None:
+        lines = self.render(intent_id, stages, level="full")
+        for line in lines:
+            log.info(line)
+        if self._client is None or not lines:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        self.push_into(pipe, agent, intent_id, lines)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.error("could not keep the stages of %s in its trace in Redis: %s", intent_id, exc)

@@ -30,7 +30,7 @@ from kombu import Connection
 from kombu.pools import producers
 
 from connectors.spec import PERSON_PATTERN
-from workers.observability.audit import Audit
+from workers.observability.audit import LoggedAudit
 from workers.router.approval_settling import PublisherOutlet, Settler
 from workers.settings import Settings
 from workers.state.approval_store import ApprovalRecord, ApprovalStore, Waiting
@@ -284,7 +284,7 @@ def _decide(
         return Decision(False, "hash_mismatch", "the parked payload changed; it is not run")
     if outcome != "ok":
         return Decision(False, "already_decided", f"approval {approval_id} was decided by someone else just now")
-    audit = _LoggedAudit(client, "approvals")
+    audit = LoggedAudit(client, "approvals")
     decided: DecisionCode = "approved" if claim == "approving" else "denied"
     audit.events(
         job.intent_id,
@@ -330,26 +330,6 @@ def _decide(
             True, "approved", f"approved by {approver}: intent {job.intent_id} dispatched to {job.connector}{also}"
         )
     return Decision(True, "denied", f"denied by {approver}: intent {job.intent_id} answered APPROVAL_DENIED{also}")
-
-
-class _LoggedAudit(Audit):
-    """The audit trail of a tool run by people: lines through logging (not onto the tool's own
-    output), stages into the intent's trace in Redis as everywhere else."""
-
-    def events(
-        self, intent_id: str, stages: list[tuple[str, dict[str, Any]]], *, level: str = "full", agent: str | None = None
-    ) -> None:
-        lines = self.render(intent_id, stages, level="full")  # decisions are always audited
-        for line in lines:
-            log.info(line)
-        if self._client is None or not lines:
-            return
-        pipe = self._client.pipeline(transaction=False)
-        self.push_into(pipe, agent, intent_id, lines)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.error("could not keep approval stages of %s in Redis: %s", intent_id, exc)
 
 
 @functools.lru_cache(maxsize=8)

@@ -113,22 +113,42 @@ def on_due(run: Run, now: float) -> Run | None:
     step or undo whose receipt is overdue. None: nothing is due yet."""
     spec = run.definition()
     outbound = run.outbound
-    if run.state == "running" and outbound is not None and outbound.kind == "step" and outbound.step is not None:
-        record = run.steps[outbound.step]
-        if record.status in ("sent", "waiting_approval") and now >= run.deadline + GRACE_SECONDS:
-            overdue = "no receipt came before the run's timeout"
+    overdue_at = _overdue_at(run, spec)
+    if run.state == "running" and overdue_at is not None and outbound is not None and outbound.step is not None:
+        if now >= overdue_at:
+            overdue = "no receipt came in time (its own timeout or the run's, and 30 s more)"
             return _step_unknown(run, spec, outbound.step, ErrorCode.OUTCOME_UNKNOWN.value, overdue, now)
     if run.state != "compensating":
         return None
-    if outbound is not None and outbound.kind == "undo" and outbound.step is not None:
-        undo = run.steps[outbound.step].undo
-        until = run.undo_until if run.undo_until is not None else run.deadline
-        if undo is not None and undo.status in ("sent", "waiting_approval") and now >= until + GRACE_SECONDS:
+    if overdue_at is not None and outbound is not None and outbound.step is not None:
+        if now >= overdue_at:
             return _park(run, spec, outbound.step, "no receipt came for its undo in time", now)
         return None
     if run.retry_at is not None and now >= run.retry_at:
         return _next_undo(run.model_copy(update={"retry_at": None}), spec, now)
     return None
+
+
+def _overdue_at(run: Run, spec: WorkflowSpec) -> float | None:
+    """When the step or undo out now is taken as unknown: 30 s past its intent's deadline (the
+    step's ``timeout`` from when it was written, within the run's time); while a person decides on
+    it, 30 s past the run's time. None when nothing is out."""
+    outbound = run.outbound
+    if outbound is None or outbound.step is None or outbound.kind == "final":
+        return None
+    record = run.steps[outbound.step]
+    if outbound.kind == "step":
+        if run.state != "running" or record.status not in ("sent", "waiting_approval"):
+            return None
+        status, until = record.status, run.deadline
+    else:
+        if run.state != "compensating" or record.undo is None or record.undo.status not in ("sent", "waiting_approval"):
+            return None
+        status, until = record.undo.status, run.undo_until if run.undo_until is not None else run.deadline
+    timeout = spec.steps[outbound.step].timeout
+    if timeout and status == "sent":
+        until = min(outbound.written_at + timeout, until)
+    return until + GRACE_SECONDS
 
 
 def resume(run: Run, now: float, by: str) -> Run:
@@ -177,13 +197,13 @@ def next_look(run: Run, sent: str | None, now: float) -> float | None:
     outbound = run.outbound
     if outbound is not None and sent != outbound.marker:
         times.append(outbound.written_at + RESEND_AFTER_SECONDS)
-    if run.state == "running":
+    overdue_at = _overdue_at(run, run.definition())
+    if overdue_at is not None:
+        times.append(overdue_at)
+    elif run.state == "running":
         times.append(run.deadline + GRACE_SECONDS)
     elif run.state == "compensating":
-        if run.retry_at is not None:
-            times.append(run.retry_at)
-        else:
-            times.append((run.undo_until or run.deadline) + GRACE_SECONDS)
+        times.append(run.retry_at if run.retry_at is not None else (run.undo_until or run.deadline) + GRACE_SECONDS)
     return min(times) if times else None
 
 
