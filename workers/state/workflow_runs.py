@@ -28,11 +28,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from workers.settings import Settings
 from workers.state import keys
+from workers.state.client import eval_into
 
 log = logging.getLogger("reach.workflow_runs")
 
@@ -116,8 +118,6 @@ class WorkflowRuns:
         self.client = client
         self.retention_ms = retention_seconds * 1000
         self.key_ttl_ms = key_ttl_seconds * 1000
-        self._write = client.register_script(_WRITE)
-        self._mark = client.register_script(_MARK)
         self._claim = client.register_script(_CLAIM)
         self._claim_key = client.register_script(_CLAIM_KEY)
 
@@ -136,19 +136,30 @@ class WorkflowRuns:
         *,
         keep_until: float | None,
         step_intent: str | None = None,
+        look: float | None = None,
+        started_at: float | None = None,
     ) -> bool:
         """Compare-and-set: ``doc`` becomes version ``expected + 1`` if the run is still at
         ``expected`` (0: it must not exist yet). ``keep_until`` (epoch seconds): the run is still
         going and is kept until then, plus the retention; None: it is kept for the retention.
-        ``step_intent``: the id of the step or undo intent this transition is about to send."""
+        ``step_intent``: the id of the step or undo intent this transition is about to send.
+
+        In the same round trip, before the compare-and-set: ``look``, when the sweep must look at the
+        run at the latest (an earlier look already set stays), so a run is never out of its sight;
+        ``started_at``, the run's entry in the index of every run (a new run)."""
         ttl_ms = self.retention_ms
         if keep_until is not None:
             ttl_ms += max(0, int((keep_until - time.time()) * 1000))
         names = [keys.workflow_run(owner, run_id)]
         if step_intent is not None:
             names.append(keys.workflow_step(owner, step_intent))
-        done = self._write(keys=names, args=[str(expected), str(expected + 1), doc, ttl_ms, run_id])
-        return bool(done)
+        pipe = self.client.pipeline(transaction=False)
+        if started_at is not None:
+            pipe.zadd(keys.workflow_runs(), {member(owner, run_id): started_at}, nx=True)
+        if look is not None:
+            pipe.zadd(keys.workflow_due(), {member(owner, run_id): look}, lt=True)
+        eval_into(pipe, _WRITE, names, str(expected), str(expected + 1), doc, ttl_ms, run_id)
+        return bool(pipe.execute()[-1])
 
     def claim_publish(self, owner: str, run_id: str, outbound: str, seconds: float) -> bool:
         """Whether this caller may publish ``outbound`` now: no one else claimed it within the last
@@ -157,9 +168,17 @@ class WorkflowRuns:
         now_ms = int(time.time() * 1000)
         return bool(self._claim(keys=[keys.workflow_run(owner, run_id)], args=[outbound, now_ms, int(seconds * 1000)]))
 
-    def mark_sent(self, owner: str, run_id: str, outbound: str) -> None:
-        """The broker confirmed ``outbound`` (a marker the runner builds): a redelivery need not send it again."""
-        self._mark(keys=[keys.workflow_run(owner, run_id)], args=[outbound])
+    def mark_sent(self, owner: str, run_id: str, outbound: str, version: int, when: float | None) -> None:
+        """The broker confirmed ``outbound`` (a marker the runner builds): a redelivery need not send
+        it again; and the sweep looks next at ``when``, as ``reschedule`` sets it, in one round trip."""
+        run = keys.workflow_run(owner, run_id)
+        pipe = self.client.pipeline(transaction=False)
+        eval_into(pipe, _MARK, [run], outbound)
+        self._look_into(pipe, owner, run_id, when)
+        pipe.hget(run, "v")
+        current = pipe.execute()[-1]
+        if current is not None and int(current) != version:
+            self.client.zadd(keys.workflow_due(), {member(owner, run_id): time.time()})
 
     def run_of(self, owner: str, intent_id: str) -> str | None:
         """The run a step or undo intent of ``owner`` belongs to."""
@@ -191,15 +210,16 @@ class WorkflowRuns:
 
     def look_at(self, owner: str, run_id: str, when: float | None) -> None:
         """The sweep looks at the run at ``when`` (epoch seconds); None: never again."""
-        if when is None:
-            self.client.zrem(keys.workflow_due(), member(owner, run_id))
-        else:
-            self.client.zadd(keys.workflow_due(), {member(owner, run_id): when})
+        pipe = self.client.pipeline(transaction=False)
+        self._look_into(pipe, owner, run_id, when)
+        pipe.execute()
 
-    def look_sooner(self, owner: str, run_id: str, when: float) -> None:
-        """The sweep looks at the run at ``when`` at the latest (an earlier look already set stays):
-        what a writer does *before* its compare-and-set, so the run is never out of the sweep's sight."""
-        self.client.zadd(keys.workflow_due(), {member(owner, run_id): when}, lt=True)
+    @staticmethod
+    def _look_into(pipe: Any, owner: str, run_id: str, when: float | None) -> None:
+        if when is None:
+            pipe.zrem(keys.workflow_due(), member(owner, run_id))
+        else:
+            pipe.zadd(keys.workflow_due(), {member(owner, run_id): when})
 
     def reschedule(self, owner: str, run_id: str, version: int, when: float | None) -> None:
         """Set when the sweep looks next (None: never) as worked out from version ``version``; if the

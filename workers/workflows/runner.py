@@ -45,6 +45,7 @@ from workers.workflows.final import repeated
 from workers.workflows.ids import parse_step_intent_id
 from workers.workflows.keyed_starts import input_digest, key_busy, key_reused, longest_life, refusal
 from workers.workflows.model import MAX_FOLLOWERS, Follower, Run, snapshot
+from workers.workflows.telemetry import observe, stage
 
 log = logging.getLogger("reach.workflows")
 CAS_TRIES = 20  # writers racing on one run (a receipt and the sweep) retry this often
@@ -52,6 +53,7 @@ REQUEUE_PAUSE_SECONDS = 1.0
 # the sweep publishes an outbound not confirmed this long after it was written (its writer's own
 # publish usually confirms within milliseconds; a second publisher is held off by the claim)
 REDRIVE_AFTER_SECONDS = 1.0
+RUNS_OF_KEPT = 20_000  # step intents whose run the runner remembers (it asks Redis for the others)
 CRASH_POINTS = ("after_state_write", "after_publish", "before_ack")
 
 
@@ -134,6 +136,7 @@ class WorkflowRunner:
         self.crash = crash or Crash(None)
         self.clock = clock
         self.sleep = sleep
+        self._runs_of: dict[tuple[str, str], str] = {}  # (owner, step intent) -> run, for the intents it wrote
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -206,8 +209,7 @@ class WorkflowRunner:
         now = self.clock()
         begin = machine.Start(run_id, owner, job.params, job.reply_to, job.trace_id, job.traceparent, job.received_at)
         run = machine.start(begin, workflow, snapshot(workflow, self.catalog), now)
-        self.runs.remember(owner, run_id, job.received_at)
-        if not self._write(run, 0, now):
+        if not self._write(run, 0, now, started_at=job.received_at):
             stored = self.runs.load(owner, run_id)  # another delivery of the start won the race
             if stored is not None:
                 self._redrive(Run.from_json(stored.doc), stored.sent, stored.version)
@@ -282,7 +284,9 @@ class WorkflowRunner:
 
     def _transition(self, intent_id: str, event: Callable[[Run, float], Run | None], redrive: bool = True) -> None:
         parsed = parse_step_intent_id(intent_id)
-        run_id = self.runs.run_of(parsed.owner, intent_id) if parsed is not None else None
+        run_id = None
+        if parsed is not None:
+            run_id = self._runs_of.get((parsed.owner, intent_id)) or self.runs.run_of(parsed.owner, intent_id)
         if parsed is None or run_id is None:
             log.warning("a reply for %s, which is no step of a run kept here; dropped", intent_id[:128])
             return
@@ -300,7 +304,7 @@ class WorkflowRunner:
                 return
             if self._write(moved, stored.version, now):
                 observe(run, moved, now)
-                self._publish(moved, stored.version + 1)
+                self._publish(moved, stored.version + 1, sent=stored.sent)
                 return
         raise RuntimeError(f"run {run_id}: {CAS_TRIES} writers raced on it")
 
@@ -349,30 +353,41 @@ class WorkflowRunner:
                 return
             if self._write(moved, stored.version, now):
                 observe(run, moved, now)
-                self._publish(moved, stored.version + 1)
+                self._publish(moved, stored.version + 1, sent=stored.sent)
                 return
 
     # -- write, publish, mark ---------------------------------------------------------------------
 
-    def _write(self, run: Run, expected: int, now: float) -> bool:
-        """One compare-and-set. The sweep is told to look first (sooner only: a writer that loses
-        the race must not put off a look the winner needs), so a run is never out of its sight."""
-        look = machine.next_look(run, None, now)
-        if look is not None:
-            self.runs.look_sooner(run.owner, run.run_id, look)
+    def _write(self, run: Run, expected: int, now: float, *, started_at: float | None = None) -> bool:
+        """One compare-and-set, in one round trip with the sweep told to look first (sooner only: a
+        writer that loses the race must not put off a look the winner needs), so a run is never out
+        of its sight; ``started_at``: a new run's entry in the index of every run."""
         outbound = run.outbound
         step_intent = outbound.intent_id if outbound is not None and outbound.kind != "final" else None
         written = self.runs.write(
-            run.owner, run.run_id, expected, run.to_json(), keep_until=machine.keep_until(run), step_intent=step_intent
+            run.owner,
+            run.run_id,
+            expected,
+            run.to_json(),
+            keep_until=machine.keep_until(run),
+            step_intent=step_intent,
+            look=machine.next_look(run, None, now),
+            started_at=started_at,
         )
         if written:
+            if step_intent is not None:  # its receipt finds the run without asking Redis
+                self._runs_of[(run.owner, step_intent)] = run.run_id
+                while len(self._runs_of) > RUNS_OF_KEPT:
+                    self._runs_of.pop(next(iter(self._runs_of)))
             self.crash("after_state_write")
         return written
 
-    def _publish(self, run: Run, version: int) -> None:
-        """Publish the outbound of ``run`` (as written at ``version``), confirmed, then mark it sent."""
+    def _publish(self, run: Run, version: int, *, sent: str | None = None) -> None:
+        """Publish the outbound of ``run`` (as written at ``version``), confirmed, then mark it sent.
+        ``sent``: the outbound the broker confirmed before that version was written (a transition
+        that kept it, as an approval notice does, publishes nothing again)."""
         outbound = run.outbound
-        if outbound is None:
+        if outbound is None or outbound.marker == sent:
             return
         if not self.runs.claim_publish(run.owner, run.run_id, outbound.marker, machine.RESEND_AFTER_SECONDS):
             log.info("run %s: %s is being published by another delivery", run.run_id, outbound.marker)
@@ -384,11 +399,12 @@ class WorkflowRunner:
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
         if self.audit is not None:
-            self.audit.events(run.run_id, [_stage(run)], agent=run.owner)
+            self.audit.events(run.run_id, [stage(run)], agent=run.owner)
         self.crash("after_publish")
-        self.runs.mark_sent(run.owner, run.run_id, outbound.marker)
-        # worked out from this version: an operator may have resumed the run meanwhile (reschedule checks)
-        self.runs.reschedule(run.owner, run.run_id, version, machine.next_look(run, outbound.marker, self.clock()))
+        # the next look worked out from this version: an operator may have resumed the run
+        # meanwhile (mark_sent checks, as reschedule does)
+        look = machine.next_look(run, outbound.marker, self.clock())
+        self.runs.mark_sent(run.owner, run.run_id, outbound.marker, version, look)
 
     def _answer_followers(self, run: Run) -> None:
         """The starts that waited on the run with its idempotency key get its outcome, each as its
@@ -406,42 +422,6 @@ class WorkflowRunner:
         if run.outbound is not None and sent != run.outbound.marker:
             log.info("run %s: publishing %s again", run.run_id, run.outbound.marker)
             self._publish(run, version)
-
-
-_AWAITING = ("sent", "waiting_approval")
-
-
-def observe(before: Run | None, after: Run, now: float) -> None:
-    """Count what a transition just written did: a run started, a step's or an undo's answer taken
-    (its time since the intent was written), a failed undo, the final receipt decided."""
-    workflow = after.workflow
-    if before is None:
-        metrics.WORKFLOW_RUNS_STARTED.labels(workflow).inc()
-    elif before.outbound is not None and before.outbound.kind != "final" and before.outbound.step is not None:
-        index, kind = before.outbound.step, before.outbound.kind
-        was, now_is = before.steps[index], after.steps[index]
-        if kind == "step" and was.status in _AWAITING and now_is.status not in _AWAITING:
-            metrics.WORKFLOW_STEP_SECONDS.labels(workflow, was.step, "do").observe(now - before.outbound.written_at)
-        elif kind == "undo" and was.undo is not None and was.undo.status in _AWAITING:
-            undo = now_is.undo
-            if undo is None or undo.intent_id != was.undo.intent_id or undo.status not in _AWAITING:
-                seconds = now - before.outbound.written_at
-                metrics.WORKFLOW_STEP_SECONDS.labels(workflow, was.step, "undo").observe(seconds)
-                if undo is not None and undo.intent_id == was.undo.intent_id and undo.status == "failed":
-                    metrics.WORKFLOW_UNDOS_FAILED.labels(workflow).inc()
-    if after.final is not None and (before is None or before.final is None):
-        metrics.WORKFLOW_RUNS.labels(workflow, after.state).inc()
-
-
-def _stage(run: Run) -> tuple[str, dict[str, Any]]:
-    """What the trace of the run's starting intent says about the outbound just sent."""
-    outbound = run.outbound
-    assert outbound is not None
-    if outbound.kind == "final":
-        code = (run.final or {}).get("error") or {}
-        return "workflow_finished", {"agent": run.owner, "state": run.state, "code": code.get("code")}
-    step = run.steps[outbound.step or 0]
-    return f"workflow_{outbound.kind}", {"agent": run.owner, "step": step.step, "step_intent": outbound.intent_id}
 
 
 def decode_start(message: Delivery) -> Job:
