@@ -332,10 +332,11 @@ class BrokerGone(RuntimeError):
 
 
 class Agent:
-    """Drives bench/agent.py over its stdin/stdout (JSON lines)."""
+    """Drives bench/agent.py (or ``script``: bench/plain_agent.py, the agent written from the
+    contract alone) over its stdin/stdout (JSON lines)."""
 
-    def __init__(self, procs: Procs, name: str) -> None:
-        self.proc = procs.start(name, [PYTHON, str(BENCH / "agent.py")], stdout_pipe=True)
+    def __init__(self, procs: Procs, name: str, script: str = "agent.py") -> None:
+        self.proc = procs.start(name, [PYTHON, str(BENCH / script)], stdout_pipe=True)
         self.name = name
         self._connect_cmd: dict[str, Any] | None = None
 

@@ -33,8 +33,9 @@ class ReachFleet(FleetProcesses):
         self.procs = procs
         self.catalog_dir = catalog_dir
 
-    def metrics(self, name: str) -> dict[str, float]:
-        """The process's reach_* counters (labels folded into the key)."""
+    def counters(self, name: str) -> dict[str, float]:
+        """The process's reach_* counters (labels folded into the key); not ``metrics``, which
+        FleetProcesses keeps for whether the processes serve them."""
         import httpx
 
         try:

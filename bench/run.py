@@ -96,6 +96,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ),
 }
 VARIANTS = ("direct", "bare", "fleet")
+# --plain-agent: the same two pipelines driven by bench/plain_agent.py (pika, one confirm per
+# publish, written from docs/contract.md alone), beside the project's own agent (issue 36)
+PLAIN_VARIANTS = ("bare_plain", "fleet_plain")
 SHARED = {"rabbitmq"}  # processes other tenants use too: their idle rate is subtracted ("net")
 PROC_ORDER = ("agent", "router", "pool", "rabbitmq", "redis", "downstream")
 TARGETS = {
@@ -133,6 +136,7 @@ class Ctx:
     redis_mem0: int = 0
     slow_url: str = ""  # bench_slow's own downstream
     bare_env: dict[str, str] = field(default_factory=dict)
+    variants: tuple[str, ...] = VARIANTS
 
     def start_bare_slow(self) -> int:
         """The bare pipeline's connector for the slow system (the isolation section's baseline)."""
@@ -192,7 +196,8 @@ class Ctx:
             "params": catalogs.PARAMS,
             "agents": agents or [catalogs.AGENT],
             "id_prefix": f"{self.run_id}-{variant}-{uuid.uuid4().hex[:8]}",
-            "reply_suffix": suffix or {"bare": "rb", "fleet": "rf"}.get(variant, "x"),
+            "reply_suffix": suffix
+            or {"bare": "rb", "fleet": "rf", "bare_plain": "rbp", "fleet_plain": "rfp"}.get(variant, "x"),
         }
 
     def phase(
@@ -424,11 +429,15 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
         "bare_router": ctx.procs.items["bare-router"].pid,
         "bare_pool": ctx.procs.items["bare-connector"].pid,
     }
-    for variant in VARIANTS:
-        ctx.agents[variant] = Agent(ctx.procs, f"agent-{variant}")
+    for variant in ctx.variants:
+        script = "plain_agent.py" if variant in PLAIN_VARIANTS else "agent.py"
+        ctx.agents[variant] = Agent(ctx.procs, f"agent-{variant}", script)
     ctx.agents["direct"].connect_http(ctx.downstream_url + "/tickets")
     ctx.agents["bare"].connect_amqp(ctx.broker_url, "bare.intents", "bare.receipts", "*.rb")
     ctx.agents["fleet"].connect_amqp(ctx.broker_url, "reach.intents", "reach.receipts", "*.rf")
+    if "bare_plain" in ctx.agents:
+        ctx.agents["bare_plain"].connect_amqp(ctx.broker_url, "bare.intents", "bare.receipts", "*.rbp")
+        ctx.agents["fleet_plain"].connect_amqp(ctx.broker_url, "reach.intents", "reach.receipts", "*.rfp")
     common = {"downstream": ctx.downstream_pid}
     if ctx.beam_pid:
         common["rabbitmq"] = ctx.beam_pid
@@ -439,20 +448,25 @@ def start_stack(ctx: Ctx) -> tuple[ReachFleet, dict[str, int]]:
     if ctx.redis_pid:
         fleet_pids["redis"] = ctx.redis_pid
     ctx.meters["fleet"] = CpuMeter(fleet_pids, trees)
+    if "bare_plain" in ctx.agents:
+        ctx.meters["bare_plain"] = ctx.meters["bare"]
+        ctx.meters["fleet_plain"] = ctx.meters["fleet"]
     return fleet, pids
 
 
 # -- the side-by-side sections -------------------------------------------------------------------
 
 
-def throughput(ctx: Ctx, variants: Sequence[str] = VARIANTS) -> dict[str, Any]:
+def throughput(ctx: Ctx, variants: Sequence[str] | None = None) -> dict[str, Any]:
     """Bursts of ``burst_n`` per variant, interleaved, ``reps`` times."""
     cfg = ctx.cfg
+    variants = ctx.variants if variants is None else variants
     out: dict[str, Any] = {v: {"reps": []} for v in variants}
     for rep in range(cfg["reps"]):
         for variant in variants:
             idle = ctx.meters[variant].idle_rates(cfg["idle_s"])
-            before = redis_calls(ctx.redis_url) if variant == "fleet" and not ctx.args.redis_url else None
+            fleet = variant.startswith("fleet")
+            before = redis_calls(ctx.redis_url) if fleet and not ctx.args.redis_url else None
             res = ctx.phase(variant, "burst", cfg["burst_n"], label=f"burst rep {rep + 1}")
             if before is not None:
                 after = redis_calls(ctx.redis_url)
@@ -487,9 +501,9 @@ def latency(ctx: Ctx) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for rate, seconds in ctx.cfg["paced"]:
         n = int(rate * seconds)
-        block: dict[str, Any] = {v: {"reps": []} for v in VARIANTS}
+        block: dict[str, Any] = {v: {"reps": []} for v in ctx.variants}
         for rep in range(ctx.cfg["reps"]):
-            for variant in VARIANTS:
+            for variant in ctx.variants:
                 res = ctx.phase(variant, "paced", n, rate=rate, label=f"paced {rate}/s rep {rep + 1}")
                 res["cpu_ms_per_intent"] = per_intent_cpu(res)
                 block[variant]["reps"].append(res)
@@ -498,7 +512,7 @@ def latency(ctx: Ctx) -> dict[str, Any]:
                     f"paced {rate}/s rep {rep + 1} {variant:6s}: p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
                     f"receipts {res.get('receipts')}/{n}"
                 )
-        for variant in VARIANTS:
+        for variant in ctx.variants:
             reps = block[variant]["reps"]
             block[variant]["p50_ms"] = median([r["latency_ms"]["p50"] for r in reps])
             block[variant]["p99_ms"] = median([r["latency_ms"]["p99"] for r in reps])
@@ -585,7 +599,7 @@ def render(results: dict[str, Any]) -> str:
             f"receipts/s between the 10th and 90th percentile arrival; median of {meta['config']['reps']})"
         )
         rows = []
-        for variant in VARIANTS:
+        for variant in [v for v in (*VARIANTS, *PLAIN_VARIANTS) if v in tp]:
             t = tp[variant]
             cpu = t["cpu_ms_per_intent"]
             rows.append(
@@ -638,7 +652,7 @@ def render(results: dict[str, Any]) -> str:
         )
         rows = []
         rates = list(lat)
-        for variant in VARIANTS:
+        for variant in [v for v in (*VARIANTS, *PLAIN_VARIANTS) if rates and v in lat[rates[0]]]:
             row: list[Any] = [variant]
             for rate in rates:
                 b = lat[rate][variant]
@@ -679,6 +693,11 @@ def render(results: dict[str, Any]) -> str:
             f" (target p99 <= {TARGETS['added_p99_ms_max']} ms);  c-b at 100/s: p50 +{fmt(r.get('fleet_minus_bare_p50_ms_100'), 2)}"
             f" ms, p99 +{fmt(r.get('fleet_minus_bare_p99_ms_100'), 2)} ms"
         )
+        if "plain_throughput_c_over_b" in r:
+            lines.append(
+                f"plain agent (bench/plain_agent.py): fleet/bare throughput {fmt(r.get('plain_throughput_c_over_b'), 3)}"
+                f", p99 at 100/s fleet/bare {fmt(r.get('plain_p99_c_over_b_100'), 3)}"
+            )
     iso = results.get("isolation")
     if iso and "fast_p99_without_ms" in iso:
         lines.append("")
@@ -846,6 +865,11 @@ def main() -> int:
         "redis-server; its CPU is then measured net of its idle rate",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs even when clean")
+    parser.add_argument(
+        "--plain-agent",
+        action="store_true",
+        help="also drive bare and fleet with bench/plain_agent.py (pika, one confirm per publish), side by side",
+    )
     parser.add_argument("--output", default=str(RESULTS / "latest.json"))
     parser.add_argument(
         "--set",
@@ -875,7 +899,7 @@ def main() -> int:
     run_id = f"b{int(time.time())}-{uuid.uuid4().hex[:4]}"
     work = tmpdir("reach-bench-")
     procs = Procs(work)
-    ctx = Ctx(args, cfg, run_id, procs, work)
+    ctx = Ctx(args, cfg, run_id, procs, work, variants=(*VARIANTS, *PLAIN_VARIANTS) if args.plain_agent else VARIANTS)
     started = time.time()
     results: dict[str, Any] = {
         "meta": {
@@ -898,7 +922,7 @@ def main() -> int:
         results["meta"]["code"] = code_state()
         fleet, pids = start_stack(ctx)
         # warm-up: connections, Lua scripts, httpx pools, code paths (not measured)
-        for variant in VARIANTS:
+        for variant in ctx.variants:
             ctx.phase(variant, "burst", cfg["warmup"], label="warm-up", meter=CpuMeter({}))
         if "main" in sections:
             results["throughput"] = throughput(ctx)
@@ -920,11 +944,18 @@ def main() -> int:
                 ratios["added_p99_ms_100"] = round(l100["fleet"]["p99_ms"] - l100["direct"]["p99_ms"], 3)
                 ratios["fleet_minus_bare_p50_ms_100"] = round(l100["fleet"]["p50_ms"] - l100["bare"]["p50_ms"], 3)
                 ratios["fleet_minus_bare_p99_ms_100"] = round(l100["fleet"]["p99_ms"] - l100["bare"]["p99_ms"], 3)
+            if "fleet_plain" in tp:  # the same two pipelines with the agent written from the contract alone
+                bp, cp = tp["bare_plain"]["steady_rate"], tp["fleet_plain"]["steady_rate"]
+                ratios["plain_throughput_c_over_b"] = round(cp / bp, 3) if bp and cp else None
+                if l100 and l100["bare_plain"]["p99_ms"]:
+                    ratios["plain_p99_c_over_b_100"] = round(
+                        l100["fleet_plain"]["p99_ms"] / l100["bare_plain"]["p99_ms"], 3
+                    )
             results["ratios"] = ratios
             results["memory"] = memory(ctx, pids)
             if not ctx.args.redis_url:
                 results["redis_footprint"] = redis_footprint(ctx)
-            results["fleet_metrics"] = {"router": fleet.metrics("router"), "pool": fleet.metrics(catalogs.FAST)}
+            results["fleet_metrics"] = {"router": fleet.counters("router"), "pool": fleet.counters(catalogs.FAST)}
         elif "profile" in sections:
             import profiling
 
@@ -942,7 +973,9 @@ def main() -> int:
 
             results["isolation"] = isolation.run(ctx, fleet)
         ctx.agents.pop("bare").quit()
-        procs.stop_many(["bare-router", "bare-connector", "agent-bare"])
+        if "bare_plain" in ctx.agents:
+            ctx.agents.pop("bare_plain").quit()
+        procs.stop_many(["bare-router", "bare-connector", "agent-bare", "agent-bare_plain"])
         ctx.consumer_queues = ["reach.intents", "reach.connector." + catalogs.FAST]
         fleet_logs = {
             fleet.full(n): scan_log(procs.items[fleet.full(n)].log_text())
