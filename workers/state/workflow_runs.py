@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,11 +169,22 @@ class WorkflowRuns:
         now_ms = int(time.time() * 1000)
         return bool(self._claim(keys=[keys.workflow_run(owner, run_id)], args=[outbound, now_ms, int(seconds * 1000)]))
 
-    def mark_sent(self, owner: str, run_id: str, outbound: str, version: int, when: float | None) -> None:
+    def mark_sent(
+        self,
+        owner: str,
+        run_id: str,
+        outbound: str,
+        version: int,
+        when: float | None,
+        also: Callable[[Any], None] | None = None,
+    ) -> None:
         """The broker confirmed ``outbound`` (a marker the runner builds): a redelivery need not send
-        it again; and the sweep looks next at ``when``, as ``reschedule`` sets it, in one round trip."""
+        it again; and the sweep looks next at ``when``, as ``reschedule`` sets it, in one round trip
+        (with ``also``'s commands: the run's trace lines)."""
         run = keys.workflow_run(owner, run_id)
         pipe = self.client.pipeline(transaction=False)
+        if also is not None:
+            also(pipe)
         eval_into(pipe, _MARK, [run], outbound)
         self._look_into(pipe, owner, run_id, when)
         pipe.hget(run, "v")

@@ -398,13 +398,19 @@ class WorkflowRunner:
             self._answer_followers(run)
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
-        if self.audit is not None:
-            self.audit.events(run.run_id, [stage(run)], agent=run.owner)
+        traced = None
+        if self.audit is not None:  # the stage goes into the run's trace with the sent mark: no round trip of its own
+            audit, lines = self.audit, self.audit.render(run.run_id, [stage(run)])
+            audit.write_lines(lines)
+
+            def traced(pipe: Any) -> None:
+                audit.push_into(pipe, run.owner, run.run_id, lines)
+
         self.crash("after_publish")
         # the next look worked out from this version: an operator may have resumed the run
         # meanwhile (mark_sent checks, as reschedule does)
         look = machine.next_look(run, outbound.marker, self.clock())
-        self.runs.mark_sent(run.owner, run.run_id, outbound.marker, version, look)
+        self.runs.mark_sent(run.owner, run.run_id, outbound.marker, version, look, also=traced)
 
     def _answer_followers(self, run: Run) -> None:
         """The starts that waited on the run with its idempotency key get its outcome, each as its
