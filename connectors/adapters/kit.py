@@ -1,0 +1,117 @@
+"""What a plugin's conformance fixture works with: the fake system's script, set by the kit.
+
+``reach plugins check TYPE`` (workers/ops/conformance.py) runs one suite against any adapter. It
+cannot speak every protocol, so each plugin declares a fixture (``Manifest.conformance``): a
+server of its own protocol that asks a :class:`Downstream` what to do with every request it
+receives, and the connector document that points the adapter at that server. The kit sets the
+script per row (answer, hang, fail, refuse), and reads back what the system received (how many
+requests, with which idempotency key), which is how it proves, whatever the protocol, that a write
+was not sent twice.
+
+A fixture (see :class:`Fixture`) offers two actions, each taking one string param ``q``: a read
+(``read_action``) and a non-idempotent write (``write_action``); its server passes the request's
+text (where ``q`` can be found) to :meth:`Downstream.handle` and answers as the :class:`Reply` says.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+MARKER = re.compile(r"kit-[0-9]+-[0-9]+")  # what the concurrency row puts in ``q``
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the fake system saw it."""
+
+    key: str | None  # the idempotency key it carried (None: none)
+    text: str  # the request's text (body, query, message), where the kit looks for ``q``'s value
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the fake system does with a request.
+
+    - ``answer``: succeed with ``data`` (JSON-like), or with ``raw`` as the answer's exact bytes
+      when given (an oversized or deeply nested document a JSON encoder could not even build);
+    - ``hang``: answer nothing for ``seconds`` (then close);
+    - ``fail``: a server-side failure of the protocol (HTTP 503, a SOAP server fault, a GraphQL
+      error, ...) whose text is ``message``.
+    """
+
+    kind: Literal["answer", "hang", "fail"]
+    data: Any = None
+    raw: bytes | None = None
+    seconds: float = 0.0
+    message: str = ""
+
+
+class Downstream:
+    """The fake system's behaviour and what it received; thread-safe (servers are threaded)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._script: list[Reply] = []
+        self._default: Reply = Reply("answer", data={"ok": True})
+        self._echo = False
+        self.received: list[Received] = []
+
+    def play(self, *replies: Reply, then: Reply | None = None, echo: bool = False) -> None:
+        """Answer the next requests with ``replies`` in turn, then with ``then`` (default: success);
+        ``echo``: a success answers ``{"seen": <the kit marker found in the request>}``."""
+        with self._lock:
+            self._script = list(replies)
+            self._default = then or Reply("answer", data={"ok": True})
+            self._echo = echo
+            self.received = []
+
+    def handle(self, received: Received) -> Reply:
+        """Note the request and say what to do with it (the fixture's server calls this)."""
+        with self._lock:
+            self.received.append(received)
+            reply = self._script.pop(0) if self._script else self._default
+            if self._echo and reply.kind == "answer" and reply.raw is None:
+                found = MARKER.search(received.text)
+                reply = Reply("answer", data={"seen": found.group(0) if found else None})
+            return reply
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.received)
+
+    def keys(self) -> list[str | None]:
+        with self._lock:
+            return [r.key for r in self.received]
+
+
+@dataclass
+class Fixture:
+    """A plugin's way to point its adapter at the kit's fake system.
+
+    ``connector(reachable, idempotency)`` returns the connector document (the mapping under
+    ``connector:`` in YAML) with the two actions; ``reachable`` False aims it where nothing listens
+    (connection refused); ``idempotency`` True asks the system to deduplicate by the intent's
+    idempotency key (the http type's ``idempotency_header``), making the write safe to repeat.
+    ``secret`` is a credential the connector uses (read from ``environ``): it must never show.
+    """
+
+    connector: Callable[[bool, bool], dict[str, Any]]
+    close: Callable[[], None]
+    secret: str
+    environ: Mapping[str, str] = field(default_factory=dict)
+    read_action: str = "kit_read"
+    write_action: str = "kit_write"
+
+
+class FixtureFactory(Protocol):
+    """``Manifest.conformance`` names one of these: it starts the fake system's server."""
+
+    def __call__(self, downstream: Downstream) -> Fixture: ...
+
+
+__all__ = ["MARKER", "Downstream", "Fixture", "FixtureFactory", "Received", "Reply"]
