@@ -193,6 +193,8 @@ def _row(title: str, step: Callable[[], tuple[Status, str]]) -> Row:
         status, detail = step()
     except AdapterRaised as exc:
         status, detail = "FAIL", str(exc)
+    except Exception as exc:  # the fixture or the build failed: the row cannot pass
+        status, detail = "FAIL", f"the row could not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return Row(title, status, f"{detail} ({time.monotonic() - started:.1f} s)")
 
 
