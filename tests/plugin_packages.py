@@ -13,7 +13,7 @@ from producers.wire import ErrorCode
 
 # An adapter that wraps the built-in http adapter, for the kit's negative tests: its fixture is the
 # built-in http fixture with the credential moved into the plugin's own config.
-WRAPPER = '''
+WRAPPER = """
 import logging
 from typing import Any
 
@@ -86,7 +86,7 @@ class Broken:
 
 def build(connector, config, options):
     return Broken(connector, config, options)
-'''
+"""
 
 DOUBLE_SEND = """
     def call(self, action, params, ctx):
@@ -142,18 +142,38 @@ def build(connector, config, options):
 def install_zoo(root: Path, tag: str) -> dict[str, str]:
     """The broken plugins of the issue and two deliberately bad adapters; ``tag`` keeps module
     names unique in one test session. Returns type -> package."""
-    install(root, f"reach-import-{tag}", f"reach_import_{tag}", {f"grpcish{tag}": f"reach_import_{tag}"},
-            "import grpc_that_is_not_installed  # noqa\n")
-    install(root, f"reach-old-{tag}", f"reach_old_{tag}", {f"old{tag}": f"reach_old_{tag}"},
-            manifest_source(f"old{tag}", version="99"))
-    install(root, f"reach-invalid-{tag}", f"reach_invalid_{tag}", {f"invalid{tag}": f"reach_invalid_{tag}"},
-            "manifest = {'type': 'invalid%s', 'contract_version': 1, 'description': 'x', 'errors': {}}\n"
-            "def build(c, k, o):\n    pass\n" % tag)
+    install(
+        root,
+        f"reach-import-{tag}",
+        f"reach_import_{tag}",
+        {f"grpcish{tag}": f"reach_import_{tag}"},
+        "import grpc_that_is_not_installed  # noqa\n",
+    )
+    install(
+        root,
+        f"reach-old-{tag}",
+        f"reach_old_{tag}",
+        {f"old{tag}": f"reach_old_{tag}"},
+        manifest_source(f"old{tag}", version="99"),
+    )
+    install(
+        root,
+        f"reach-invalid-{tag}",
+        f"reach_invalid_{tag}",
+        {f"invalid{tag}": f"reach_invalid_{tag}"},
+        f"manifest = {{'type': 'invalid{tag}', 'contract_version': 1, 'description': 'x', 'errors': {{}}}}\n"
+        "def build(c, k, o):\n    pass\n",
+    )
     install(root, f"reach-clash-{tag}", f"reach_clash_{tag}", {"http": f"reach_clash_{tag}"}, manifest_source("http"))
     for bad, body in (("double", DOUBLE_SEND), ("leaky", LEAKY)):
         module = f"reach_{bad}_{tag}"
-        install(root, f"reach-{bad}-{tag}", module, {f"{bad}{tag}": module},
-                WRAPPER.format(kind=f"{bad}{tag}", module=module, body=body))
+        install(
+            root,
+            f"reach-{bad}-{tag}",
+            module,
+            {f"{bad}{tag}": module},
+            WRAPPER.format(kind=f"{bad}{tag}", module=module, body=body),
+        )
     return {
         f"grpcish{tag}": f"reach-import-{tag}",
         f"old{tag}": f"reach-old-{tag}",

@@ -119,7 +119,9 @@ def _load(ep: metadata.EntryPoint) -> Plugin:
     package = _package(ep)
 
     def refused(why: str, manifest: Manifest | None = None) -> Plugin:
-        return Plugin(ep.name, package, ep.value, "refused", f"plugin {ep.name} from package {package} refused: {why}", manifest)
+        return Plugin(
+            ep.name, package, ep.value, "refused", f"plugin {ep.name} from package {package} refused: {why}", manifest
+        )
 
     try:
         module = ep.load()

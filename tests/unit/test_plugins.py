@@ -52,7 +52,10 @@ def test_each_broken_plugin_is_refused_with_one_line_naming_its_package(zoo: tup
     tag, packages = zoo
     found = registry_module.registry()
     reasons = {p.type: p.reason for p in found.refused}
-    assert "cannot be imported (ModuleNotFoundError: No module named 'grpc_that_is_not_installed')" in reasons[f"grpcish{tag}"]
+    assert (
+        "cannot be imported (ModuleNotFoundError: No module named 'grpc_that_is_not_installed')"
+        in reasons[f"grpcish{tag}"]
+    )
     assert "implements contract version 99, this fleet speaks 1" in reasons[f"old{tag}"]
     assert "invalid manifest: guarantees: Field required" in reasons[f"invalid{tag}"]
     for kind, package in packages.items():

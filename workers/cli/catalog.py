@@ -56,7 +56,9 @@ def _system_problems(catalog: Catalog, loaded: LoadResult) -> list[Problem]:
         # the type's plugin and the connector's config against its models, at the key's line
         typed = plugin_problems(connector)
         for loc, message in typed:
-            problem = Problem(doc.file, loaded.line_of(doc, "connector", *loc), f"connector {connector.name}: {message}")
+            problem = Problem(
+                doc.file, loaded.line_of(doc, "connector", *loc), f"connector {connector.name}: {message}"
+            )
             click.echo(str(problem))
             found.append(problem)
         if typed:

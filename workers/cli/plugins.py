@@ -25,9 +25,7 @@ def plugins_list() -> None:
     rows = []
     for p in found:
         m = p.manifest
-        claims = (
-            ", ".join(k for k, v in m.guarantees.model_dump().items() if v) or "-" if m is not None else "-"
-        )
+        claims = ", ".join(k for k, v in m.guarantees.model_dump().items() if v) or "-" if m is not None else "-"
         rows.append(
             (
                 p.type,

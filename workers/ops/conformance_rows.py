@@ -129,7 +129,9 @@ def deadline(kit: Kit) -> tuple[Status, str]:
     outcome = kit.call(built, kit.fixture.read_action, "kit-0-0", None, TIMEOUT)
     took = time.monotonic() - started
     good = not outcome.ok and outcome.code in _TIMED_OUT and took < TIMEOUT + DEADLINE_SLACK
-    return ("PASS" if good else "FAIL"), f"deadline {TIMEOUT} s, system silent for {HANG} s: {_said(outcome)} after {took:.1f} s"
+    return (
+        "PASS" if good else "FAIL"
+    ), f"deadline {TIMEOUT} s, system silent for {HANG} s: {_said(outcome)} after {took:.1f} s"
 
 
 def concurrency(kit: Kit) -> tuple[Status, str]:
@@ -151,7 +153,9 @@ def concurrency(kit: Kit) -> tuple[Status, str]:
     total = THREADS * CALLS
     good = not wrong and kit.downstream.count == total
     detail = f"{total} reads on {THREADS} threads, system received {kit.downstream.count}"
-    return ("PASS" if good else "FAIL"), detail + (f"; first wrong: {wrong[0]}" if wrong else ", each got its own answer")
+    return ("PASS" if good else "FAIL"), detail + (
+        f"; first wrong: {wrong[0]}" if wrong else ", each got its own answer"
+    )
 
 
 def probe(kit: Kit) -> tuple[Status, str]:
