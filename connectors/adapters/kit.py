@@ -15,6 +15,7 @@ text (where ``q`` can be found) to :meth:`Downstream.handle` and answers as the 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -34,20 +35,32 @@ class Received:
 
 @dataclass(frozen=True)
 class Reply:
-    """What the fake system does with a request.
+    """What the fake system does with a request, which its fixture renders in its protocol.
 
-    - ``answer``: succeed with ``data`` (JSON-like), or with ``raw`` as the answer's exact bytes
-      when given (an oversized or deeply nested document a JSON encoder could not even build);
+    - ``answer``: succeed with ``data`` (JSON-like);
+    - ``huge``: succeed with an answer of about ``size`` bytes (one long text value);
+    - ``deep``: succeed with an answer nested ``depth`` levels (objects in objects, elements in
+      elements), which a recursive decoder would choke on;
     - ``hang``: answer nothing for ``seconds`` (then close);
     - ``fail``: a server-side failure of the protocol (HTTP 503, a SOAP server fault, a GraphQL
       error, ...) whose text is ``message``.
     """
 
-    kind: Literal["answer", "hang", "fail"]
+    kind: Literal["answer", "huge", "deep", "hang", "fail"]
     data: Any = None
-    raw: bytes | None = None
+    size: int = 0
+    depth: int = 0
     seconds: float = 0.0
     message: str = ""
+
+
+def json_answer(reply: Reply) -> bytes:
+    """A successful Reply as JSON bytes (for protocols that answer JSON), built without recursion."""
+    if reply.kind == "huge":
+        return b'{"blob": "' + b"x" * reply.size + b'"}'
+    if reply.kind == "deep":
+        return b'{"a":' * reply.depth + b"1" + b"}" * reply.depth
+    return json.dumps(reply.data).encode()
 
 
 class Downstream:
@@ -74,7 +87,7 @@ class Downstream:
         with self._lock:
             self.received.append(received)
             reply = self._script.pop(0) if self._script else self._default
-            if self._echo and reply.kind == "answer" and reply.raw is None:
+            if self._echo and reply.kind == "answer":
                 found = MARKER.search(received.text)
                 reply = Reply("answer", data={"seen": found.group(0) if found else None})
             return reply
@@ -114,4 +127,4 @@ class FixtureFactory(Protocol):
     def __call__(self, downstream: Downstream) -> Fixture: ...
 
 
-__all__ = ["MARKER", "Downstream", "Fixture", "FixtureFactory", "Received", "Reply"]
+__all__ = ["MARKER", "Downstream", "Fixture", "FixtureFactory", "Received", "Reply", "json_answer"]

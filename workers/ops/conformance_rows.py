@@ -106,7 +106,7 @@ def refused_connection(kit: Kit) -> tuple[Status, str]:
 
 def oversized_answer(kit: Kit) -> tuple[Status, str]:
     built = kit.adapter()
-    kit.downstream.play(then=Reply("answer", raw=oversized(16 << 20)))
+    kit.downstream.play(then=Reply("huge", size=16 << 20))
     outcome = kit.call(built, kit.fixture.read_action, "kit-0-0")
     size = data_bytes(outcome.data)
     good = 0 <= size <= KIT_MAX_DATA_BYTES
@@ -115,7 +115,7 @@ def oversized_answer(kit: Kit) -> tuple[Status, str]:
 
 def nested_answer(kit: Kit) -> tuple[Status, str]:
     built = kit.adapter()
-    kit.downstream.play(then=Reply("answer", raw=nested(100_000)))
+    kit.downstream.play(then=Reply("deep", depth=100_000))
     outcome = kit.call(built, kit.fixture.read_action, "kit-0-0")
     levels = depth(outcome.data)
     good = levels <= KIT_DEPTH + 1
@@ -212,11 +212,3 @@ def data_bytes(value: Any) -> int:
         return len(json.dumps(value, default=str))
     except (ValueError, RecursionError):
         return -1
-
-
-def oversized(n_bytes: int) -> bytes:
-    return b'{"blob": "' + b"x" * n_bytes + b'"}'
-
-
-def nested(levels: int) -> bytes:
-    return b'{"a":' * levels + b"1" + b"}" * levels

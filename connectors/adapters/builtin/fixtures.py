@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from connectors.adapters.kit import Downstream, Fixture, Received, Reply
+from connectors.adapters.kit import Downstream, Fixture, Received, Reply, json_answer
 
 KIT_SECRET = "kit-secret-5f1c9a7e2b"  # the fake system's credential; must never reach a receipt or a log
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -75,9 +75,7 @@ def json_reply(reply: Reply) -> tuple[int, str, Any]:
         return 0, "", reply.seconds
     if reply.kind == "fail":
         return 503, "application/json", json.dumps({"error": reply.message}).encode()
-    if reply.raw is not None:
-        return 200, "application/json", reply.raw
-    return 200, "application/json", json.dumps(reply.data).encode()
+    return 200, "application/json", json_answer(reply)
 
 
 def http_fixture(downstream: Downstream) -> Fixture:

@@ -21,6 +21,7 @@ manifest = Manifest(
         "HTTP 429": ErrorCode.DOWNSTREAM_RATE_LIMITED,
         "credentials the adapter cannot obtain": ErrorCode.CONNECTOR_UNAVAILABLE,
     },
+    conformance="connectors.adapters.builtin.soap_fixture:soap_fixture",
 )
 
 
