@@ -51,8 +51,8 @@ manifest = Manifest(
 )
 
 
-def fixture(downstream):
-    inner = http_fixture(downstream)
+def fixture(downstream, context):
+    inner = http_fixture(downstream, context)
 
     def connector(reachable, idempotency):
         doc = inner.connector(reachable, idempotency)

@@ -121,10 +121,18 @@ class Fixture:
     write_action: str = "kit_write"
 
 
+@dataclass(frozen=True)
+class KitContext:
+    """What the kit's caller offers a fixture: the fleet's broker, for systems reached through one."""
+
+    broker_url: str | None = None
+
+
 class FixtureFactory(Protocol):
-    """``Manifest.conformance`` names one of these: it starts the fake system's server."""
+    """``Manifest.conformance`` names one of these: it starts the fake system's server (raising
+    when it cannot, e.g. without a broker it needs)."""
 
-    def __call__(self, downstream: Downstream) -> Fixture: ...
+    def __call__(self, downstream: Downstream, context: KitContext) -> Fixture: ...
 
 
-__all__ = ["MARKER", "Downstream", "Fixture", "FixtureFactory", "Received", "Reply", "json_answer"]
+__all__ = ["MARKER", "Downstream", "Fixture", "FixtureFactory", "KitContext", "Received", "Reply", "json_answer"]

@@ -207,6 +207,7 @@ BROKER_LIBRARY_USERS = {
     "producers.serve.server": "an agent that answers a connector speaks AMQP",
     "connectors.adapters.amqp": "calls a system over AMQP",
     "connectors.adapters.amqp_rpc": "calls a system over AMQP",
+    "connectors.adapters.builtin.amqp_fixture": "the conformance kit's fake system behind a broker",
     "connectors.adapters.agent": "calls an agent over AMQP",
 }
 

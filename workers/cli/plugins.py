@@ -47,10 +47,16 @@ def plugins_check(kind: str) -> None:
     """Run the conformance kit against TYPE's adapter, with a fake system the kit controls, and
     print a table of the guarantees. Exit codes: 0 every row PASS or SKIP, 1 any FAIL, 2 the kit
     cannot run (type not installed, refused, or without a fixture)."""
+    from connectors.adapters.kit import KitContext
     from workers.ops.conformance import KitError, check
+    from workers.settings import Settings, SettingsError
 
     try:
-        rows = check(kind)
+        broker_url: str | None = Settings.from_env().broker_url
+    except SettingsError:
+        broker_url = None  # only fixtures that need a broker say so
+    try:
+        rows = check(kind, context=KitContext(broker_url=broker_url))
     except KitError as exc:
         click.echo(f"reach plugins check {kind}: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from connectors.adapters.base import Adapter, AdapterOptions, CallContext, Outcome
-from connectors.adapters.kit import Downstream, Fixture, FixtureFactory
+from connectors.adapters.kit import Downstream, Fixture, FixtureFactory, KitContext
 from connectors.adapters.plugin import ADAPTER_CODES
 from connectors.adapters.registry import Plugin, Registry, registry
 from connectors.spec import ConnectorSpec, RetryPolicy
@@ -41,8 +41,9 @@ class KitError(Exception):
     """The kit cannot run for this type (not installed, refused, no fixture)."""
 
 
-def check(kind: str, plugins: Registry | None = None) -> list[Row]:
-    """Run the suite against the adapter of type ``kind``; raises KitError when it cannot run."""
+def check(kind: str, plugins: Registry | None = None, context: KitContext | None = None) -> list[Row]:
+    """Run the suite against the adapter of type ``kind``; raises KitError when it cannot run
+    (``context``: what fixtures may use, such as the fleet's broker)."""
     plugins = plugins or registry()
     plugin = plugins.get(kind)
     if plugin is None or plugin.manifest is None:
@@ -51,8 +52,11 @@ def check(kind: str, plugins: Registry | None = None) -> list[Row]:
         raise KitError(f"plugin {kind} ({plugin.package}) declares no conformance fixture (manifest.conformance)")
     factory = _resolve(plugin.manifest.conformance)
     downstream = Downstream()
-    fixture = factory(downstream)
-    suite = Suite(plugin, fixture, downstream)
+    try:
+        fixture = factory(downstream, context or KitContext())
+    except Exception as exc:  # a fixture that cannot start says why; the kit has nothing to run
+        raise KitError(f"the conformance fixture of {kind} could not start: {type(exc).__name__}: {exc}") from exc
+    suite = Suite(plugin, fixture, downstream, context or KitContext())
     try:
         with suite.logs():
             return suite.run()
@@ -85,8 +89,9 @@ class _Capture(logging.Handler):
 class Suite:
     """The rows, in order; every outcome and log line is kept for the last two rows."""
 
-    def __init__(self, plugin: Plugin, fixture: Fixture, downstream: Downstream) -> None:
+    def __init__(self, plugin: Plugin, fixture: Fixture, downstream: Downstream, context: KitContext) -> None:
         assert plugin.manifest is not None
+        self.context = context
         self.plugin = plugin
         self.manifest = plugin.manifest
         self.fixture = fixture
@@ -116,7 +121,12 @@ class Suite:
         if (reachable, idempotency) not in self._built:
             connector = ConnectorSpec.model_validate(self.fixture.connector(reachable, idempotency))
             config = self.manifest.parse_connector(connector)
-            options = AdapterOptions(max_connections=THREADS, max_depth=KIT_DEPTH, environ=self.fixture.environ)
+            options = AdapterOptions(
+                max_connections=THREADS,
+                max_depth=KIT_DEPTH,
+                environ=self.fixture.environ,
+                broker_url=self.context.broker_url,
+            )
             self._built[(reachable, idempotency)] = (connector, self.plugin.build(connector, config, options))
         return self._built[(reachable, idempotency)]
 

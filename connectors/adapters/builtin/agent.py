@@ -20,6 +20,7 @@ manifest = Manifest(
         "the answering agent's own error code": ErrorCode.DOWNSTREAM_ERROR,
         "a call that would loop back through agents": ErrorCode.VALIDATION_FAILED,
     },
+    conformance="connectors.adapters.builtin.amqp_fixture:agent_fixture",
 )
 
 

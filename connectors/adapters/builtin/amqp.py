@@ -15,6 +15,7 @@ manifest = Manifest(
     description="A system behind its own AMQP broker: a message per action, with a reply when the action waits for one.",
     guarantees=Guarantees(idempotency_key=True, timeout_may_land=True),
     errors=dict(SHARED_ERRORS),
+    conformance="connectors.adapters.builtin.amqp_fixture:amqp_fixture",
 )
 
 

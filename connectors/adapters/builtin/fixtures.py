@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from connectors.adapters.kit import Downstream, Fixture, Received, Reply, json_answer
+from connectors.adapters.kit import Downstream, Fixture, KitContext, Received, Reply, json_answer
 
 KIT_SECRET = "kit-secret-5f1c9a7e2b"  # the fake system's credential; must never reach a receipt or a log
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -78,7 +78,7 @@ def json_reply(reply: Reply) -> tuple[int, str, Any]:
     return 200, "application/json", json_answer(reply)
 
 
-def http_fixture(downstream: Downstream) -> Fixture:
+def http_fixture(downstream: Downstream, context: KitContext) -> Fixture:
     """The http type: bearer auth with the kit's secret, an Idempotency-Key header on request."""
 
     def respond(received: Received, headers: Any) -> tuple[int, str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from connectors.adapters.builtin.fixtures import IDEMPOTENCY_HEADER, KIT_SECRET, HttpServer, closed_port
-from connectors.adapters.kit import Downstream, Fixture, Received, Reply
+from connectors.adapters.kit import Downstream, Fixture, KitContext, Received, Reply
 
 NS = "urn:reach:kit"
 _OPERATION = re.compile(rb"<(?:\w+:)?(KitRead|KitWrite)[\s>]")
@@ -77,7 +77,7 @@ def _fault(message: str) -> bytes:
     return _ENVELOPE.format(body=body).encode()
 
 
-def soap_fixture(downstream: Downstream) -> Fixture:
+def soap_fixture(downstream: Downstream, context: KitContext) -> Fixture:
     """The soap type: its WSDL fetched from the fake service, bearer auth with the kit's secret."""
 
     def respond(received: Received, headers: Any) -> tuple[int, str, Any]:
