@@ -20,6 +20,7 @@ from connectors.spec import ActionSpec, ConnectorSpec
 from producers.wire import ErrorCode
 
 log = logging.getLogger("reach.plugins")
+UNAVAILABLE_RETRY_MS = 60_000  # a plugin comes back only with a deploy: no sooner than a minute
 
 
 class Unavailable:
@@ -35,6 +36,7 @@ class Unavailable:
             code=ErrorCode.CONNECTOR_UNAVAILABLE,
             message=self._message,
             suggestion="Tell an operator: the connector's plugin is missing or refused (`reach plugins list`).",
+            retry_after_ms=UNAVAILABLE_RETRY_MS,
             sent=False,
         )
 
