@@ -106,6 +106,15 @@ LEAKY = """
         return outcome
 """
 
+CARELESS = """
+    def call(self, action, params, ctx):
+        import dataclasses
+
+        action = self.inner.connector.action(action.action)
+        # ignores the intent's deadline and drops its idempotency key
+        return self.inner.call(action, params, dataclasses.replace(ctx, timeout=30.0, idempotency_key=None))
+"""
+
 
 def install(root: Path, package: str, module: str, entry_points: dict[str, str], source: str) -> None:
     """Write ``module`` (a package's __init__) and the dist-info of ``package`` declaring
@@ -165,7 +174,7 @@ def install_zoo(root: Path, tag: str) -> dict[str, str]:
         "def build(c, k, o):\n    pass\n",
     )
     install(root, f"reach-clash-{tag}", f"reach_clash_{tag}", {"http": f"reach_clash_{tag}"}, manifest_source("http"))
-    for bad, body in (("double", DOUBLE_SEND), ("leaky", LEAKY)):
+    for bad, body in (("double", DOUBLE_SEND), ("leaky", LEAKY), ("careless", CARELESS)):
         module = f"reach_{bad}_{tag}"
         install(
             root,

@@ -172,6 +172,17 @@ def test_the_kit_fails_an_adapter_that_logs_its_secret(zoo: tuple[str, dict[str,
     assert rows["a non-idempotent write is never sent twice"].status == "PASS"
 
 
+def test_the_kit_fails_an_adapter_that_ignores_the_deadline_and_the_idempotency_key(
+    zoo: tuple[str, dict[str, str]],
+) -> None:
+    tag, _ = zoo
+    rows = {r.guarantee: r for r in check(f"careless{tag}")}
+    assert rows["the deadline cancels the call"].status == "FAIL"
+    assert rows["a retried idempotent call carries the same idempotency key"].status == "FAIL"
+    assert "keys received: [None, None, None]" in rows["a retried idempotent call carries the same idempotency key"].detail
+    assert rows["a non-idempotent write is never sent twice"].status == "PASS"
+
+
 def test_the_kit_refuses_to_run_for_a_refused_plugin(zoo: tuple[str, dict[str, str]]) -> None:
     tag, _ = zoo
     result = CliRunner().invoke(main, ["plugins", "check", f"old{tag}"])
