@@ -71,7 +71,21 @@ class Downstream:
         self._script: list[Reply] = []
         self._default: Reply = Reply("answer", data={"ok": True})
         self._echo = False
-        self.received: list[Received] = []
+        self._received: list[Received] = []
+        self._mirror: Callable[[list[Reply], Reply, bool], None] | None = None
+        self._seen: Callable[[], list[Received]] | None = None
+
+    def attach(self, mirror: Callable[[list[Reply], Reply, bool], None], seen: Callable[[], list[Received]]) -> None:
+        """For a system that keeps the script itself (a database's routine cannot call back into
+        the kit): ``mirror(replies, then, echo)`` gets every play, ``seen()`` says what arrived."""
+        self._mirror, self._seen = mirror, seen
+
+    @property
+    def received(self) -> list[Received]:
+        if self._seen is not None:
+            return self._seen()
+        with self._lock:
+            return list(self._received)
 
     def play(self, *replies: Reply, then: Reply | None = None, echo: bool = False) -> None:
         """Answer the next requests with ``replies`` in turn, then with ``then`` (default: success);
@@ -80,12 +94,14 @@ class Downstream:
             self._script = list(replies)
             self._default = then or Reply("answer", data={"ok": True})
             self._echo = echo
-            self.received = []
+            self._received = []
+        if self._mirror is not None:
+            self._mirror(list(replies), self._default, echo)
 
     def handle(self, received: Received) -> Reply:
         """Note the request and say what to do with it (the fixture's server calls this)."""
         with self._lock:
-            self.received.append(received)
+            self._received.append(received)
             reply = self._script.pop(0) if self._script else self._default
             if self._echo and reply.kind == "answer":
                 found = MARKER.search(received.text)
@@ -94,12 +110,10 @@ class Downstream:
 
     @property
     def count(self) -> int:
-        with self._lock:
-            return len(self.received)
+        return len(self.received)
 
     def keys(self) -> list[str | None]:
-        with self._lock:
-            return [r.key for r in self.received]
+        return [r.key for r in self.received]
 
 
 @dataclass
@@ -126,6 +140,7 @@ class KitContext:
     """What the kit's caller offers a fixture: the fleet's broker, for systems reached through one."""
 
     broker_url: str | None = None
+    database_url: str | None = None  # a PostgreSQL database the sql fixture may add a schema to
 
 
 class FixtureFactory(Protocol):

@@ -18,6 +18,7 @@ from producers.client import ReachClient
 from producers.wire import ErrorCode
 from tests.fleet import BROKER_URL, REPO, Fleet
 from tests.integration.counting_system import CountingSystem
+from tests.integration.postgres import PostgresServer
 from tests.plugin_packages import install_zoo
 from workers.cli import main
 
@@ -118,3 +119,13 @@ def test_validate_and_list_name_the_refused_package(fleet: tuple[Fleet, str]) ->
     )
     assert checked.returncode == 1
     assert f"catalog.yaml:15: connector {BROKEN}: type 'old{tag}': plugin old{tag} from package" in checked.stdout
+
+
+def test_the_kit_passes_the_builtin_sql_adapter_on_a_real_postgresql() -> None:
+    with PostgresServer(database="kit") as pg:
+        env = {"REACH_BROKER_URL": BROKER_URL, "KIT_DATABASE_URL": pg.dsn}
+        result = CliRunner().invoke(main, ["plugins", "check", "sql", "--database-env", "KIT_DATABASE_URL"], env=env)
+        left = pg.run_sql("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'reach_kit_%'")
+    assert result.exit_code == 0, result.output
+    assert result.output.count(" PASS ") == 11 and result.output.count(" SKIP ") == 1  # sql claims no key
+    assert left == [(0,)]  # the kit's schema is dropped

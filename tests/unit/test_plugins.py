@@ -179,7 +179,9 @@ def test_the_kit_fails_an_adapter_that_ignores_the_deadline_and_the_idempotency_
     rows = {r.guarantee: r for r in check(f"careless{tag}")}
     assert rows["the deadline cancels the call"].status == "FAIL"
     assert rows["a retried idempotent call carries the same idempotency key"].status == "FAIL"
-    assert "keys received: [None, None, None]" in rows["a retried idempotent call carries the same idempotency key"].detail
+    assert (
+        "keys received: [None, None, None]" in rows["a retried idempotent call carries the same idempotency key"].detail
+    )
     assert rows["a non-idempotent write is never sent twice"].status == "PASS"
 
 

@@ -43,10 +43,18 @@ def plugins_list() -> None:
 
 @plugins.command("check")
 @click.argument("kind", metavar="TYPE")
-def plugins_check(kind: str) -> None:
+@click.option(
+    "--database-env",
+    "database_env",
+    metavar="VAR",
+    help="The environment variable holding a PostgreSQL URL the sql fixture may add a schema to (dropped after).",
+)
+def plugins_check(kind: str, database_env: str | None) -> None:
     """Run the conformance kit against TYPE's adapter, with a fake system the kit controls, and
     print a table of the guarantees. Exit codes: 0 every row PASS or SKIP, 1 any FAIL, 2 the kit
-    cannot run (type not installed, refused, or without a fixture)."""
+    cannot run (type not installed, refused, or without a fixture, or the fixture cannot start)."""
+    import os
+
     from connectors.adapters.kit import KitContext
     from workers.ops.conformance import KitError, check
     from workers.settings import Settings, SettingsError
@@ -56,7 +64,8 @@ def plugins_check(kind: str) -> None:
     except SettingsError:
         broker_url = None  # only fixtures that need a broker say so
     try:
-        rows = check(kind, context=KitContext(broker_url=broker_url))
+        database_url = os.environ.get(database_env) if database_env else None
+        rows = check(kind, context=KitContext(broker_url=broker_url, database_url=database_url))
     except KitError as exc:
         click.echo(f"reach plugins check {kind}: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

@@ -100,6 +100,7 @@ class Suite:
         self.capture = _Capture()
         self._built: dict[tuple[bool, bool], tuple[ConnectorSpec, Adapter]] = {}
         self._n = 0
+        self.last_attempts: list[Outcome] = []  # each attempt of the last ``retried`` call
 
     @contextmanager
     def logs(self) -> Iterator[None]:
@@ -159,11 +160,13 @@ class Suite:
         connector, _ = built
         action = connector.action(name)
         assert action is not None
+        self.last_attempts = []
         result = run_with_retries(
             lambda: self.call(built, name, "kit-0-0", key, TIMEOUT),
             RETRY,
             safe_to_repeat=connector.safe_to_repeat(action),
             sleep=lambda s: None,
+            after_attempt=lambda n, outcome: self.last_attempts.append(outcome),
         )
         return result.outcome, result.attempts
 

@@ -22,6 +22,7 @@ manifest = Manifest(
         "the routine raised no_data_found": ErrorCode.DOWNSTREAM_NOT_FOUND,
         "the database refused the login": ErrorCode.DOWNSTREAM_AUTH_FAILED,
     },
+    conformance="connectors.adapters.builtin.sql_fixture:sql_fixture",
 )
 
 
