@@ -174,6 +174,13 @@ def install_zoo(root: Path, tag: str) -> dict[str, str]:
         "def build(c, k, o):\n    pass\n",
     )
     install(root, f"reach-clash-{tag}", f"reach_clash_{tag}", {"http": f"reach_clash_{tag}"}, manifest_source("http"))
+    install(
+        root,
+        f"reach-crashy-{tag}",
+        f"reach_crashy_{tag}",
+        {f"crashy{tag}": f"reach_crashy_{tag}"},
+        manifest_source(f"crashy{tag}"),
+    )  # its build raises AssertionError
     for bad, body in (("double", DOUBLE_SEND), ("leaky", LEAKY), ("careless", CARELESS)):
         module = f"reach_{bad}_{tag}"
         install(

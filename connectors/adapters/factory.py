@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import Adapter, AdapterOptions, CallContext, Outcome, ProbeResult
 from connectors.adapters.registry import registry
 from connectors.spec import ActionSpec, ConnectorSpec
@@ -63,7 +64,16 @@ def build_adapter(connector: ConnectorSpec, options: AdapterOptions | None = Non
         return _unavailable(connector, f"its config does not fit plugin {plugin.type}: {problems[0][1]}")
     for _, message in plugin.manifest.config_problems(connector):  # the actions' config
         return _unavailable(connector, f"its config does not fit plugin {plugin.type}: {message}")
-    return plugin.build(connector, config, options)
+    if plugin.builtin:
+        return plugin.build(connector, config, options)
+    try:
+        return plugin.build(connector, config, options)
+    except (MissingSecret, ValueError):
+        raise  # a secret not set or not usable: the process's configuration, as for the built-ins
+    except Exception as exc:  # a third party's bug must not stop the pool's other connectors
+        return _unavailable(
+            connector, f"plugin {plugin.type} ({plugin.package}) failed to build it: {type(exc).__name__}: {exc}"
+        )
 
 
 def _unavailable(connector: ConnectorSpec, reason: str) -> Adapter:
@@ -77,9 +87,14 @@ def system_problems(connector: ConnectorSpec) -> list[str]:
     adapter speaks; whatever a plugin's ``problems`` hook finds. Empty for types with nothing to check."""
     plugin = registry().get(connector.type)
     hook = plugin.problems_hook() if plugin is not None else None
-    if hook is None:
+    if hook is None or plugin is None:
         return []
-    found: list[str] = hook(connector)
+    try:
+        found: list[str] = hook(connector)
+    except Exception as exc:  # a third party's check that breaks is one problem, not a crash
+        if plugin.builtin:
+            raise
+        return [f"plugin {plugin.type} ({plugin.package}) could not check it: {type(exc).__name__}: {exc}"]
     return found
 
 

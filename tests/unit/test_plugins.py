@@ -90,6 +90,9 @@ def test_a_connector_of_a_refused_type_answers_unavailable_and_the_others_are_bu
     assert not broken.probe(1.0).healthy
     unknown = build_adapter(_connector("nosuchtype"))
     assert isinstance(unknown, Unavailable) and "no installed plugin serves type 'nosuchtype'" in unknown.reason
+    crashy = build_adapter(_connector(f"crashy{tag}"))  # a third party's build that raises
+    assert isinstance(crashy, Unavailable)
+    assert f"plugin crashy{tag} (reach-crashy-{tag} 0.1) failed to build it: AssertionError" in crashy.reason
     served = build_adapter(_connector("http"))
     assert not isinstance(served, Unavailable)
     served.close()
