@@ -33,3 +33,12 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# the example connector plugin (examples/plugins/reach-graphql, its own package): installed so its
+# tests and `reach plugins check graphql` run in CI, and a fleet started here serves type graphql
+plugin_stamp=.venv/.installed-graphql-plugin-$(sha1sum < examples/plugins/reach-graphql/pyproject.toml | cut -c1-12)
+if [ ! -f "$plugin_stamp" ]; then
+  log "installing the example plugin reach-graphql into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e examples/plugins/reach-graphql >&2
+  rm -f .venv/.installed-graphql-plugin-*
+  touch "$plugin_stamp"
+fi

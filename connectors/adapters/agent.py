@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import amqp
 from amqp.exceptions import AMQPError
@@ -65,6 +66,7 @@ from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import compile_outputs
 from connectors.adapters.errors import Unsendable, refused_outcome
 from connectors.adapters.loops import DEFAULT_MAX_LOOPS_PER_PAIR, Entered, PairLoops, chain_of
+from connectors.adapters.scrub import Scrubber
 from connectors.spec import ActionSpec, ConnectorSpec
 from producers.serve import (
     AGENT_REPLIES_EXCHANGE_NAME,
@@ -105,6 +107,8 @@ class AgentAdapter:
         self._max_loops = int(options.extra.get("max_loops", DEFAULT_MAX_LOOPS_PER_PAIR))
         # without shared state (single-process tools) only the hop limit guards
         self._loops = PairLoops(options.redis, self._max_loops) if options.redis is not None else None
+        # an agent's error text that echoes the fleet's broker password must not pass it on
+        self._scrub = Scrubber([urlsplit(options.broker_url).password or ""])
 
     def _reply_queue(self, channel: amqp.Channel, on_answer: Callable[[amqp.Message], None]) -> str:
         """This thread's reply queue. Bounded: an answer far past the size limit is dropped by the
@@ -129,6 +133,9 @@ class AgentAdapter:
 
     def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         """One attempt. Never raises for anything the broker or the agent does."""
+        return self._scrub.outcome(self._attempt(action, params, ctx))
+
+    def _attempt(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         hops = ctx.hops + 1
         if hops > self._max_hops:
             return Outcome(

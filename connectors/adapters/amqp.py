@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import amqp
 from amqp.exceptions import AMQPError
@@ -67,6 +68,7 @@ from connectors.adapters.auth import read_secret
 from connectors.adapters.base import CallContext, Outcome, ProbeResult
 from connectors.adapters.common import OMIT, compile_outputs, convert_for_system
 from connectors.adapters.errors import Unsendable, refused_outcome
+from connectors.adapters.scrub import Scrubber
 from connectors.schema import MAX_HEADER_VALUE_BYTES
 from connectors.spec import ActionSpec, ConnectorSpec
 
@@ -89,9 +91,14 @@ class AmqpAdapter:
         self._max_depth = options.max_depth if options.max_depth is not None else DEFAULT_MAX_DEPTH
         self._rpc = RequestReply(url, connect_timeout=float(options.extra.get("connect_timeout", CONNECT_TIMEOUT)))
         self._outputs = compile_outputs(connector)
+        # a system's error text that echoes the broker's password must not pass it on to the agent
+        self._scrub = Scrubber([urlsplit(url).password or ""])
 
     def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         """One attempt. Never raises for anything the broker or the system does."""
+        return self._scrub.outcome(self._call(action, params, ctx))
+
+    def _call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         try:
             body, headers = self._request_parts(action, params, ctx)
         except Unsendable as exc:

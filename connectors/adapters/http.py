@@ -38,6 +38,7 @@ from connectors.adapters.http_answers import (
 )
 from connectors.adapters.http_request import RequestBuilder
 from connectors.adapters.json_nesting import depth_past
+from connectors.adapters.scrub import Scrubber, auth_secrets
 from connectors.adapters.transport import PooledTransport
 from connectors.spec import ActionSpec, ConnectorSpec, split_path
 from producers.wire import ErrorCode
@@ -83,6 +84,8 @@ class HttpAdapter:
         self._max_depth = max_depth
         self._outputs = compile_outputs(connector)
         self._auth = build_auth(connector.auth, connector.name, environ, redis=redis)
+        # a system that echoes the credential in its error text must not pass it on to the agent
+        self._scrub = Scrubber(auth_secrets(connector.auth, environ))
         self._transport = transport
         # one TLS context for every thread's client: building one loads the whole CA bundle
         self._ssl = ssl_context(connector.auth, connector.name, environ)
@@ -166,6 +169,9 @@ class HttpAdapter:
 
     def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         """One attempt. Never raises for anything the system or network does."""
+        return self._scrub.outcome(self._call(action, params, ctx))
+
+    def _call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         try:
             request = self.build_request(action, params, ctx)
         except Unsendable as exc:

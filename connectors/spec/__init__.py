@@ -19,7 +19,7 @@ from connectors.spec.action import ActionSpec, ApprovalSpec, ErrorRule
 from connectors.spec.agent_app import AgentApp, Binding, BudgetSpec, budget_problems, parse_budget_window
 from connectors.spec.auth import AuthSpec, AuthType
 from connectors.spec.base import HOURS_WINDOW, NAME_PATTERN, PERSON_PATTERN
-from connectors.spec.connector import ConnectorSpec, ConnectorType, type_problems
+from connectors.spec.connector import BUILTIN_TYPES, ConnectorSpec, ConnectorType, type_problems
 from connectors.spec.documents import (
     AgentAppDocument,
     ApproversDocument,
@@ -59,6 +59,7 @@ __all__ = [
     "BudgetSpec",
     "ConnectorDocument",
     "ConnectorSpec",
+    "BUILTIN_TYPES",
     "ConnectorType",
     "EmbeddingModel",
     "ErrorRule",

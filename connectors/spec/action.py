@@ -74,6 +74,7 @@ class ActionSpec(Spec):
     function: str | None = None  # sql: SELECT * FROM schema.name(...)
     exchange: str | None = None  # amqp: where the request is published ("" = the default exchange)
     routing_key: str | None = None  # amqp
+    config: dict[str, Any] | None = None  # a plugin type's own action keys, checked by its manifest's model
     input: dict[str, FieldSpec] = Field(default_factory=dict)
     output: dict[str, FieldSpec] | None = None
     permission: Literal["read", "write", "read_only"] = "read"
@@ -153,6 +154,8 @@ class ActionSpec(Spec):
             return f"CALL {self.procedure}"
         if self.function:
             return f"SELECT {self.function}"
+        if self.config is not None:
+            return f"{self.action} (plugin)"
         if self.routing_key is not None:
             return f"amqp {self.exchange or '(default)'} / {self.routing_key}"
         return f"agent {self.action}"

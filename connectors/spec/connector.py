@@ -6,6 +6,7 @@ loader also runs on the raw YAML to report with line numbers.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -18,6 +19,10 @@ from connectors.spec.policies import BreakerSpec, HealthSpec, PoolSpec, RetryPol
 from producers.wire import AGENT_ID_PATTERN, NAME_RULE
 
 ConnectorType = Literal["http", "soap", "sql", "amqp", "agent"]
+BUILTIN_TYPES: frozenset[str] = frozenset(("http", "soap", "sql", "amqp", "agent"))
+# a plugin's type name (connectors/adapters/plugin.py): a connector of any other type is checked
+# against the installed plugins by `reach validate` and the fleet, not here (the spec knows no plugins)
+TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # reserved: the router answers `reach.list_tools` itself
 RESERVED_CONNECTOR_NAMES = frozenset({"reach"})
 
@@ -27,12 +32,13 @@ class ConnectorSpec(Spec):
 
     name: str
     description: str | None = None
-    type: ConnectorType = "http"
+    type: str = "http"  # a built-in type or an installed plugin's (connectors/adapters/registry.py)
     endpoint: str | None = None  # http (required); soap: overrides the WSDL's service address
     wsdl: str | None = None  # soap: a file path or an http(s) URL
     dsn_env: str | None = None  # sql: env variable holding a SQLAlchemy URL
     url_env: str | None = None  # amqp: env variable holding the legacy system's broker URL
     agent: str | None = None  # agent: the agent that answers this connector's actions
+    config: dict[str, Any] | None = None  # a plugin type's own connector keys, checked by its manifest's model
     auth: AuthSpec = Field(default_factory=AuthSpec)
     health: HealthSpec | None = None
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
@@ -49,6 +55,16 @@ class ConnectorSpec(Spec):
             raise ValueError(f"connector name {v!r} must be {NAME_RULE} (pattern ^[a-z][a-z0-9_]{{0,62}}$, no '__')")
         if v in RESERVED_CONNECTOR_NAMES:
             raise ValueError(f"connector name {v!r} is reserved")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if not TYPE_NAME.match(v):
+            raise ValueError(
+                f"type {v!r} must be one of {', '.join(sorted(BUILTIN_TYPES))} or an installed plugin's type "
+                "(lowercase letters, digits and _, starting with a letter, at most 32)"
+            )
         return v
 
     @field_validator("endpoint")
@@ -132,9 +148,13 @@ def type_problems(connector: dict[str, Any]) -> list[str]:
     """What a connector declares that its ``type`` does not use, or lacks what it needs (raw
     YAML dict or a dumped model, so the loader can report these with line numbers)."""
     kind = connector.get("type", "http")
+    if not isinstance(kind, str) or not TYPE_NAME.match(kind):
+        return []  # reported by the model's validator
     if kind not in CONNECTOR_KEYS:
-        return []  # reported by the model's Literal
+        return _plugin_type_problems(kind, connector)
     problems = []
+    if connector.get("config") is not None:
+        problems.append(f"`config` is for connectors of a plugin's type; {kind} takes its own keys")
     for key in CONNECTOR_KEYS[kind]:
         if connector.get(key) in (None, ""):
             problems.append(f"a connector of type {kind} needs `{key}`")
@@ -167,7 +187,39 @@ def type_problems(connector: dict[str, Any]) -> list[str]:
             for key in keys:
                 if other != kind and key not in wanted and action.get(key) is not None:
                     problems.append(f"action {name}: `{key}` belongs to {other} actions, not {kind}")
+        if action.get("config") is not None:
+            problems.append(f"action {name}: `config` is for actions of a plugin's type, not {kind}")
         for key, owner in _ACTION_ONLY_FOR.items():
             if owner != kind and action.get(key) is not None:
+                problems.append(f"action {name}: `{key}` belongs to {owner} actions, not {kind}")
+    return problems
+
+
+def _plugin_type_problems(kind: str, connector: dict[str, Any]) -> list[str]:
+    """A plugin type's connector takes the shared keys (endpoint, idempotency_header, breaker,
+    pool, retry, health's interval) and its own under ``config``; the built-in types' keys and
+    ``auth`` (a plugin reads its secrets itself, named in its config) are refused."""
+    problems = []
+    for other, keys in CONNECTOR_KEYS.items():
+        for key in keys:
+            if key != "endpoint" and connector.get(key) is not None:
+                problems.append(f"`{key}` belongs to connectors of type {other}, not {kind}")
+    auth = connector.get("auth")
+    if isinstance(auth, dict) and auth.get("type", "none") != "none":
+        problems.append(f"a connector of plugin type {kind} takes no `auth`: its secrets are named in its `config`")
+    health = connector.get("health")
+    if isinstance(health, dict) and "path" in health:
+        problems.append(f"health.path is for http connectors; a {kind} connector is probed by its adapter")
+    actions = connector.get("actions")
+    for i, action in enumerate(actions if isinstance(actions, list) else []):
+        if not isinstance(action, dict):
+            continue
+        name = action.get("action", i)
+        for other, keys in ACTION_KEYS.items():
+            for key in keys:
+                if action.get(key) is not None:
+                    problems.append(f"action {name}: `{key}` belongs to {other} actions, not {kind}")
+        for key, owner in _ACTION_ONLY_FOR.items():
+            if action.get(key) is not None:
                 problems.append(f"action {name}: `{key}` belongs to {owner} actions, not {kind}")
     return problems

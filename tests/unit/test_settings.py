@@ -226,6 +226,7 @@ def test_nothing_reads_the_environment_outside_the_settings() -> None:
         "connectors/loader.py",  # ${VAR} in endpoints
         "connectors/adapters/auth/secrets.py",  # the secrets a connector's auth names
         "workers/cli/users.py",  # --password-env VAR: the operator names the variable
+        "workers/cli/plugins.py",  # --database-env VAR: the operator names the variable
         "workers/ops/local_fleet.py",  # the environment of the processes demo, tests and bench start
         "workers/observability/tracing.py",  # OpenTelemetry's own OTEL_* variables
     }

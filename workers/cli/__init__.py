@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import click
 
-from workers.cli import approvals, broker, catalog, dlq, processes, send, steering, users, workflows
+from workers.cli import approvals, broker, catalog, dlq, plugins, processes, send, steering, users, workflows
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,6 +54,7 @@ for command in (
     users.agent_user,
     workflows.workflows,
     workflows.workflow,
+    plugins.plugins,
 ):
     main.add_command(command)
 

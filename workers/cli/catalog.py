@@ -46,12 +46,22 @@ def validate(directory: str | None) -> None:
 def _system_problems(catalog: Catalog, loaded: LoadResult) -> list[Problem]:
     """Check connectors against their systems' own descriptions (a SOAP connector's WSDL), and
     print what does not match."""
-    from connectors.adapters.factory import system_problems
+    from connectors.adapters.factory import plugin_problems, system_problems
 
     found = []
     for doc in loaded.connectors:
         connector = doc.model
         if not isinstance(connector, ConnectorSpec) or connector.name not in catalog.connectors:
+            continue
+        # the type's plugin and the connector's config against its models, at the key's line
+        typed = plugin_problems(connector)
+        for loc, message in typed:
+            problem = Problem(
+                doc.file, loaded.line_of(doc, "connector", *loc), f"connector {connector.name}: {message}"
+            )
+            click.echo(str(problem))
+            found.append(problem)
+        if typed:
             continue
         for message in system_problems(connector):
             problem = Problem(doc.file, doc.line, f"connector {connector.name}: {message}")

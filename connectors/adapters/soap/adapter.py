@@ -34,6 +34,7 @@ from connectors.adapters.http_answers import (
     status_code,
     status_retry_after,
 )
+from connectors.adapters.scrub import Scrubber, auth_secrets
 from connectors.adapters.soap.exchange import HttpRefused, Scope, SoapTransport
 from connectors.adapters.soap.values import TooDeep, bounded, plain
 from connectors.adapters.soap.wsdl import LOAD_TIMEOUT, SETTINGS, Service, WsdlError, operations, origin, soap_port
@@ -74,6 +75,8 @@ class SoapAdapter:
             trust_env=False,  # no proxies or .netrc from the environment
         )
         self._transport = SoapTransport(self._http, self._wsdl, self._max_response_bytes)
+        # a fault that echoes the credential must not pass it on to the agent
+        self._scrub = Scrubber(auth_secrets(connector.auth, options.environ))
         self._load_lock = threading.Lock()
         self._service: Service | None = None
 
@@ -126,6 +129,9 @@ class SoapAdapter:
 
     def call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         """One attempt. Never raises for anything the system, the network or the params do."""
+        return self._scrub.outcome(self._call(action, params, ctx))
+
+    def _call(self, action: ActionSpec, params: dict[str, Any], ctx: CallContext) -> Outcome:
         started = time.perf_counter()
         timeout = ctx.timeout if ctx.timeout is not None else action.timeout_seconds
         try:
