@@ -213,6 +213,22 @@ def test_an_undos_tries_share_one_idempotency_key_until_the_system_says_a_defini
     assert run.outbound.body["idempotency_key"] == run.outbound.intent_id != first
 
 
+@pytest.mark.parametrize("code", [ErrorCode.OUTCOME_UNKNOWN, ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION])
+def test_an_undo_that_may_have_taken_effect_parks_at_once_and_a_resume_sends_it_under_a_new_key(
+    catalog: Catalog, code: ErrorCode
+) -> None:
+    run = answer(answer(answer(begin(catalog), HOLD), REFUND), code=ErrorCode.DOWNSTREAM_CONFLICT)
+    assert run.outbound is not None
+    first = run.outbound.body["idempotency_key"]
+    parked = answer(run, code=code, now=T0 + 2)
+    assert parked.state == "parked" and parked.retry_at is None and parked.final is not None
+    assert parked.final["error"]["code"] == "COMPENSATION_FAILED"
+    assert "may or may not have taken effect" in parked.final["error"]["message"]
+    resumed = machine.resume(parked, T0 + 100, "ops")
+    assert resumed.outbound is not None and resumed.outbound.kind == "undo"
+    assert resumed.outbound.body["idempotency_key"] == resumed.outbound.intent_id != first
+
+
 def test_only_parked_or_halted_runs_take_operator_actions(catalog: Catalog) -> None:
     run = begin(catalog)
     with pytest.raises(machine.NotAllowed):

@@ -9,7 +9,6 @@ final pipeline (``workers.pool.answers``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -65,7 +64,9 @@ class DownstreamCall:
         )
         stages: list[Stage] = []
         result = run_with_retries(
-            functools.partial(self._call_once, ctx, self._call_context(ctx)),
+            # the context per attempt: each one's timeout is capped by the time left to the deadline,
+            # so the last retry cannot run past it (a workflow takes a step as unknown soon after)
+            lambda: self._call_once(ctx, self._call_context(ctx)),
             ctx.ref.action.retry or self.connector.retry,
             safe_to_repeat=ctx.safe,
             deadline=ctx.deadline,

@@ -9,9 +9,11 @@ intent belongs to a run of the agent it is sent for.
 
 Two indexes, tag ``{workflows}``, hold ``<owner>:<run_id>``: every run kept, by start time (for
 ``reach workflow list``), and the runs the runner's sweep must look at, by when. They are written
-beside the run, not in its script (another slot under Redis Cluster): the due index is written
-*before* a transition, so a run is never left out of the sweep, and an entry whose run is gone is
-dropped when the sweep or a listing meets it.
+beside the run, not in its script (another slot under Redis Cluster): the due index is written in
+the transition's own round trip, ahead of its compare-and-set (on a cluster, at the same time on
+another node; if that fails the write raises, the message comes again and its redrive sets the look),
+so a run is never left out of the sweep, and an entry whose run is gone is dropped when the sweep or a
+listing meets it.
 
 Retention: a run's keys expire ``retention`` after its last change (a run still going is kept
 until its deadline, then ``retention`` longer), so finished runs cost nothing forever. The index of
@@ -35,7 +37,7 @@ import redis
 
 from workers.settings import Settings
 from workers.state import keys
-from workers.state.client import eval_into
+from workers.state.client import eval_into, is_cluster
 
 log = logging.getLogger("reach.workflow_runs")
 
@@ -145,7 +147,7 @@ class WorkflowRuns:
         going and is kept until then, plus the retention; None: it is kept for the retention.
         ``step_intent``: the id of the step or undo intent this transition is about to send.
 
-        In the same round trip, before the compare-and-set: ``look``, when the sweep must look at the
+        In the same round trip, ahead of the compare-and-set: ``look``, when the sweep must look at the
         run at the latest (an earlier look already set stays), so a run is never out of its sight;
         ``started_at``, the run's entry in the index of every run (a new run)."""
         ttl_ms = self.retention_ms
@@ -183,12 +185,23 @@ class WorkflowRuns:
         (with ``also``'s commands: the run's trace lines)."""
         run = keys.workflow_run(owner, run_id)
         pipe = self.client.pipeline(transaction=False)
-        if also is not None:
-            also(pipe)
         eval_into(pipe, _MARK, [run], outbound)
         self._look_into(pipe, owner, run_id, when)
-        pipe.hget(run, "v")
-        current = pipe.execute()[-1]
+        # the version read after the look has landed: a cluster's pipeline runs each node's share
+        # at once, so there it is a round trip of its own
+        ordered = not is_cluster(self.client)
+        if ordered:
+            pipe.hget(run, "v")
+        if also is not None:
+            also(pipe)  # best effort (a trace): its errors are logged, not raised
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[: 3 if ordered else 2]:
+            if isinstance(reply, Exception):
+                raise reply
+        for reply in replies[3 if ordered else 2 :]:
+            if isinstance(reply, Exception):
+                log.warning("run %s of %s: its trace lines were not kept: %s", run_id, owner, reply)
+        current = replies[2] if ordered else self.client.hget(run, "v")
         if current is not None and int(current) != version:
             self.client.zadd(keys.workflow_due(), {member(owner, run_id): time.time()})
 

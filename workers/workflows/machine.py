@@ -370,10 +370,13 @@ def _undo_key(last: Undo | None, intent_id: str) -> str:
     if last is None or last.key is None:
         return intent_id
     code = ErrorCode._value2member_map_.get(last.code or "")
-    definite_no = isinstance(code, ErrorCode) and (
-        (code.status == "failed" and not code.retryable) or code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    # an answer that may have landed (unknown, or one that broke its contract) parks the run at
+    # once; the try after it comes from an operator who checked the system, and the pool keeps that
+    # answer under the old key too
+    kept_under_key = isinstance(code, ErrorCode) and (
+        (code.status in ("failed", "unknown") and not code.retryable) or code is ErrorCode.IDEMPOTENCY_KEY_REUSED
     )
-    return intent_id if definite_no else last.key
+    return intent_id if kept_under_key else last.key
 
 
 def _undo_answered(run: Run, spec: WorkflowSpec, index: int, receipt: Receipt, now: float) -> Run:
@@ -396,6 +399,10 @@ def _undo_answered(run: Run, spec: WorkflowSpec, index: int, receipt: Receipt, n
     )
     steps[index] = record.model_copy(update={"undo": failed})
     run = run.model_copy(update={"steps": steps, "outbound": None})
+    if receipt.status == "unknown" or failed.code == ErrorCode.DOWNSTREAM_CONTRACT_VIOLATION.value:
+        # trying again would not tell: the pool answers the same key from its ledger, and a new key
+        # could undo twice. A person checks the system (then resumes or aborts)
+        return _park(run, spec, index, f"its undo may or may not have taken effect ({failed.code})", now)
     retry_at = now + min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** (undo.attempt - 1))
     if retry_at >= (run.undo_until if run.undo_until is not None else run.deadline):
         return _park(run, spec, index, f"its undo failed {undo.attempt} time(s), last with {failed.code}", now)

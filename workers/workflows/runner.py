@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -137,6 +138,7 @@ class WorkflowRunner:
         self.clock = clock
         self.sleep = sleep
         self._runs_of: dict[tuple[str, str], str] = {}  # (owner, step intent) -> run, for the intents it wrote
+        self._runs_of_lock = threading.Lock()
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -223,6 +225,7 @@ class WorkflowRunner:
         own resend after the final receipt was sent gets that receipt again, as stored. While the
         run goes on, a resend is absorbed: the run's one final receipt answers it."""
         run = Run.from_json(stored.doc)
+        self.runs.remember(run.owner, run.run_id, run.started_at)  # in case the first write's entry failed
         self._redrive(run, stored.sent, stored.version)
         if job.received_at == run.started_at or run.final is None:
             return
@@ -376,9 +379,10 @@ class WorkflowRunner:
         )
         if written:
             if step_intent is not None:  # its receipt finds the run without asking Redis
-                self._runs_of[(run.owner, step_intent)] = run.run_id
-                while len(self._runs_of) > RUNS_OF_KEPT:
-                    self._runs_of.pop(next(iter(self._runs_of)))
+                with self._runs_of_lock:  # handler threads and the sweep write at once
+                    self._runs_of[(run.owner, step_intent)] = run.run_id
+                    while len(self._runs_of) > RUNS_OF_KEPT:
+                        self._runs_of.pop(next(iter(self._runs_of)))
             self.crash("after_state_write")
         return written
 
