@@ -33,7 +33,8 @@ from workers.state.breaker import SharedBreaker
 from workers.state.client import connect_redis
 from workers.state.control import PoolStatus
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
-from workers.state.history import HistoryStore, open_store
+from workers.state.history import HistoryStore
+from workers.state.history_stores import open_store
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.redeliveries import Redeliveries
 from workers.transport.app import JobMessages, create_app

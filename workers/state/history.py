@@ -256,12 +256,3 @@ def _matches(doc: dict[str, Any], query: Query, visible: Callable[[str, str], bo
     if query.action is not None and (connector, action) != query.action:
         return False
     return query.status is None or doc.get("status") == query.status
-
-
-def open_store(client: redis.Redis, url: str | None, index_retention_seconds: int) -> HistoryStore:
-    """The fleet's history store: PostgreSQL when REACH_HISTORY_URL names one, else Redis."""
-    if url:
-        from workers.state.history_pg import PostgresHistory  # only a fleet that uses it loads the driver
-
-        return PostgresHistory(url)
-    return RedisHistory(client, index_retention_seconds)
