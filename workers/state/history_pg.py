@@ -170,30 +170,37 @@ class PostgresHistory:
     def _walk(
         self, agent: str, entity: str, digest: str, after: tuple[int, str] | None, query: Query, now: int
     ) -> Iterator[tuple[int, str, dict[str, Any]]]:
-        """Rows newest first; at most INDEX_CAP read, as the Redis store does."""
+        """Rows newest first, in pages that follow the index (the first just big enough for the
+        answer); at most INDEX_CAP read, as the Redis store does."""
         where = ["agent = %s", "entity = %s", "value_hash = %s", "expires_ms > %s"]
         args: list[Any] = [agent, entity, digest, now]
         if query.since_ms is not None:
             where.append("at_ms >= %s")
             args.append(query.since_ms)
-        if after is not None:
-            where.append("(at_ms, intent_id) < (%s, %s)")
-            args += list(after)
         if query.status is not None:
             where.append("status = %s")
             args.append(query.status)
-        statement = (
-            f"SELECT at_ms, intent_id, record FROM {TABLE} WHERE {' AND '.join(where)} "
-            "ORDER BY at_ms DESC, intent_id DESC LIMIT %s"
-        )
-        rows = self._run(lambda cur: cur.execute(statement, [*args, INDEX_CAP]).fetchall())
+        select = f"SELECT at_ms, intent_id, record FROM {TABLE} WHERE {' AND '.join(where)} "
+        order = "ORDER BY at_ms DESC, intent_id DESC LIMIT %s"
         seen: set[str] = set()
-        for at_ms, intent_id, record in rows:
-            if intent_id in seen:
-                continue
-            seen.add(intent_id)
-            doc = record if isinstance(record, dict) else json.loads(record)
-            yield int(at_ms), str(intent_id), doc
+        read, size = 0, query.limit + 1
+        while read < INDEX_CAP:
+            size = min(size, INDEX_CAP - read)
+            if after is None:
+                statement, values = select + order, [*args, size]
+            else:  # keyset: on from the last row, through the index
+                statement, values = select + "AND (at_ms, intent_id) < (%s, %s) " + order, [*args, *after, size]
+            rows = self._run(lambda cur: cur.execute(statement, values).fetchall())
+            read += len(rows)
+            for at_ms, intent_id, record in rows:
+                after = (int(at_ms), str(intent_id))
+                if intent_id in seen:
+                    continue
+                seen.add(intent_id)
+                yield int(at_ms), str(intent_id), record if isinstance(record, dict) else json.loads(record)
+            if len(rows) < size:
+                return
+            size = min(size * 4, 200)  # filtered out more than expected: read on in bigger pages
 
     # -- erasing -----------------------------------------------------------------------------
 
