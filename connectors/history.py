@@ -28,6 +28,7 @@ MAX_INDEXED_BYTES = 256
 MAX_ENTITIES = 16
 INDEX_CAP = 1000  # records kept per index key (an entity value, an action), the newest
 MAX_LIMIT = 50  # records per answer
+READ_BUDGET = 200  # records one answer reads at most (filters may skip many): then it says where to go on
 TOOL_NAME = "reach__history"
 
 # reach.history's params, checked like an action's; `since` is parsed by the stores' caller

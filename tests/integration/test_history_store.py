@@ -280,3 +280,22 @@ def test_postgres_keeps_months_as_partitions_and_drops_the_old(postgres: Postgre
     done = postgres.migrate(90 * DAY)
     assert f"dropped {name}" in done and name not in partitions()
     assert month_bounds(t)[0] in partitions()
+
+
+def test_a_filter_that_skips_many_reads_a_bounded_page_and_says_where_to_go_on(store: HistoryStore, agent: str) -> None:
+    t = now_ms()
+    store.write([rec(agent, UPDATE, {"order_id": "9"}, t - 10_000, status="failed")])
+    store.write([rec(agent, UPDATE, {"order_id": "9"}, t - 5000 + i) for i in range(history.READ_BUDGET + 50)])
+    pages, found = 0, []
+    cursor = None
+    while True:
+        page = store.query(agent, Query(entity=("order", "9"), status="failed", cursor=cursor), everything)
+        pages += 1
+        found += page.records
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+        assert pages < 5
+    assert [r["status"] for r in found] == ["failed"]
+    if isinstance(store, RedisHistory):
+        assert pages == 2  # the first answer read its budget and found nothing, and said where to go on

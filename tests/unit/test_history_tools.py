@@ -175,3 +175,25 @@ def test_the_store_is_asked_for_the_callers_own_records_as_the_params_say(catalo
 def test_a_fleet_without_a_store_says_so(catalog: Catalog) -> None:
     receipt = decide(catalog, "clerk", {"entity": "order", "id": "1"}).receipt
     assert receipt.error is not None and receipt.error.code == "CONNECTOR_UNAVAILABLE"
+
+
+class FailingStore(RecordingStore):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def query(self, agent: str, query: Query, visible: Any) -> Page:
+        raise self.error
+
+
+def test_a_store_that_does_not_answer_is_a_retryable_refusal(catalog: Catalog) -> None:
+    receipt = decide(catalog, "clerk", {"entity": "order", "id": "1"}, FailingStore(RuntimeError("db down"))).receipt
+    assert receipt.error is not None and receipt.error.code == "CONNECTOR_UNAVAILABLE" and receipt.error.retryable
+    assert receipt.error.retry_after_ms
+
+
+def test_redis_away_is_left_to_the_router_to_requeue(catalog: Catalog) -> None:
+    import redis
+
+    with pytest.raises(redis.ConnectionError):
+        decide(catalog, "clerk", {"entity": "order", "id": "1"}, FailingStore(redis.ConnectionError("gone")))

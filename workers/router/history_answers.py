@@ -10,6 +10,7 @@ param that cannot be answered is a VALIDATION_FAILED receipt naming the field, a
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,11 @@ from workers.observability import metrics
 from workers.router.decisions import Answer
 from workers.router.intake import ParsedIntent
 from workers.state.history import HistoryError, HistoryStore, Query, parse_cursor
+from workers.transport.delivery import TRANSIENT_ERRORS
 from workers.transport.receipts import build_receipt
+
+log = logging.getLogger("reach.router")
+STORE_RETRY_MS = 5000
 
 NAMES = (HISTORY_ACTION, history.TOOL_NAME)  # what an intent may call it: the action, or the tool
 SUGGESTION = (
@@ -92,6 +97,7 @@ class HistoryAnswers:
                 code=ErrorCode.CONNECTOR_UNAVAILABLE,
                 message="this fleet keeps no history",
                 suggestion="Ask an operator; the router was started without a history store.",
+                retry_after_ms=STORE_RETRY_MS,
             )
         try:
             page = self.store.query(agent_id, query, lambda c, a: self.visible(agent_id, c, a))
@@ -101,6 +107,16 @@ class HistoryAnswers:
                 message=f"invalid params for reach.history: cursor {exc}",
                 suggestion=SUGGESTION,
                 details=[{"field": "cursor", "code": "format", "message": str(exc)}],
+            )
+        except TRANSIENT_ERRORS:
+            raise  # Redis away: the router requeues the intent, as for its guards
+        except Exception as exc:  # the PostgreSQL store did not answer: a retryable refusal, not INTERNAL
+            log.warning("history store did not answer for %s: %s: %s", agent_id, type(exc).__name__, exc)
+            return receipt(
+                code=ErrorCode.CONNECTOR_UNAVAILABLE,
+                message="the history store did not answer",
+                suggestion="Ask again in a few seconds.",
+                retry_after_ms=STORE_RETRY_MS,
             )
         return receipt(data={"records": page.records, "next_cursor": page.next_cursor})
 

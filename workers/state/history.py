@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import redis
 
-from connectors.history import INDEX_CAP, Record, value_digest
+from connectors.history import INDEX_CAP, READ_BUDGET, Record, value_digest
 from workers.state import keys
 from workers.state.client import eval_into
 
@@ -149,17 +149,7 @@ class RedisHistory:
         position = _Position()
         if query.cursor is not None:
             position.score, position.member = parse_cursor(query.cursor)
-        found: list[tuple[int, str, dict[str, Any]]] = []
-        more = False
-        for score, member, doc in self._walk(agent, index, position, query.since_ms):
-            if not _matches(doc, query, visible):
-                continue
-            if len(found) == query.limit:
-                more = True
-                break
-            found.append((score, member, doc))
-        cursor = make_cursor(found[-1][0], found[-1][1]) if more and found else None
-        return Page([doc for _, _, doc in found], cursor)
+        return collect(self._walk(agent, index, position, query.since_ms), query, visible)
 
     def _walk(
         self, agent: str, index: str, position: _Position, since_ms: int | None
@@ -237,6 +227,23 @@ class RedisHistory:
                 pipe.delete(name)  # one key a command: a Cluster routes each to its own node
             deleted += sum(int(n) for n in pipe.execute())
         return deleted
+
+
+def collect(walk: Iterator[tuple[int, str, dict[str, Any]]], query: Query, visible: Callable[[str, str], bool]) -> Page:
+    """The answer from a store's walk (newest first): the first ``query.limit`` records that match,
+    reading at most READ_BUDGET; ``next_cursor`` where to go on (after the last record given, or
+    the last one read when the budget ran out first), None when the index is exhausted."""
+    found: list[dict[str, Any]] = []
+    last: tuple[int, str] | None = None
+    read = 0
+    for score, member, doc in walk:
+        if read == READ_BUDGET or len(found) == query.limit:
+            return Page(found, make_cursor(*last) if last is not None else None)
+        read += 1
+        last = (score, member)
+        if _matches(doc, query, visible):
+            found.append(doc)
+    return Page(found, None)
 
 
 def _loads(body: Any) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import sql
 
 from connectors.history import INDEX_CAP, Record, value_digest
-from workers.state.history import HistoryError, Page, Query, make_cursor, parse_cursor
+from workers.state.history import HistoryError, Page, Query, collect, parse_cursor
 
 TABLE = "reach_history"
 ACTION_ENTITY = "@action"  # never an entity name: those start with a letter
@@ -152,20 +152,7 @@ class PostgresHistory:
         else:
             raise HistoryError("ask by an entity and its id, or by an action")
         after = parse_cursor(query.cursor) if query.cursor is not None else None
-        now = int(time.time() * 1000)
-        found: list[tuple[int, str, dict[str, Any]]] = []
-        more = False
-        for at_ms, intent_id, doc in self._walk(agent, entity, digest, after, query, now):
-            if not visible(str(doc.get("connector")), str(doc.get("action"))):
-                continue
-            if query.action is not None and (doc.get("connector"), doc.get("action")) != query.action:
-                continue
-            if len(found) == query.limit:
-                more = True
-                break
-            found.append((at_ms, intent_id, doc))
-        cursor = make_cursor(found[-1][0], found[-1][1]) if more and found else None
-        return Page([doc for _, _, doc in found], cursor)
+        return collect(self._walk(agent, entity, digest, after, query, int(time.time() * 1000)), query, visible)
 
     def _walk(
         self, agent: str, entity: str, digest: str, after: tuple[int, str] | None, query: Query, now: int
