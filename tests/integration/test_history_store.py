@@ -4,6 +4,7 @@ Redis has (its caps, expiries and keys) is tested on Redis alone."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -299,3 +300,41 @@ def test_a_filter_that_skips_many_reads_a_bounded_page_and_says_where_to_go_on(s
     assert [r["status"] for r in found] == ["failed"]
     if isinstance(store, RedisHistory):
         assert pages == 2  # the first answer read its budget and found nothing, and said where to go on
+
+
+def test_reach_history_migrate_and_show_against_postgres(postgres: PostgresHistory, tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from workers.cli import main
+
+    (tmp_path / "shop.yaml").write_text(
+        """
+connector:
+  name: shop
+  endpoint: http://127.0.0.1:9
+  actions:
+    - action: cancel_order
+      path: POST /cancel
+      input:
+        order_id: { type: string, entity: order }
+      history: { retain: 400d }
+---
+agent_app:
+  name: pg_clerk
+  connector_bindings:
+    - connector: shop
+      allowed_actions: ["*"]
+"""
+    )
+    env = {"REACH_HISTORY_URL": postgres.url, "REACH_CATALOG": str(tmp_path), "REACH_REDIS_URL": REDIS_URL}
+    migrated = CliRunner().invoke(main, ["history", "migrate"], env=env)
+    assert migrated.exit_code == 0, migrated.output
+    assert "partition reach_history_y" in migrated.stdout
+    postgres.write([rec("pg_clerk", CANCEL, {"order_id": "123"}, now_ms(), intent_id="pg-1")])
+    shown = CliRunner().invoke(main, ["history", "--agent", "pg_clerk", "--entity", "order:123", "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert [r["intent_id"] for r in json.loads(shown.stdout)["records"]] == ["pg-1"]
+    purged = CliRunner().invoke(main, ["history", "purge", "--agent", "pg_clerk"], env=env)
+    assert purged.exit_code == 0 and "2 key(s) or row(s)" in purged.stdout  # its action's row and its order's
+    unset = CliRunner().invoke(main, ["history", "migrate"], env={**env, "REACH_HISTORY_URL": ""})
+    assert unset.exit_code == 2
