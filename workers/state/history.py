@@ -149,19 +149,21 @@ class RedisHistory:
         position = _Position()
         if query.cursor is not None:
             position.score, position.member = parse_cursor(query.cursor)
-        return collect(self._walk(agent, index, position, query.since_ms), query, visible)
+        return collect(self._walk(agent, index, position, query.since_ms, query.limit + 1), query, visible)
 
     def _walk(
-        self, agent: str, index: str, position: _Position, since_ms: int | None
+        self, agent: str, index: str, position: _Position, since_ms: int | None, first: int = BATCH
     ) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """(score, member, record) of the index from the position on, newest first, records that
-        are gone skipped; at most INDEX_CAP members read."""
+        are gone skipped; at most INDEX_CAP members read, ``first`` of them in the first round trip
+        (what an answer needs when nothing is filtered out), then BATCH at a time."""
         low: int | str = since_ms if since_ms is not None else "-inf"
         high: int | str = position.score if position.score is not None else "+inf"
         offset = 0
         read = 0
+        size = min(first, BATCH)
         while read < INDEX_CAP:
-            batch = self.client.zrevrangebyscore(index, high, low, start=offset, num=BATCH, withscores=True)
+            batch = self.client.zrevrangebyscore(index, high, low, start=offset, num=size, withscores=True)
             if not batch:
                 return
             offset += len(batch)
@@ -172,8 +174,9 @@ class RedisHistory:
                 members = [(m, s) for m, s in members if s < position.score or m < position.member]
             members = [(m, s) for m, s in members if m not in position.seen]
             if not members:
-                if len(batch) < BATCH:
+                if len(batch) < size:
                     return
+                size = BATCH
                 continue
             bodies = self.client.mget([keys.history_record(agent, m) for m, _ in members])
             for (member, score), body in zip(members, bodies, strict=True):
@@ -186,8 +189,9 @@ class RedisHistory:
                     continue
                 if isinstance(doc, dict):
                     yield score, member, doc
-            if len(batch) < BATCH:
+            if len(batch) < size:
                 return
+            size = BATCH
 
     # -- erasing -------------------------------------------------------------------------------
 
