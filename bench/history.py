@@ -98,15 +98,15 @@ def fill(store: HistoryStore, agent: str, count: int, orders: int) -> float:
 
 
 def bytes_per_record(url: str, count: int) -> dict[str, Any]:
-    client = redis.Redis.from_url(url)
-    client.flushdb()
+    client = redis.Redis.from_url(url, socket_timeout=300)
+    client.flushdb(asynchronous=True)
     before = int(client.info("memory")["used_memory"])
     store = RedisHistory(client, 30 * DAY)
     fill(store, "bench_bytes", count, max(1, count // 3))
     after = int(client.info("memory")["used_memory"])
     sample = [len(typical("bench_bytes", n, 1000, 0).body) for n in range(200)]
     per = (after - before) / count
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     return {
         "records": count,
         "bytes_per_record": round(per, 1),
@@ -149,14 +149,14 @@ def stores_at_scale(args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
     out["redis_bytes"] = bytes_per_record(url, args.bytes_records)
     log(f"redis bytes: {out['redis_bytes']}")
     orders = max(1, args.records // 3)
-    client = redis.Redis.from_url(url)
-    client.flushdb()
+    client = redis.Redis.from_url(url, socket_timeout=300)
+    client.flushdb(asynchronous=True)
     store = RedisHistory(client, 30 * DAY)
     seconds = fill(store, "bench_query", args.records, orders)
     out["redis"] = {"records": args.records, "fill_s": round(seconds, 1), **query_latency(store, "bench_query", orders)}
     out["redis"]["used_memory_mb"] = round(int(client.info("memory")["used_memory"]) / 1e6, 1)
     log(f"redis queries at {args.records}: {out['redis']}")
-    client.flushdb()
+    client.flushdb(asynchronous=True)
     if not args.skip_postgres:
         from tests.integration.postgres import PostgresServer
         from workers.state.history_pg import PostgresHistory

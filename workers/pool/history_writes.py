@@ -33,9 +33,17 @@ class HistoryWrites:
         self._versions: dict[tuple[str, str], str] = {}
 
     def record(self, receipt: Receipt, job: Job) -> history.Record | None:
-        """The record of ``receipt`` (None: the action keeps no history, or is not in the catalog)."""
+        """The record of ``receipt`` (None: the action keeps no history, or is not in the catalog).
+        Never raises: whatever a record would have been, the receipt goes out."""
         if self.store is None:
             return None
+        try:
+            return self._record(receipt, job)
+        except Exception:
+            log.exception("could not build the history record of %s; the receipt goes out without one", job.intent_id)
+            return None
+
+    def _record(self, receipt: Receipt, job: Job) -> history.Record | None:
         ref = self.catalog.refs.get((job.connector, job.action))
         if ref is None:
             return None
