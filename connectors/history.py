@@ -39,7 +39,7 @@ PARAMS_SPEC = ActionSpec(
         "id": FieldSpec(
             type="string", min_length=1, max_length=MAX_INDEXED_BYTES, description="the entity's value, e.g. 123"
         ),
-        "action": FieldSpec(type="string", max_length=200, description="connector.action"),
+        "action": FieldSpec(type="string", max_length=200, description="connector.action, or a workflow's name"),
         "since": FieldSpec(type="datetime", description="only records at or after this time (ISO 8601)"),
         "status": FieldSpec(
             type="enum",
@@ -59,7 +59,7 @@ def tool() -> ToolSpec:
         name=TOOL_NAME,
         description=(
             "What you already did: your own earlier actions' receipts, newest first. Ask by an entity "
-            "and its id (entity 'order', id '123') or by an action ('connector.action'); optionally since "
+            "and its id (entity 'order', id '123') or by an action ('connector.action', or a workflow's name); optionally since "
             "a time (ISO 8601), by status, limit (at most 50), cursor (next_cursor of the last answer)."
         ),
         input_schema=object_json_schema(PARAMS_SPEC.input),
@@ -192,7 +192,7 @@ def record(
     doc: dict[str, Any] = {
         "intent_id": intent_id,
         "action": action.action,
-        "connector": connector,
+        "connector": connector or None,  # a workflow run has none
         "status": status,
         "code": code,
         "at": at,

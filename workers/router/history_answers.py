@@ -1,8 +1,8 @@
 """``reach.history`` (tool name ``reach__history``): the router answers an agent what it already
 did, from its own history records (connectors/history.py, workers/state/history.py).
 
-Asked by ``entity`` + ``id`` (an entity one of its bound actions declares) or by ``action``
-(``connector.action``, bound to it), with ``since``, ``status``, ``limit`` (at most 50) and
+Asked by ``entity`` + ``id`` (an entity one of its bound actions or workflows declares) or by
+``action`` (``connector.action``, or a workflow's name, bound to it), with ``since``, ``status``, ``limit`` (at most 50) and
 ``cursor``; newest first. Only the caller's records are read (every key and row is the agent's
 own), and only those of actions bound to it now: a binding removed takes its past with it. A
 param that cannot be answered is a VALIDATION_FAILED receipt naming the field, as for any action.
@@ -51,10 +51,16 @@ class HistoryAnswers:
             for ref in self.catalog.refs.values():
                 if self.catalog.allows(agent_id, ref):
                     names.update((entity, None) for _, _, entity in history.entity_fields(ref.action))
+            for name, flow in self.catalog.workflows.items():
+                if self.catalog.allows_workflow(agent_id, name):
+                    names.update((f.entity, None) for f in flow.input.values() if f.entity)
             found = self._entities[agent_id] = list(names)
         return found
 
     def visible(self, agent_id: str, connector: str, action: str) -> bool:
+        """Whether the agent is bound now to the action (connector "": to the workflow)."""
+        if not connector:
+            return self.catalog.allows_workflow(agent_id, action)
         ref = self.catalog.refs.get((connector, action))
         return ref is not None and self.catalog.allows(agent_id, ref)
 
@@ -147,10 +153,10 @@ class HistoryAnswers:
             found.append(FieldProblem("entity", "required", "is required with id"))
         if action is not None:
             connector, name = split_action_name(action)
-            if connector is None or not self.visible(agent_id, connector, name):
-                found.append(FieldProblem("action", "enum", "is no connector.action bound to you"))
+            if not self.visible(agent_id, connector or "", name):
+                found.append(FieldProblem("action", "enum", "is no connector.action (or workflow) bound to you"))
             else:
-                query["action"] = (connector, name)
+                query["action"] = (connector or "", name)
         since = checked.get("since")
         if since is not None:
             query["since_ms"] = int(datetime.fromisoformat(str(since).replace("Z", "+00:00")).timestamp() * 1000)

@@ -56,7 +56,7 @@ class Query:
     """What ``reach.history`` asks: one entity value, or one action (``connector.action``)."""
 
     entity: tuple[str, str] | None = None  # (name, value)
-    action: tuple[str, str] | None = None  # (connector, action)
+    action: tuple[str, str] | None = None  # (connector, action); ("", name) for a workflow's runs
     since_ms: int | None = None
     status: str | None = None
     limit: int = 20
@@ -216,7 +216,7 @@ class RedisHistory:
             doc = _loads(body)
             if doc is None:
                 continue
-            pipe.zrem(keys.history_action(agent, str(doc.get("connector")), str(doc.get("action"))), member)
+            pipe.zrem(keys.history_action(agent, str(doc.get("connector") or ""), str(doc.get("action"))), member)
             for pair in doc.get("entities") or []:
                 if isinstance(pair, list) and len(pair) == 2:
                     pipe.zrem(keys.history_entity(agent, str(pair[0]), value_digest(str(pair[1]))), member)
@@ -261,7 +261,7 @@ def _loads(body: Any) -> dict[str, Any] | None:
 
 
 def _matches(doc: dict[str, Any], query: Query, visible: Callable[[str, str], bool]) -> bool:
-    connector, action = str(doc.get("connector")), str(doc.get("action"))
+    connector, action = str(doc.get("connector") or ""), str(doc.get("action"))  # "": a workflow run
     if not visible(connector, action):
         return False
     if query.action is not None and (connector, action) != query.action:
