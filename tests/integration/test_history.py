@@ -265,6 +265,8 @@ def test_the_cli_shows_the_same_and_a_purge_leaves_no_key(fleet: Fleet, orders: 
     assert ok(ask(A, {"entity": "order", "id": "123"})).data["records"] == []
     assert [r["params"]["order_id"] for r in ok(ask(A, {"entity": "customer", "id": "7"})).data["records"]] == ["999"]
     assert not any(client.exists(keys.history_record(A, i)) for i in orders)
+    nothing = cli(fleet, "history", "--agent", A, "--entity", "order:123")
+    assert nothing.exit_code == 1 and "no records" in nothing.stdout
 
     assert cli(fleet, "history", "purge", "--agent", A).exit_code == 0
     assert history_keys(client, A) == []
