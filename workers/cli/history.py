@@ -1,7 +1,7 @@
 """``reach history``: an agent's history as ``reach.history`` answers it; ``reach history purge``
 (erasure on demand); ``reach history migrate`` (the PostgreSQL store's schema).
 
-Exit codes: 0 done; 1 nothing found (show) ; 2 usage or configuration (a bad question, an unknown
+Exit codes: 0 done; 1 nothing found (show); 2 usage or configuration (a bad question, an unknown
 agent, the store unreachable)."""
 
 from __future__ import annotations
