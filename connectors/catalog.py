@@ -10,6 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from connectors import history
 from connectors.approval_policy import ApprovalPolicy, condition_problems, group_problems, policies_for
 from connectors.loader import CatalogError, LoadResult, Problem, load_directory
 from connectors.schema import ParamValidator, default_problems, object_json_schema
@@ -167,7 +168,19 @@ class Catalog:
         agent = self.agents.get(agent_id)
         names = [n for n in agent.workflows if n in self.workflows] if agent else []
         actions = [tool_spec(r) for r in self.refs.values() if self.allows(agent_id, r)]
-        return actions + [workflow_tool(self.workflows[n]) for n in names]
+        remembers = [history.tool()] if self.keeps_history_for(agent_id) else []
+        return actions + [workflow_tool(self.workflows[n]) for n in names] + remembers
+
+    def keeps_history_for(self, agent_id: str) -> bool:
+        """Whether ``reach__history`` is one of the agent's tools: one of its actions keeps history
+        and declares an ``entity`` (what a model asks history by). ``reach.history`` answers any
+        agent either way; the tool is offered where the catalog made history worth asking."""
+        return any(
+            self.allows(agent_id, r)
+            and not (r.action.history is not None and r.action.history.off)
+            and history.entity_fields(r.action)
+            for r in self.refs.values()
+        )
 
     def all_tools(self) -> list[ToolSpec]:
         return [tool_spec(r) for r in self.refs.values()] + [workflow_tool(w) for w in self.workflows.values()]

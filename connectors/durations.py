@@ -1,4 +1,4 @@
-"""Durations as connector authors write them: ``50ms``, ``5s``, ``2m``, ``1h``."""
+"""Durations as connector authors write them: ``50ms``, ``5s``, ``2m``, ``1h``, ``90d``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # d: history retention
 
 
 def parse_duration(text: str) -> float:
@@ -19,7 +19,7 @@ def parse_duration(text: str) -> float:
     """
     match = _DURATION.match(text) if isinstance(text, str) else None
     if not match:
-        raise ValueError(f"{text!r} is not a duration; write it like 50ms, 5s, 2m or 1h")
+        raise ValueError(f"{text!r} is not a duration; write it like 50ms, 5s, 2m, 1h or 30d")
     seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds <= 0:
         raise ValueError(f"{text!r} must be longer than zero")

@@ -52,6 +52,7 @@ INTENT_ROUTING_KEY = "intent"
 NACK_PAUSES_SECONDS = (0.25, 0.5, 1.0, 2.0)
 LIST_TOOLS_ACTION = "reach.list_tools"
 FIND_TOOLS_ACTION = "reach.find_tools"  # the agent's best-matching tools for a description
+HISTORY_ACTION = "reach.history"  # what the agent already did (its tool name: reach__history)
 
 Status = Literal["succeeded", "rejected", "failed", "unknown"]
 

@@ -183,6 +183,16 @@ class Settings(EnvironSettings):
     semantic_rate: RateText = Field(
         "20/sec", description="intents per agent that make the router run its embedding model (then RATE_LIMITED)"
     )
+    # what reach.history answers from (docs/operations.md "History")
+    history_ttl_seconds: Seconds = Field(
+        30 * 24 * 3600,
+        validation_alias="REACH_HISTORY_TTL",
+        description="how long an action's history records are kept unless it says `history: {retain: ...}`",
+    )
+    history_url: str | None = Field(
+        None,
+        description="a postgresql:// URL: keep history there (schema: reach history migrate); unset: in Redis",
+    )
     # the MCP facade, `reach mcp` (docs/operations.md "The MCP facade")
     mcp_url: HttpUrlText | None = Field(
         None, description="the MCP endpoint's public URL: JWT audience and resource metadata (unset: local)"
@@ -254,6 +264,15 @@ class Settings(EnvironSettings):
         min_length=1,
         description="how reach beat runs rabbitmqctl against the broker, e.g. 'docker exec -i rabbitmq rabbitmqctl'",
     )
+
+    @field_validator("history_url", mode="before")
+    @classmethod
+    def _history_url(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() == "":
+            return None
+        if isinstance(value, str) and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (or unset: history in Redis)")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ idea, importers use the names here:
     documents.py    the document types (connector:, agent_app:, routing:, approvers:)
 """
 
-from connectors.spec.action import ActionSpec, ApprovalSpec, ErrorRule
+from connectors.spec.action import ActionSpec, ApprovalSpec, ErrorRule, HistorySpec
 from connectors.spec.agent_app import AgentApp, Binding, BudgetSpec, budget_problems, parse_budget_window
 from connectors.spec.auth import AuthSpec, AuthType
 from connectors.spec.base import HOURS_WINDOW, NAME_PATTERN, PERSON_PATTERN
@@ -66,6 +66,7 @@ __all__ = [
     "FieldSpec",
     "FieldType",
     "HealthSpec",
+    "HistorySpec",
     "PoolSpec",
     "RetryPolicy",
     "RoutingDocument",

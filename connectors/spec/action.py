@@ -62,6 +62,31 @@ class ApprovalSpec(Spec):
         return self
 
 
+MAX_HISTORY_RETAIN_SECONDS = 10 * 366 * 86400
+
+
+class HistorySpec(Spec):
+    """``history: {retain: 90d}`` on an action: how long its receipts stay askable through
+    ``reach.history``; ``history: off`` (read as ``off: true``): never recorded; no ``history``:
+    REACH_HISTORY_TTL."""
+
+    retain: Duration | None = None
+    off: bool = False
+
+    @field_validator("retain")
+    @classmethod
+    def _bounded(cls, v: float | None) -> float | None:
+        if v is not None and not 1 <= v <= MAX_HISTORY_RETAIN_SECONDS:
+            raise ValueError("`retain` must be at least 1s and at most 3660d")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> HistorySpec:
+        if self.off == (self.retain is not None):
+            raise ValueError("write `history: off` or `history: {retain: 90d}`")
+        return self
+
+
 class ActionSpec(Spec):
     """One semantic action: what an agent may ask for, and how it reaches the system."""
 
@@ -84,12 +109,23 @@ class ActionSpec(Spec):
     errors: list[ErrorRule] = Field(default_factory=list)
     allowed_hours: str | None = None
     approval: ApprovalSpec | None = None  # a person approves each intent (or those matching `when`)
+    history: HistorySpec | None = None  # reach.history's memory of it (connectors/history.py)
 
     @field_validator("action")
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_PATTERN.match(v) or "__" in v or "." in v:
             raise ValueError(f"action name {v!r} must start with a letter and use letters, digits, _ or - (no '__')")
+        return v
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _history_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare off as false (and on as true)
+        if v is False or v == "off":
+            return {"off": True}
+        if isinstance(v, bool | str):
+            raise ValueError("write `history: off` or `history: {retain: 90d}`")
         return v
 
     @field_validator("path")
@@ -134,6 +170,14 @@ class ActionSpec(Spec):
                 raise ValueError(f"{problem}; give it a `name`")
         return self
 
+    @model_validator(mode="after")
+    def _entities_on_top_level_fields(self) -> ActionSpec:
+        for side, fields in (("input", self.input), ("output", self.output or {})):
+            for key, spec in fields.items():
+                if _nested_entity(spec):
+                    raise ValueError(f"{side}.{key}: `entity` only applies to top-level input and output fields")
+        return self
+
     @property
     def method(self) -> str:
         """The HTTP method (POST for the non-HTTP types: what a call to them is)."""
@@ -176,3 +220,10 @@ class ActionSpec(Spec):
         if self.timeout is not None:
             return self.timeout
         return 15.0 if self.is_write else 5.0
+
+
+def _nested_entity(spec: FieldSpec) -> bool:
+    """Whether a field nested in ``spec`` (its items or properties) declares an entity."""
+    inner = [spec.items] if spec.items is not None else []
+    inner += list((spec.properties or {}).values())
+    return any(f.entity is not None or _nested_entity(f) for f in inner)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -10,6 +11,8 @@ from connectors.patterns import compile_pattern
 from connectors.spec.base import Spec, check_zone
 from connectors.spec.http_parts import header_name_problem
 
+ENTITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+ENTITY_TYPES = ("string", "integer")  # values that name one thing: no floats, no structures
 FieldType = Literal["string", "integer", "number", "boolean", "enum", "datetime", "date", "array", "object"]
 
 
@@ -36,6 +39,16 @@ class FieldSpec(Spec):
     null_as: Literal["", "omit", "null"] | None = None
     items: FieldSpec | None = None
     properties: dict[str, FieldSpec] | None = None
+    # the business entity this field names (``order`` on ``order_id``): what ``reach.history`` is
+    # asked by. Top-level input/output fields only (connectors/history.py)
+    entity: str | None = None
+
+    @field_validator("entity")
+    @classmethod
+    def _entity_name(cls, v: str | None) -> str | None:
+        if v is not None and not ENTITY_NAME.match(v):
+            raise ValueError(f"entity name {v!r} must match {ENTITY_NAME.pattern} (lowercase letters, digits, _)")
+        return v
 
     @field_validator("pattern")
     @classmethod
@@ -67,6 +80,10 @@ class FieldSpec(Spec):
             raise ValueError("`min` is greater than `max`")
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
             raise ValueError("`min_length` is greater than `max_length`")
+        if self.entity is not None and self.sensitive:
+            raise ValueError("a sensitive field cannot be an `entity`: history indexes keep entity values in the clear")
+        if self.entity is not None and self.type not in ENTITY_TYPES:
+            raise ValueError(f"`entity` only applies to string and integer fields (this one is {self.type})")
         if self.in_ == "header" and self.name is not None and (problem := header_name_problem("`name`", self.name)):
             raise ValueError(problem)
         return self

@@ -281,6 +281,8 @@ pools that set one variable differently fail the release unless beat.env settles
   value: {{ .Values.config.receiptTTL | quote }}
 - name: REACH_MAX_INTENT_BYTES
   value: {{ .Values.config.maxIntentBytes | quote }}
+- name: REACH_HISTORY_TTL
+  value: {{ .Values.config.historyTTL | quote }}
 {{- /* the runner writes runs with it, and so do `reach workflow resume|abort` and the console */}}
 - name: REACH_WORKFLOW_RETENTION
   value: {{ .Values.workflows.retention | quote }}

@@ -58,6 +58,17 @@ def test_a_run_calls_three_steps_in_order_and_answers_once(fleet: Fleet, shop: S
     assert shop.calls(order_id) == ["/holds", "/refunds", "/notify"]
     with pytest.raises(TimeoutError):
         agent.wait(receipt.intent_id, timeout=1)  # one final receipt, no other
+    # each step is in its owner's history (reach.history), with the run it belonged to
+    remembered = agent.call("reach.history", {"action": "wfshop.hold_order", "limit": 50}, timeout=30)
+    assert remembered.success, remembered.error
+    hold = next(r for r in remembered.data["records"] if r["intent_id"] == steps[0]["intent_id"])
+    assert hold["run_id"] == receipt.intent_id and hold["params"] == {"order_id": order_id}
+    # and the run itself, by the workflow's name: its input, its final status
+    runs = agent.call("reach.history", {"action": "refund_order", "limit": 50}, timeout=30)
+    assert runs.success, runs.error
+    mine = next(r for r in runs.data["records"] if r["intent_id"] == receipt.intent_id)
+    assert mine["connector"] is None and mine["status"] == "succeeded" and mine["run_id"] == receipt.intent_id
+    assert mine["params"]["order_id"] == order_id
 
 
 def test_a_conflict_on_the_last_step_undoes_the_others_newest_first(

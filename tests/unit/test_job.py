@@ -34,10 +34,10 @@ TODAYS_JOB: dict[str, Any] = {
 
 def test_todays_job_round_trips_through_the_model() -> None:
     job = parse_job(TODAYS_JOB)
-    assert job.hops == 0 and job.routing is None
-    assert job.model_dump(exclude={"hops", "routing"}) == TODAYS_JOB
+    assert job.hops == 0 and job.routing is None and job.run_id is None
+    assert job.model_dump(exclude={"hops", "routing", "run_id"}) == TODAYS_JOB
     # same keys, same order
-    assert list(json.loads(job.model_dump_json(exclude={"hops", "routing"}))) == list(TODAYS_JOB)
+    assert list(json.loads(job.model_dump_json(exclude={"hops", "routing", "run_id"}))) == list(TODAYS_JOB)
     assert parse_job_json(job.model_dump_json()) == job
 
 
@@ -53,6 +53,14 @@ def test_the_task_message_carries_the_job_as_its_only_argument() -> None:
     assert args == [TODAYS_JOB] and kwargs == {} and isinstance(embed, dict)
     assert headers["task"] == EXECUTE_TASK and headers["id"] == "i-1:1" and "Ünïcode" not in str(headers)
     assert properties["correlation_id"] == "i-1:1"
+
+
+def test_a_run_id_travels_only_with_a_workflow_step() -> None:
+    jobs = JobMessages(Celery("reach", set_as_current=False))
+    body, _, _ = jobs.build(parse_job({**TODAYS_JOB, "run_id": "run-1"}), "i-1:1")
+    assert json.loads(body)[0][0]["run_id"] == "run-1"
+    body, _, _ = jobs.build(parse_job(TODAYS_JOB), "i-1:1")
+    assert "run_id" not in json.loads(body)[0][0]
 
 
 def test_hops_travel_only_when_an_agent_called_an_agent() -> None:

@@ -15,14 +15,14 @@ from connectors.adapters.auth.token_store import _SAVE_IF_CURRENT
 from connectors.adapters.auth.token_store import RedisTokens as _RedisTokens
 from connectors.rates import parse_rate
 from connectors.spec import BreakerSpec
-from workers.state import approval_store, breaker, keys, ledger, ratelimit
+from workers.state import approval_store, breaker, history, keys, ledger, ratelimit
 from workers.state.breaker import SharedBreaker
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.ratelimit import RedisRateLimiter
 
 SCRIPTS = {
     name: getattr(module, name)
-    for module in (ledger, breaker, ratelimit, approval_store)
+    for module in (ledger, breaker, ratelimit, approval_store, history)
     for name in dir(module)
     if re.fullmatch(r"_[A-Z_]+", name)
     and isinstance(getattr(module, name), str)
@@ -48,7 +48,8 @@ def test_every_key_comes_from_keys(name: str) -> None:
         if call["cmd"] in NO_KEY:
             continue
         key = call["key"].strip()
-        assert re.fullmatch(r"KEYS\[\d\]", key) or key in aliases, f"{name}: {call[0]} names a key not from KEYS"
+        # (a loop over its keys: ``KEYS[i]``)
+        assert re.fullmatch(r"KEYS\[(\d|i)\]", key) or key in aliases, f"{name}: {call[0]} names a key not from KEYS"
 
 
 class Recorder:
@@ -129,3 +130,31 @@ def test_the_breakers_and_rate_limits_scripts_are_given_keys_of_one_slot() -> No
     _RedisTokens(recorder, "tickets", "first").save("old", Tokens("at", "rt", 0.0))
     single_slot(recorder)
     assert key_slot(state_key("tickets").encode()) == key_slot(keys.breaker("tickets").encode())
+
+
+def test_a_history_records_script_is_given_keys_of_its_agents_slot() -> None:
+    from connectors import history as records
+    from connectors.spec import ActionSpec, FieldSpec
+
+    action = ActionSpec(
+        action="create_order", input={"order_id": FieldSpec(entity="order"), "sku": FieldSpec(entity="sku")}
+    )
+    rec = records.record(
+        agent="desk",
+        intent_id="i-1",
+        connector="shop",
+        action=action,
+        status="succeeded",
+        code=None,
+        at="2026-01-01T00:00:00Z",
+        at_ms=1,
+        trace_id="t",
+        params={"order_id": "123", "sku": "a"},
+        data=None,
+        retain_seconds=60,
+        version="v",
+    )
+    recorder = Recorder([1])
+    history.RedisHistory(recorder, 60).write_into(recorder, rec)  # type: ignore[arg-type]
+    single_slot(recorder)
+    assert len(recorder.evals[0][1]) == 4  # the record, its action's index and two entities'

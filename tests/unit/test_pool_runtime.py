@@ -526,3 +526,62 @@ def test_a_redelivery_of_a_job_whose_receipt_was_decided_sends_that_receipt(cata
     pool.runtime.execute(job(), redelivered=True)
     receipts = pool.receipts()
     assert len(receipts) == 2 and receipts[1] == receipts[0] and len(pool.adapter.calls) == 1
+
+
+# --------------------------------------------------------------------------- history records
+
+
+def with_history(pool: Pool, catalog: Catalog) -> list[list[tuple[str, tuple[Any, ...]]]]:
+    """Give the pool a Redis history store; return the round trips (pipelines) it executes."""
+    from workers.pool.history_writes import HistoryWrites
+    from workers.state.history import RedisHistory
+
+    trips: list[list[tuple[str, tuple[Any, ...]]]] = []
+    real = FakePipe.execute
+
+    def execute(self: FakePipe) -> list[Any]:
+        trips.append([(name, args) for name, args, _ in self._commands])
+        return real(self)
+
+    pool.runtime.answers.history = HistoryWrites(catalog, RedisHistory(pool.redis, 60), 60)  # type: ignore[arg-type]
+    FakePipe.execute = execute  # type: ignore[method-assign]
+    return trips
+
+
+def test_the_history_record_is_written_in_the_round_trip_that_stores_the_receipt(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakePipe, "execute", FakePipe.execute)  # restored after the test
+    pool = Pool(catalog, FakeAdapter(Outcome(True, data={"id": 7})))
+    trips = with_history(pool, catalog)
+    pool.runtime.execute(job())
+    [receipt] = pool.receipts()
+    record_key = keys.history_record("bot", "i-1")
+    together = [
+        trip
+        for trip in trips
+        if any(name == "set" and args[0] == keys.receipt("bot", "i-1") for name, args in trip)
+        and any(name == "execute_command" and record_key in args for name, args in trip)
+    ]
+    assert receipt.success and len(together) == 1
+
+
+def test_a_record_that_cannot_be_built_never_stops_the_receipt(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import connectors.history
+
+    monkeypatch.setattr(FakePipe, "execute", FakePipe.execute)
+    pool = Pool(catalog, FakeAdapter(Outcome(True, data={"id": 7})))
+    trips = with_history(pool, catalog)
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("a bug in the projection")
+
+    monkeypatch.setattr(connectors.history, "record", broken)
+    pool.runtime.execute(job())
+    [receipt] = pool.receipts()
+    assert receipt.success
+    assert not any(
+        name == "execute_command" and keys.history_record("bot", "i-1") in args for t in trips for name, args in t
+    )

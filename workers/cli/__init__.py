@@ -13,6 +13,7 @@ One module per family of commands::
     send.py         send
     users.py        agent-user create, delete, sweep-bindings; mcp-user create, delete
     workflows.py    workflows (the runner); workflow list, show, resume, abort
+    history.py      history (show), history purge, history migrate
 
 Exit codes: 0 success; 1 the thing checked is not right (catalog problems, a receipt that did
 not succeed, no receipt in time); 2 usage or configuration errors (unknown connector, missing
@@ -23,7 +24,19 @@ from __future__ import annotations
 
 import click
 
-from workers.cli import approvals, broker, catalog, dlq, plugins, processes, send, steering, users, workflows
+from workers.cli import (
+    approvals,
+    broker,
+    catalog,
+    dlq,
+    history,
+    plugins,
+    processes,
+    send,
+    steering,
+    users,
+    workflows,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,6 +68,7 @@ for command in (
     workflows.workflows,
     workflows.workflow,
     plugins.plugins,
+    history.history,
 ):
     main.add_command(command)
 

@@ -46,6 +46,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
 
+from connectors import history
 from connectors.catalog import ActionRef, Catalog, tool_spec, workflow_tool
 from connectors.patterns import Pattern, compile_pattern
 from connectors.schema import field_json_schema
@@ -166,6 +167,16 @@ def agent_tools(catalog: Catalog, agent: str) -> AgentTools:
                 description=doc["description"],
                 input_schema=doc["inputSchema"],
                 annotations=workflow_annotations(catalog, flow),
+            )
+        )
+    if catalog.keeps_history_for(agent):  # reach.history, answered by the router like any tool call
+        doc = export([history.tool()], "mcp")[0]
+        tools.append(
+            types.Tool(
+                name=doc["name"],
+                description=doc["description"],
+                input_schema=doc["inputSchema"],
+                annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True),
             )
         )
     return AgentTools(tools, outputs)

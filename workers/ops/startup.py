@@ -18,12 +18,14 @@ from connectors.adapters.auth import MissingSecret
 from connectors.adapters.base import AdapterOptions
 from connectors.adapters.factory import build_adapter
 from connectors.catalog import Catalog
+from connectors.history import longest_retention
 from workers.observability import metrics, probes
 from workers.observability.audit import Audit
 from workers.observability.http_guard import HttpLimits
 from workers.observability.tracing import configure_tracing
 from workers.ops.binding_sweep import BindingSweep
 from workers.pool.consumer import job_handler
+from workers.pool.history_writes import HistoryWrites
 from workers.pool.runtime import PoolOptions, PoolOutput, PoolRuntime, PoolState
 from workers.settings import Settings
 from workers.state.batcher import Batcher
@@ -31,6 +33,8 @@ from workers.state.breaker import SharedBreaker
 from workers.state.client import connect_redis
 from workers.state.control import PoolStatus
 from workers.state.health import DEFAULT_INTERVAL, Beat, HealthBoard
+from workers.state.history import HistoryStore
+from workers.state.history_stores import open_store
 from workers.state.ledger import Heartbeat, Ledger
 from workers.state.redeliveries import Redeliveries
 from workers.transport.app import JobMessages, create_app
@@ -96,6 +100,12 @@ def dead_letter_bounds(settings: Settings) -> DeadLetterBounds:
     return DeadLetterBounds(settings.dlq_max_length, settings.dlq_max_bytes, settings.dlq_ttl_seconds)
 
 
+def history_store(settings: Settings, catalog: Catalog, client: redis.Redis) -> HistoryStore:
+    """Where history records go: REACH_HISTORY_URL's PostgreSQL, else the fleet's Redis."""
+    actions = [ref.action for ref in catalog.refs.values()]
+    return open_store(client, settings.history_url, longest_retention(actions, settings.history_ttl_seconds))
+
+
 def receipt_limits(settings: Settings) -> ReceiptLimits:
     return ReceiptLimits(settings.max_details, settings.max_receipt_bytes)
 
@@ -142,6 +152,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
         budgets=RedisBudgets(redis_client, repeat_within_ms=repeat_window_ms(settings.idempotency_ttl_seconds)),
         fleet_user=fleet_login(settings.broker_url),  # may publish for an agent: `reach dlq replay`
         workflow_runs=WorkflowRuns(redis_client, settings.workflow_retention_seconds),  # vouches for steps
+        history=history_store(settings, catalog, redis_client),  # reach.history
     )
     batcher = Batcher(redis_client)
     audit = Audit(redis_client, "router", batcher=batcher)
@@ -293,6 +304,7 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     heartbeat = Heartbeat(redis_client).start()
     ledger = Ledger(redis_client, heartbeat, settings.idempotency_ttl_seconds)
+    history = HistoryWrites(catalog, history_store(settings, catalog, redis_client), settings.history_ttl_seconds)
     bulkheads, watched = [], []
     for member, queue in zip(members, queues):
         connector = catalog.connectors[member.connector]
@@ -304,7 +316,9 @@ def run_pool(settings: Settings, catalog: Catalog, members: Sequence[Member], na
             state=PoolState(
                 redis_client, batcher, ledger, SharedBreaker(redis_client, connector.name, connector.breaker), status
             ),
-            output=PoolOutput(sink, publisher, Audit(redis_client, f"pool:{connector.name}", batcher=batcher)),
+            output=PoolOutput(
+                sink, publisher, Audit(redis_client, f"pool:{connector.name}", batcher=batcher), history=history
+            ),
             options=PoolOptions(max_deliveries=settings.max_deliveries),
         )
         # each job runs on one of its connector's threads; what is held is finished on a warm shutdown

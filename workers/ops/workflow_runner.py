@@ -20,7 +20,7 @@ from workers.observability import probes
 from workers.observability.audit import Audit
 from workers.observability.http_guard import HttpLimits
 from workers.observability.tracing import configure_tracing
-from workers.ops.startup import dead_letter_bounds, quiet_per_intent_logs, receipt_limits
+from workers.ops.startup import dead_letter_bounds, history_store, quiet_per_intent_logs, receipt_limits
 from workers.router.intake import fleet_login
 from workers.settings import Settings
 from workers.state.batcher import Batcher
@@ -38,6 +38,7 @@ from workers.transport.topology import (
     workflow_receipts_queue,
     workflows_queue,
 )
+from workers.workflows.history_records import RunHistory
 from workers.workflows.runner import BrokerOutlet, Crash, WorkflowRunner
 
 log = logging.getLogger("reach")
@@ -97,6 +98,7 @@ def run_workflows(settings: Settings, catalog: Catalog) -> None:
         BrokerOutlet(publisher, sink, fleet_login(settings.broker_url)),
         crash=Crash(settings.workflow_crash_at),
         audit=Audit(redis_client, "workflows", batcher=batcher),
+        history=RunHistory(history_store(settings, catalog, redis_client), settings.history_ttl_seconds),
     )
     sweeper = Sweeper(runner)
     configure_tracing("reach-workflows")

@@ -21,6 +21,7 @@ from producers.wire import ErrorCode, Execution, Receipt
 from workers.observability import metrics
 from workers.observability.audit import Audit
 from workers.pool.downstream_call import AttemptGate, Stage
+from workers.pool.history_writes import HistoryWrites
 from workers.pool.job_context import JobContext
 from workers.pool.retry import Result
 from workers.state import keys
@@ -47,6 +48,7 @@ class Answers:
         batcher: Batcher,
         ledger: Ledger,
         status: PoolStatus | None = None,
+        history: HistoryWrites | None = None,
     ) -> None:
         self.connector = connector
         self.catalog = catalog
@@ -55,6 +57,7 @@ class Answers:
         self.batcher = batcher
         self.ledger = ledger
         self.status = status
+        self.history = history or HistoryWrites(catalog, None, 0)  # each dispatched intent's record
         self._latency = metrics.INTENT_LATENCY_SECONDS.labels(connector=connector)
         # (agent, action) -> the value budgets that counted its intents when they were dispatched
         self.budgets = {(a, act): b for (a, c, act), b in budget_index(catalog).items() if c == connector}
@@ -97,13 +100,16 @@ class Answers:
         if not self.sink.send(receipt, job.reply_to, mark=False):
             return
         lines = self._receipt_lines(receipt)
-        mark = self._sent_mark(receipt, lines)
+        # a redelivered job's receipt was recorded with its first storing
+        record = None if outcome == "redelivered" else self.history.record(receipt, job)
+        mark = self._sent_mark(receipt, lines, self.history.commands(record))
         if lines:
             self.audit.write_lines(lines)
         try:
             self.batcher.call(mark)
         except redis.RedisError as exc:
             log.error("could not mark receipt %s as sent: %s", receipt.intent_id, exc)
+        self.history.write_after(record)
         self._count(receipt, outcome)
 
     def finish(self, ctx: JobContext, result: Result, gate: AttemptGate | None, stages: list[Stage]) -> None:
@@ -127,6 +133,8 @@ class Answers:
         receipt_lines = self._receipt_lines(receipt)
         traced = lines + receipt_lines
         refund = self._refund(receipt, ctx.job)
+        record = self.history.record(receipt, ctx.job)
+        remember = self.history.commands(record)
 
         def decided(pipe: Any) -> None:
             if gate is not None:
@@ -139,6 +147,8 @@ class Answers:
                 # the receipt's line too: one push per intent, not a second one with the sent mark
                 self.audit.push_into(pipe, ctx.agent_id, ctx.intent_id, traced)
             self.sink.store_into(pipe, receipt, body)
+            if remember is not None:  # its history record, with the receipt it remembers
+                remember(pipe)
             if refund is not None:
                 refund(pipe)
 
@@ -148,6 +158,7 @@ class Answers:
         first = Write(decided, lines or None, (ctx.key,))
         mark = self._sent_mark(receipt, [])
         self.sink.publish(receipt, body, ctx.job.reply_to, then=mark, first=first)
+        self.history.write_after(record)
         if receipt_lines:
             self.audit.write_lines(receipt_lines)
         self._count(receipt, "succeeded" if outcome.ok else (outcome.code.value if outcome.code else "failed"))
@@ -177,10 +188,15 @@ class Answers:
             level=self._audit_level(receipt.agent_id or ""),
         )
 
-    def _sent_mark(self, receipt: Receipt, lines: list[str]) -> Callable[[Any], None]:
-        """The Redis commands that mark the receipt sent (and keep its trace ``lines``)."""
+    def _sent_mark(
+        self, receipt: Receipt, lines: list[str], also: Callable[[Any], None] | None = None
+    ) -> Callable[[Any], None]:
+        """The Redis commands that mark the receipt sent (and keep its trace ``lines``, and run
+        ``also``: a history record's)."""
 
         def mark(pipe: Any) -> None:
+            if also is not None:
+                also(pipe)
             # the delivery count guards against a job that kills its pool before it is answered;
             # once the receipt is out, a redelivery stops at the sent mark (checked first)
             pipe.delete(keys.deliveries(receipt.agent_id, receipt.intent_id))

@@ -41,6 +41,7 @@ from workers.pool.answers import Answers
 from workers.pool.claim_waits import sent_by_first_delivery, settle_claim
 from workers.pool.dead_letters import job_letter, post, raw_letter
 from workers.pool.downstream_call import DownstreamCall
+from workers.pool.history_writes import HistoryWrites
 from workers.pool.job_context import JobContext
 from workers.state import keys
 from workers.state.batcher import Batcher
@@ -81,6 +82,7 @@ class PoolOutput:
     sink: ReceiptSink
     publisher: Publisher
     audit: Audit
+    history: HistoryWrites | None = None  # each dispatched intent's history record (None: none kept)
 
 
 class PoolRuntime:
@@ -116,6 +118,7 @@ class PoolRuntime:
             batcher=state.batcher,
             ledger=state.ledger,
             status=state.status,
+            history=output.history,
         )
         self._queue_wait = metrics.QUEUE_WAIT_SECONDS.labels(connector=connector.name)
 

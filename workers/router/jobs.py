@@ -40,4 +40,5 @@ def job_for(
         dispatched_at=dispatched_at,
         hops=intent.context.hops if intent.context else 0,
         routing=routing,
+        run_id=parsed.run_id,
     )

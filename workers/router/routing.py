@@ -31,6 +31,8 @@ from workers.router.budget_check import spend
 from workers.router.built_ins import find_tools, list_tools
 from workers.router.connector_choice import choose
 from workers.router.decisions import Answer, Decision, Dispatch, human_ms, invalid, refuse
+from workers.router.history_answers import NAMES as HISTORY_NAMES
+from workers.router.history_answers import HistoryAnswers
 from workers.router.intake import ParseFailure, RawMessage, parse
 from workers.router.jobs import job_for
 from workers.router.semantic import SemanticRouting
@@ -38,6 +40,7 @@ from workers.router.workflow_starts import RunVouch, WorkflowStarts
 from workers.state.breaker import AlwaysAvailable
 from workers.state.budgets import BudgetCounter, NoBudgets, budget_index, budget_tag
 from workers.state.guards import Guards, SeparateGuards
+from workers.state.history import HistoryStore
 from workers.state.ratelimit import NoRateLimit, Rate, RateLimiter, parse_rate
 from workers.transport.job import Job
 
@@ -63,6 +66,7 @@ class Router:
         clock: Callable[[], float] = time.time,
         fleet_user: str | None = None,
         workflow_runs: RunVouch | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         """``limiter`` also keeps each agent's allowance of invalid intents (``invalid_rate``) and
         of intents that make the router run its model (``semantic_rate``)."""
@@ -82,6 +86,7 @@ class Router:
         # workflow runs: their starts, and the check that a step belongs to its owner's run
         self.workflows = WorkflowStarts(catalog, workflow_runs, self.max_details)
         self.clock = clock
+        self.history = HistoryAnswers(catalog, history, self.max_details)  # reach.history
         self.budgets = budgets or NoBudgets()
         self.budget_index = budget_index(catalog)  # (agent, connector, action) -> budgets; most have none
 
@@ -120,6 +125,8 @@ class Router:
                 allowance=self._model_allowance,
                 semantic_rate=self.semantic_rate,
             )
+        if intent.action in HISTORY_NAMES:
+            return self.history.answer(parsed, received_at)
         step_refused = self.workflows.check_step(parsed, received_at)
         if step_refused is not None:
             return step_refused

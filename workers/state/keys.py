@@ -24,6 +24,9 @@ Keyed by agent, tag ``{<agent>}`` (everything an agent's input reaches)::
     reach:budget:{<agent>}:<connector>:<param>:<ms>   zset    a value budget's counted intents, by time
     reach:budget-amounts:{<agent>}:<connector>:<param>:<ms>  hash  their amounts, and the window's total
     reach:budget-held:{<agent>}:<intent_id>           string  the budget keys an intent was counted in
+    reach:history:{<agent>}:<intent_id>               string  a history record (JSON, at most 8 KB): reach.history
+    reach:history-entity:{<agent>}:<entity>:<digest>  zset    the agent's records naming one entity value, by time
+    reach:history-action:{<agent>}:<connector>.<action>  zset  the agent's records of one action, by time
 
 One key holds an intent id under no agent, untagged: the index ``reach trace`` finds an intent's
 traces by, whatever agent sent it (only the fleet writes it, and only agent names into it)::
@@ -106,6 +109,9 @@ RATE_LIMIT_PREFIX = PREFIX + "rl:"
 BUDGET_PREFIX = PREFIX + "budget:"
 BUDGET_AMOUNTS_PREFIX = PREFIX + "budget-amounts:"
 BUDGET_HELD_PREFIX = PREFIX + "budget-held:"
+HISTORY_PREFIX = PREFIX + "history:"
+HISTORY_ENTITY_PREFIX = PREFIX + "history-entity:"
+HISTORY_ACTION_PREFIX = PREFIX + "history-action:"
 BREAKER_PREFIX = PREFIX + "breaker:"
 HEALTH_PREFIX = PREFIX + "health:"
 PAUSED_PREFIX = PREFIX + "paused:"
@@ -194,6 +200,31 @@ def abandoned(record: str, attempt: str) -> str:
     """The given-up mark of ``attempt`` at the ledger ``record`` it claims, in that record's slot
     (attempt ids are unique in the fleet; the tag only places the mark beside the record)."""
     return f"{ABANDONED_PREFIX}{tag_of(record)}:{attempt}"
+
+
+def history_record(agent: str, intent_id: str) -> str:
+    return f"{HISTORY_PREFIX}{_agent(agent)}:{intent_id}"
+
+
+def history_entity(agent: str, entity: str, digest: str) -> str:
+    """An entity value's index: the value by its digest (connectors.history.value_digest), so no
+    agent text is part of the key; the entity's name is the catalog's."""
+    return f"{HISTORY_ENTITY_PREFIX}{_agent(agent)}:{entity}:{digest}"
+
+
+def history_action(agent: str, connector: str, action: str) -> str:
+    return f"{HISTORY_ACTION_PREFIX}{_agent(agent)}:{connector}.{action}"
+
+
+def history_match(agent: str) -> str:
+    """A SCAN pattern for every history key of one agent (records and indexes): ``reach history
+    purge``. Agent names hold no glob characters."""
+    return f"{HISTORY_PREFIX[:-1]}*:{_agent(agent)}:*"
+
+
+def history_prefixes(agent: str) -> tuple[str, ...]:
+    """How every history key of one agent begins (what ``history_match`` finds is checked by them)."""
+    return tuple(f"{p}{_agent(agent)}:" for p in (HISTORY_PREFIX, HISTORY_ENTITY_PREFIX, HISTORY_ACTION_PREFIX))
 
 
 # keyed by connector or process

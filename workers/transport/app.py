@@ -85,6 +85,14 @@ class JobMessages:
         """(body, headers, properties) for one job."""
         headers = {**self._headers, "id": task_id, "root_id": task_id}
         # fields at their defaults are left out, so a pool that predates them reads the job
-        unset = {name for name, default in (("hops", job.hops == 0), ("routing", job.routing is None)) if default}
+        unset = {
+            name
+            for name, default in (
+                ("hops", job.hops == 0),
+                ("routing", job.routing is None),
+                ("run_id", job.run_id is None),
+            )
+            if default
+        }
         body = b"[[" + job.model_dump_json(exclude=unset or None).encode() + self._tail
         return body, headers, {"correlation_id": task_id, "reply_to": ""}

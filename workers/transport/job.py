@@ -45,6 +45,9 @@ class Job(BaseModel):
     # how semantic routing chose the connector (workers/router/semantic.py), for the receipt's
     # execution.routing; None (and left out of the JSON) when the action named one connector
     routing: dict[str, Any] | None = None
+    # the workflow run a step intent belongs to (the router checked it: x-reach-run-id), for its
+    # history record; None (and left out of the JSON) for an agent's own intent
+    run_id: str | None = Field(default=None, max_length=256)
 
     def payload_hash(self) -> str:
         """The hash of what this job asks: what a parked approval is bound to, and the tag its

@@ -43,6 +43,7 @@ from workers.transport.receipts import ReceiptSink, iso
 from workers.transport.topology import INTENTS_EXCHANGE, ON_BEHALF_OF_HEADER, RUN_ID_HEADER
 from workers.workflows import machine
 from workers.workflows.final import repeated
+from workers.workflows.history_records import RunHistory
 from workers.workflows.ids import parse_step_intent_id
 from workers.workflows.keyed_starts import input_digest, key_busy, key_reused, longest_life, refusal
 from workers.workflows.model import MAX_FOLLOWERS, Follower, Run, snapshot
@@ -129,8 +130,10 @@ class WorkflowRunner:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         audit: Audit | None = None,
+        history: RunHistory | None = None,
     ) -> None:
         self.catalog = catalog
+        self.history = history  # a run's record in its owner's history (reach.history)
         self.runs = runs
         self.outlet = outlet
         self.audit = audit  # the run's stages, in the trace of its starting intent (reach trace RUN)
@@ -399,6 +402,8 @@ class WorkflowRunner:
         if outbound.kind == "final":
             assert run.final is not None  # decided with the outbound (machine._finish)
             self.outlet.send_final(run.final, run.reply_to)
+            if self.history is not None:
+                self.history.remember(run)
             self._answer_followers(run)
         else:
             self.outlet.send_intent(outbound.body, run.owner, run.run_id)
