@@ -14,6 +14,7 @@ One module per family of commands::
     users.py        agent-user create, delete, sweep-bindings; mcp-user create, delete
     workflows.py    workflows (the runner); workflow list, show, resume, abort
     history.py      history (show), history purge, history migrate
+    plugins.py      plugins list, plugins check
 
 Exit codes: 0 success; 1 the thing checked is not right (catalog problems, a receipt that did
 not succeed, no receipt in time); 2 usage or configuration errors (unknown connector, missing
