@@ -9,7 +9,7 @@ candidates its rule checks refuse, and dispatches only on a clear lead.
 
 from connectors.routing.embedders import Embedder, ModelUnavailable, load_embedder
 from connectors.routing.index import ActionIndex, VectorCache, action_text
-from connectors.routing.ranking import Ranking, Scored, rank, top_k
+from connectors.routing.ranking import TIERS, Ranking, Scored, Tier, rank, top_k
 
 __all__ = [
     "ActionIndex",
@@ -17,6 +17,8 @@ __all__ = [
     "ModelUnavailable",
     "Ranking",
     "Scored",
+    "TIERS",
+    "Tier",
     "VectorCache",
     "action_text",
     "load_embedder",

@@ -8,6 +8,10 @@
 A weighted sum, not a rank fusion: the router dispatches only when the best candidate leads the
 next by the catalog's ``margin``, and a lead needs scores on one scale (ranks would make a tie
 and a landslide look the same).
+
+The lead also sets the tier of the answer (``Ranking.tier``): ``dispatch`` at the margin or more;
+``confirm`` from the catalog's ``confirm_margin`` up to the margin (the agent asks its user one
+yes/no question about the best two); ``open`` below it (the user chooses among every candidate).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +28,9 @@ from connectors.catalog import ActionRef
 from connectors.routing.index import ActionIndex, request_text
 from connectors.routing.lexical import tokens
 from connectors.spec import RoutingWeights
+
+Tier = Literal["dispatch", "confirm", "open"]
+TIERS: tuple[Tier, ...] = ("dispatch", "confirm", "open")
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,18 @@ class Ranking:
         if self.ranked and self.lead >= margin:
             return self.ranked[0]
         return None
+
+    def tier(self, margin: float, confirm_margin: float) -> Tier:
+        """``dispatch`` (the lead is at least ``margin``), ``confirm`` (at least
+        ``confirm_margin``: the best two are offered, the first suggested) or ``open``."""
+        if not self.ranked:
+            return "open"
+        lead = self.lead
+        if lead >= margin:
+            return "dispatch"
+        if len(self.ranked) >= 2 and lead >= confirm_margin and lead > 0:
+            return "confirm"  # a tie suggests nothing: it stays open
+        return "open"
 
 
 def rule_score(ref: ActionRef, weights: RoutingWeights, context_domain: str | None, agent_domain: str | None) -> float:

@@ -157,12 +157,18 @@ def route_cmd(text: str, action: str, agent: str, domain: str | None, as_json: b
     ]
     print_table(("#", "action", "score", "semantic", "lexical", "rules", "connector"), rows)
     how = f"{choice.note['method']}, model {choice.note.get('model', '-')}"
+    lead, margin = choice.note.get("lead"), catalog.routing.margin
     if choice.ref is not None:
-        lead = choice.note.get("lead")
-        click.echo(f"dispatch to {choice.ref.qualified} ({how}; lead {lead} >= margin {catalog.routing.margin})")
+        click.echo(f"dispatch to {choice.ref.qualified} ({how}; tier dispatch, lead {lead} >= margin {margin})")
+    elif choice.tier == "confirm":
+        first, second = (c["action"] for c in choice.note["candidates"][:2])
+        click.echo(
+            f"AMBIGUOUS_ACTION, tier confirm ({how}; confirm_margin {catalog.routing.confirm_margin} <= lead {lead} "
+            f"< margin {margin}): the agent would ask its user whether {first} is meant, else {second}"
+        )
     else:
         click.echo(
-            f"AMBIGUOUS_ACTION ({how}; lead {choice.note.get('lead')} < margin {catalog.routing.margin}): "
+            f"AMBIGUOUS_ACTION, tier open ({how}; lead {lead} < confirm_margin {catalog.routing.confirm_margin}): "
             "the agent would be asked to let its user choose"
         )
 

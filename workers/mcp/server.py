@@ -52,7 +52,10 @@ INSTRUCTIONS = (
     "when one fails, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
     "Send _meta.idempotency_key to make an action's call safe to repeat; a workflow's second call is "
-    "a second run."
+    "a second run. AMBIGUOUS_ACTION means several systems offer what was asked: if the result says "
+    "'tier confirm', ask the user the one yes/no question it gives and call the suggested tool on yes, "
+    "the other on no; if 'tier open', ask the user to choose among the systems it lists. Then call the "
+    "chosen system's own tool with the same arguments."
 )
 
 
