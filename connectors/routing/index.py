@@ -1,7 +1,9 @@
 """The action index: every action's text, its embedding and its lexical terms, by row.
 
 An action's text is what a model can know of it: its connector's name, domain and description,
-the action's name and description, and its inputs with their descriptions. Embeddings are
+the action's name and description, and its inputs with their descriptions. Its ``examples`` (short
+requests a user might make) are rows of their own: an action's cosine with a request is its
+text's, raised by ``weights.examples`` times how far its best example's is higher. Embeddings are
 computed once per (model, text): they are looked up in a shared cache first (Redis in the fleet,
 ``workers/state/embeddings.py``) and only texts missing there are embedded, so a restart with a
 warm cache embeds nothing and a catalog change re-embeds only the actions whose text changed.
@@ -100,8 +102,23 @@ class ActionIndex:
         self.workflows = list(catalog.workflows.values())
         self.workflow_rows = {w.name: len(self.refs) + i for i, w in enumerate(self.workflows)}
         self.texts = [action_text(r) for r in self.refs] + [workflow_text(w) for w in self.workflows]
+        # BM25 reads an action's example requests as part of its text; the embedding path gives
+        # each example a row of its own (after the actions and workflows), so a request that reads
+        # like one of them scores as high as it does against that example
+        documents = [tokens(t) for t in self.texts]
+        self.examples: dict[int, list[int]] = {}  # action row -> its examples' rows
+        owners: list[int] = []
+        for row, ref in enumerate(self.refs):
+            for example in ref.action.examples:
+                self.examples.setdefault(row, []).append(len(self.texts))
+                self.texts.append(request_text(example))
+                owners.append(row)
+                documents[row] = documents[row] + tokens(example)
+        self._example_rows = np.arange(len(documents), len(self.texts), dtype=np.int64)
+        self._example_owners = np.array(owners, dtype=np.int64)
         self.size = len(self.texts)
-        self.lexical = BM25([tokens(t) for t in self.texts])
+        self.lexical = BM25(documents)
+        self._documents = len(documents)
         dim = embedder.dim if embedder else 0
         self.vectors: Vectors = np.zeros((self.size, dim), dtype=np.float32)
         self._ready = np.zeros(self.size, dtype=bool)
@@ -118,7 +135,10 @@ class ActionIndex:
         """The lexical terms of a row's text (kept once a row was ranked: bounded by the catalog)."""
         found = self._terms.get(row)
         if found is None:
-            found = self._terms[row] = frozenset(tokens(self.texts[row]))
+            words = tokens(self.texts[row])
+            for example in self.examples.get(row, ()):
+                words += tokens(self.texts[example])
+            found = self._terms[row] = frozenset(words)
         return found
 
     def row(self, ref: ActionRef) -> int:
@@ -205,16 +225,38 @@ class ActionIndex:
                 self._queries.popitem(last=False)
         return vector
 
-    def semantic(self, text: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
-        """Cosine of the request and each row's action text (None without a model)."""
+    def semantic(
+        self, text: str, rows: npt.NDArray[np.int64], examples_weight: float = 0.0
+    ) -> npt.NDArray[np.float32] | None:
+        """Cosine of the request and each row's action text (None without a model), raised by
+        ``examples_weight`` times how far the row's best example request beats it."""
         if self.embedder is None:
             return None
-        if not self._ready[rows].all():
-            self.prepare(rows.tolist())
+        many = len(rows) * 8 > self._documents
+        with_examples = examples_weight > 0 and bool(self.examples)
+        examples = (
+            []
+            if not with_examples
+            else self._example_rows
+            if many
+            else [e for r in rows.tolist() for e in self.examples.get(r, ())]
+        )
+        if not self._ready[rows].all() or not self._ready[examples].all():
+            self.prepare([*rows.tolist(), *np.asarray(examples).tolist()])
         query = self.query_vector(text)
-        if len(rows) * 8 > self.size:
+        if many:
             # many rows (reach.find_tools): one pass over the matrix beats copying most of it out
-            every: npt.NDArray[np.float32] = self.vectors @ query
+            every: npt.NDArray[np.float32] = self.vectors[: self._documents] @ query
+            if with_examples:
+                best = np.full(self._documents, -np.inf, dtype=np.float32)
+                np.maximum.at(best, self._example_owners, self.vectors[self._example_rows] @ query)
+                every += np.float32(examples_weight) * np.maximum(best - every, 0)
             return every[rows]
         scores: npt.NDArray[np.float32] = self.vectors[rows] @ query
+        if with_examples:
+            for i, row in enumerate(rows.tolist()):
+                mine = self.examples.get(row)
+                if mine:
+                    best_example = float((self.vectors[mine] @ query).max())
+                    scores[i] += examples_weight * max(best_example - float(scores[i]), 0.0)
         return scores

@@ -1,6 +1,7 @@
 """Fusion: one score per candidate from the embedding path, the lexical path and the domain rules.
 
-    score = w.semantic * cosine(request, action text)
+    score = w.semantic * (cosine(request, action text)
+                          + w.examples * max(0, cosine(request, best example) - cosine(request, action text)))
           + w.lexical  * BM25(request, action text) / the most the request could score
           + w.domain   * [connector domain == context.domain]
           + w.agent_domain * [connector domain == the agent app's domain]
@@ -122,7 +123,7 @@ def rank(
     if index is None:
         raise ValueError("ranking a description needs the action index")
     rows = np.array([index.row(r) for r in refs], dtype=np.int64)
-    semantic = index.semantic(text, rows)
+    semantic = index.semantic(text, rows, weights.examples)
     lexical = index.lexical.scores(telling_terms(index, rows, tokens(text)), rows)
     scored = []
     for i, ref in enumerate(refs):
@@ -173,7 +174,7 @@ def best_rows(
     text = request_text(description)
     if not len(rows) or not text:
         return []
-    semantic = index.semantic(text, rows)
+    semantic = index.semantic(text, rows, weights.examples)
     lexical = index.lexical.scores(tokens(text), rows)
     total = weights.lexical * lexical
     if semantic is not None:

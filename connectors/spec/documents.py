@@ -28,6 +28,9 @@ class RoutingWeights(Spec):
     # ... or the agent app's own domain: above the margin, so it decides when nothing else differs,
     # yet a clear description for another connector outweighs it
     agent_domain: float = Field(default=0.05, ge=0, le=10)
+    # how far an action's best example request (its `examples:`) may lift its cosine toward that
+    # example's: 0 ignores examples, 1 takes the best of text and examples
+    examples: float = Field(default=0.25, ge=0, le=1)
 
 
 class RoutingSpec(Spec):
