@@ -33,6 +33,7 @@ MAX_REQUEST_CHARS = 1000
 MAX_ACTION_CHARS = 2000
 EMBED_BATCH = 64
 QUERY_CACHE_SIZE = 1024  # recent requests' embeddings (a find_tools, then the intent it chose)
+NORM_TOLERANCE = 1e-2  # the models emit unit vectors: a stored vector far from that is not theirs
 
 
 class VectorCache(Protocol):
@@ -41,6 +42,17 @@ class VectorCache(Protocol):
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
     def put_many(self, items: Mapping[str, bytes]) -> None: ...
+
+
+def usable(raw: bytes | None, dim: int) -> bool:
+    """Whether a stored vector (from Redis or a saved-vector file: written by whoever could write
+    there) may be used for a model of ``dim`` dimensions: the right size, finite, unit length."""
+    if raw is None or len(raw) != dim * 4:
+        return False
+    vector = np.frombuffer(raw, dtype="<f4")
+    if not np.isfinite(vector).all():
+        return False
+    return abs(float(np.dot(vector, vector)) - 1.0) <= NORM_TOLERANCE
 
 
 def _words(name: str) -> str:
@@ -129,6 +141,7 @@ class ActionIndex:
         # what this process did, for the cache tests and the benchmark
         self.embedded = 0  # action texts embedded here
         self.from_cache = 0  # action embeddings found in the cache
+        self.rejected = 0  # stored vectors not used (wrong size, not finite, not unit length): embedded again
         self.queries_embedded = 0  # requests embedded here
 
     def terms(self, row: int) -> frozenset[str]:
@@ -184,10 +197,12 @@ class ActionIndex:
                 found = self.cache.get_many(keys) if self.cache is not None else [None] * len(keys)
                 todo: list[int] = []
                 for i, raw in enumerate(found):
-                    if raw is not None and len(raw) == model.dim * 4:
+                    if usable(raw, model.dim):
+                        assert raw is not None
                         self.vectors[by_text[texts[i]], cols] = np.frombuffer(raw, dtype="<f4") * factor
                     else:
                         todo.append(i)
+                        self.rejected += raw is not None  # stored, but not a vector of this model
                 for start in range(0, len(todo), EMBED_BATCH):
                     batch = todo[start : start + EMBED_BATCH]
                     vectors = model.embed([texts[i] for i in batch])
