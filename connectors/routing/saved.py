@@ -108,7 +108,9 @@ def save(path: Path, vectors: Mapping[str, bytes], dims: Mapping[str, int]) -> i
     handle, temporary = tempfile.mkstemp(prefix=".routing-vectors-", suffix=".npz", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
-            np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle; stored, not compressed: vectors do not compress, and reading stays one copy
+            # stored, not compressed: vectors do not compress, and reading stays one copy (numpy's
+            # stub types **kwds as allow_pickle)
+            np.savez(out, **arrays)  # type: ignore[arg-type]
         os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from a router running as another user
         os.replace(temporary, path)
     except BaseException:

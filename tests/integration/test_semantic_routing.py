@@ -235,3 +235,42 @@ def test_a_changed_description_embeds_that_action_only(systems: dict[str, Counti
     finally:  # this run's own text: do not leave it for a month
         text = index.texts[index.rows[("fm_desk", "create_ticket")]]
         client.delete(*(keys.embedding(k) for k in index.cache_keys(text)))
+
+
+def _restart_router_without_cached_embeddings(fleet: Fleet) -> str:
+    """A new replica on a fresh Redis: the embedding cache emptied, the router started again; its
+    index line."""
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=keys.embedding("*"), count=1000):
+        client.delete(key)
+    fleet.stop_process("router")
+    fleet.start_process("router", ["router"])
+    fleet.wait_consuming("reach.intents")
+    return [x for x in fleet.log("router").splitlines() if "semantic routing: model" in x][-1]
+
+
+def test_reach_route_warm_saves_vectors_a_new_router_starts_from_and_a_bad_file_is_ignored(
+    client: ReachClient, fleet: Fleet
+) -> None:
+    saved = fleet.dir / "routing-vectors.npz"
+    try:
+        warmed = cli(fleet, "route", "warm")
+        assert warmed.exit_code == 0, warmed.output
+        assert "saved 6 vector(s) of use-m3+e5-small for 3 text(s)" in warmed.output and saved.is_file()
+        line = _restart_router_without_cached_embeddings(fleet)
+        assert "(3 from the cache, 0 embedded)" in line, line
+        receipt = client.call(
+            "create_ticket", {"title": "from the file"}, context={"description": "my VPN is down"}, timeout=60
+        )
+        assert receipt.success and receipt.connector == "it_desk"
+        # a damaged file (half of it) is not trusted: the router embeds and still routes
+        saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+        line = _restart_router_without_cached_embeddings(fleet)
+        assert "(0 from the cache, 3 embedded)" in line, line
+        assert "saved vectors in" in fleet.log("router") and "ignored" in fleet.log("router")
+        receipt = client.call(
+            "create_ticket", {"title": "after a bad file"}, context={"description": "my VPN is down"}, timeout=60
+        )
+        assert receipt.success and receipt.connector == "it_desk"
+    finally:
+        saved.unlink(missing_ok=True)
