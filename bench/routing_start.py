@@ -7,7 +7,8 @@ shared cache in Redis, and from the saved-vector file `reach route warm` writes 
 
 Each measurement runs in a process of its own (``python -c``), as a new replica would: import,
 load the catalog, load the model, build the index (BM25 and the vectors); the child reports the
-catalog load and the index build apart, and the parent the whole process's wall time. The catalog
+catalog load and the index build apart and its CPU time, and the parent the whole process's wall
+time. On a shared machine read the CPU seconds: the wall time is whatever the scheduler left. The catalog
 is routing_set/filler.py's generated one (100 connectors of 100 actions) with a routing: document
 naming the model. Cold runs once (it is the slow one); warm from Redis and from the file run
 ``--reps`` times, medians reported. ``--pair-sample``: the default pair (use-m3 + e5-small) is
@@ -39,7 +40,7 @@ from bench.common import calibrate as machine_speed  # noqa: E402
 from bench.routing_set.filler import filler_catalog  # noqa: E402
 
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 t0 = time.monotonic()
 from connectors.catalog import build
 from connectors.loader import load_directory
@@ -52,14 +53,16 @@ directory, source, redis_url, limit = sys.argv[1], sys.argv[2], sys.argv[3], int
 catalog, problems = build(load_directory(directory))
 assert not problems, problems[:3]
 loaded = time.monotonic()
-shared = RedisVectorCache(redis.Redis.from_url(redis_url)) if source in ("redis", "file") else None
+shared = RedisVectorCache(redis.Redis.from_url(redis_url)) if source in ("cold", "redis", "file") else None
 cache = Layered(SavedVectors.load(__import__("pathlib").Path(directory) / "routing-vectors.npz"), shared) if source == "file" else shared
 routing = SemanticRouting(catalog, cache, embed_all=limit == 0)
 index = routing.index()
 if limit:
     index.prepare(range(limit))
 built = time.monotonic()
+usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"import_s": imported - t0, "catalog_s": loaded - imported, "index_s": built - loaded,
+                  "cpu_s": usage.ru_utime + usage.ru_stime,
                   "embedded": index.embedded, "from_cache": index.from_cache, "texts": index.size}))
 """
 
@@ -148,17 +151,17 @@ def measure(model: str, actions: int, reps: int, redis_url: str, pair_sample: in
     client.flushdb()
     out: dict[str, Any] = {"model": model, "actions": actions}
     if "+" in model and pair_sample:
-        sample = child(directory, "none", redis_url, limit=pair_sample)
+        sample = child(directory, "none", redis_url, limit=pair_sample)  # not kept: the rest are placeholders
         out["cold_sample"] = sample
         out["cold_estimate_s"] = round(sample["index_s"] / pair_sample * actions, 1)
         print(f"{model} cold, {pair_sample} texts: {sample}", flush=True)
     else:
-        out["cold"] = child(directory, "none", redis_url)
+        out["cold"] = child(directory, "cold", redis_url)  # an empty Redis: it embeds all, and keeps them there
         print(f"{model} cold: {out['cold']}", flush=True)
     if "+" in model and pair_sample:
         out["placeholders"] = placeholders(directory, model, client)
     else:
-        out["route_warm"] = warm(directory, redis_url)  # embeds every text again: Redis was empty
+        out["route_warm"] = warm(directory, redis_url)  # finds them in Redis and writes the file
         print(f"{model} reach route warm: {out['route_warm']}", flush=True)
     out["file_bytes"] = (directory / "routing-vectors.npz").stat().st_size
     from_redis = [child(directory, "redis", redis_url) for _ in range(reps)]

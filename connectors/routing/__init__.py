@@ -3,7 +3,9 @@ request in natural language means (design.md section 9, docs/contract.md "Semant
 
 Two recall paths are fused with the domain rules: a multilingual sentence embedding of the
 request against each action's text (``embedders``, ``index``), and BM25 over the same texts
-(``lexical``); ``ranking`` adds them up. The router (``workers/router/semantic.py``) removes
+(``lexical``); ``ranking`` adds them up and says the tier of the answer (dispatch, confirm, open).
+An action's ``examples`` are rows of the index of their own. ``saved`` keeps the vectors in a file
+beside the catalog (``reach route warm``). The router (``workers/router/semantic.py``) removes
 candidates its rule checks refuse, and dispatches only on a clear lead.
 """
 

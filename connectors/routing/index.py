@@ -115,8 +115,8 @@ class ActionIndex:
         self.workflow_rows = {w.name: len(self.refs) + i for i, w in enumerate(self.workflows)}
         self.texts = [action_text(r) for r in self.refs] + [workflow_text(w) for w in self.workflows]
         # BM25 reads an action's example requests as part of its text; the embedding path gives
-        # each example a row of its own (after the actions and workflows), so a request that reads
-        # like one of them scores as high as it does against that example
+        # each example a row of its own (after the actions and workflows), embedded and cached as
+        # an action text is, so a request that reads like one of them can lift its action (semantic)
         documents = [tokens(t) for t in self.texts]
         self.examples: dict[int, list[int]] = {}  # action row -> its examples' rows
         owners: list[int] = []
