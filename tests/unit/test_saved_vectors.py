@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner, Result
 
 from connectors.catalog import Catalog
 from connectors.routing import ActionIndex
 from connectors.routing.saved import Layered, Recording, SavedVectors, save
 from tests.unit.test_semantic_ranking import CATALOG, CountingEmbedder, DictCache, catalog_of
+from workers.cli import main
 
 DIM = CountingEmbedder.dim
 
@@ -142,3 +144,53 @@ def test_save_leaves_out_vectors_that_are_not_usable(tmp_path: Path) -> None:
         {CountingEmbedder.name: DIM},
     )
     assert written == 1 and list(SavedVectors.load(tmp_path / "v.npz").vectors) == [f"{CountingEmbedder.name}:a"]
+
+
+# -- reach route warm, with the real use-m3 model and no Redis ------------------------------------
+
+WARM_CATALOG = CATALOG + "---\nrouting:\n  model: use-m3\n"
+AGENT = """---
+agent_app:
+  name: bot
+  connector_bindings:
+    - { connector: it_desk, allowed_actions: ["*"] }
+    - { connector: care_desk, allowed_actions: ["*"] }
+    - { connector: fm_desk, allowed_actions: ["*"] }
+"""
+
+
+def warm_cli(directory: Path, **env: str) -> Result:
+    return CliRunner().invoke(
+        main, ["route", "warm", "--dir", str(directory)], env={"REACH_REDIS_URL": "redis://127.0.0.1:1/0", **env}
+    )
+
+
+def test_reach_route_warm_saves_beside_the_catalog_and_embeds_only_what_changed(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(WARM_CATALOG)
+    first = warm_cli(tmp_path)
+    assert first.exit_code == 0, first.output
+    assert "saved 3 vector(s) of use-m3 for 3 text(s)" in first.output and "3 embedded here" in first.output
+    assert (tmp_path / "routing-vectors.npz").is_file()
+    again = warm_cli(tmp_path)
+    assert "0 embedded here" in again.output and "3 vector(s) from the file" in again.output
+    (tmp_path / "c.yaml").write_text(WARM_CATALOG.replace("Report a building problem", "Report a broken lamp"))
+    changed = warm_cli(tmp_path)
+    assert "1 embedded here" in changed.output and "saved 3 vector(s)" in changed.output
+
+
+def test_reach_route_warm_without_a_file_to_write_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(WARM_CATALOG)
+    result = warm_cli(tmp_path, REACH_ROUTING_VECTORS="none")
+    assert result.exit_code == 2 and "REACH_ROUTING_VECTORS is none" in result.output
+    assert not (tmp_path / "routing-vectors.npz").exists()
+
+
+def test_reach_route_text_still_ranks_without_the_rank_word(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(WARM_CATALOG + AGENT)
+    result = CliRunner().invoke(
+        main,
+        ["route", "a refund for my order", "--action", "create_ticket", "--agent", "bot", "--dir", str(tmp_path)],
+        env={"REACH_REDIS_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "care_desk.create_ticket" in result.output.splitlines()[2]
