@@ -101,7 +101,8 @@ def confirm_suggestion(suggested: ActionRef, other: ActionRef) -> str:
         f"Ask the user one yes/no question: is this for {suggested.connector.name} "
         f"({describe(suggested) or suggested.qualified})? If yes, send the qualified action "
         f'"{suggested.qualified}"; if no, send "{other.qualified}" ({describe(other) or other.connector.name}). '
-        "Both are in details, the suggested one first; resend the same params."
+        "Both are in details, the suggested one first; resend the same params. If the user means neither, "
+        "every candidate is in execution.routing.candidates: ask which."
     )
 
 
