@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 
 from connectors.catalog import Catalog, build
 from connectors.loader import load_directory
+from producers.tools import ROUTING_GUIDE
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
 from workers.mcp import results, server
 from workers.mcp.tools import OMITTED_KEY, agent_tools, output_check, output_schema, output_validator
@@ -287,11 +288,11 @@ def test_an_ambiguous_action_names_its_tier_and_each_candidate_as_a_tool(tier: s
     lines = text(results.from_receipt(ambiguous)).splitlines()
     mark = " (suggested)" if tier == "confirm" else ""
     assert lines[2:5] == [
-        f"Routing tier: {tier}.",
+        f"Routing tier: '{tier}'.",
         f"- it__create_ticket{mark}: IT desk",
         "- care__create_ticket: Customer care",
     ]
-    assert "tier confirm" in server.INSTRUCTIONS and "tier open" in server.INSTRUCTIONS
+    assert ROUTING_GUIDE in server.INSTRUCTIONS and "'confirm'" in ROUTING_GUIDE and "'open'" in ROUTING_GUIDE
 
 
 def test_a_retryable_failure_says_when_to_retry() -> None:

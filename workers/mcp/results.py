@@ -145,7 +145,7 @@ def _candidate_lines(receipt: Receipt) -> list[str]:
     assert error is not None
     routing = receipt.execution.routing or {}
     tier = routing.get("tier")
-    lines = [f"Routing tier: {tier}." if isinstance(tier, str) else "Candidates:"]
+    lines = [f"Routing tier: '{tier}'." if isinstance(tier, str) else "Candidates:"]
     for detail in error.details[:MAX_DETAILS_SHOWN]:
         tool = str(detail.get("action", "")).replace(".", "__", 1)
         mark = " (suggested)" if detail.get("suggested") is True else ""

@@ -33,6 +33,7 @@ from mcp.server.lowlevel import Server
 
 from connectors.catalog import Catalog
 from producers.formats import value_depth
+from producers.tools import ROUTING_GUIDE
 from producers.wire import ErrorCode, Receipt
 from workers.mcp import results
 from workers.mcp.clients import AgentClients, Call, Undelivered
@@ -52,10 +53,7 @@ INSTRUCTIONS = (
     "when one fails, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
     "Send _meta.idempotency_key to make an action's call safe to repeat; a workflow's second call is "
-    "a second run. AMBIGUOUS_ACTION means several systems offer what was asked: if the result says "
-    "'tier confirm', ask the user the one yes/no question it gives and call the suggested tool on yes, "
-    "the other on no; if 'tier open', ask the user to choose among the systems it lists. Then call the "
-    "chosen system's own tool with the same arguments."
+    "a second run. " + ROUTING_GUIDE
 )
 
 
