@@ -16,7 +16,10 @@ accuracy  bench/routing_set: 20 connectors in six groups sharing a bare action. 
           dispatched requests right. Every split is then routed once through Router.decide with
           those settings in the catalog's routing: document, and reported; for the default model
           also with the settings of before 2026-12-01, and every deferred clear request with each
-          path's scores (each model's cosine, BM25, fused) and the lead.
+          path's scores (each model's cosine, BM25, fused) and the lead. The three tiers (dispatch,
+          confirm, open; bench/routing_tiers.py): confirm_margin calibrated on dev after the margin,
+          each split's share per tier and per language, the right connector among the confirm
+          tier's two, and what relaxed margins cost on the held-out splits.
 latency   in process, the routing set plus 10,000 filler actions (routing_set/filler.py), the
           model warm, embeddings from the Redis cache: Router.decide for each request as a bare
           action with its description (semantic), and as the qualified action on the same router
@@ -57,6 +60,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench import routing_tiers  # noqa: E402
 from bench.common import calibrate as machine_speed  # noqa: E402
 from bench.routing_set.filler import filler_catalog  # noqa: E402
 from connectors.catalog import Catalog, build  # noqa: E402
@@ -232,6 +236,10 @@ def accuracy(work: Path) -> dict[str, Any]:
         cosines[model] = [{n: sem for n, sem, _ in c} for c in cands]
         dev = splits["dev"]
         chosen = calibrate([rows[i] for i in dev], [cands[i] for i in dev])
+        # the confirm tier's lower bound, on dev too, once the margin is set (bench/routing_tiers.py)
+        chosen["confirm_margin"] = routing_tiers.calibrate_confirm(
+            [rows[i] for i in dev], [cands[i] for i in dev], chosen["lexical"], chosen["margin"]
+        )
         top1 = {
             split: round(
                 sum(cands[i][0][0] == rows[i]["expect"] for i in ids if rows[i]["expect"])
@@ -244,20 +252,26 @@ def accuracy(work: Path) -> dict[str, Any]:
         spec = RoutingSpec(
             model=model,  # type: ignore[arg-type]
             margin=chosen["margin"],
+            confirm_margin=chosen["confirm_margin"],
             weights=RoutingWeights(lexical=chosen["lexical"]),
         )
         routed = load(with_routing(work / f"acc-{model}", spec))
         router = Router(routed, max_intent_bytes=256 * 1024, semantic=_shared(routed, index))
         decided: dict[int, str | None] = {}
+        tiers: dict[int, tuple[str, list[str]]] = {}  # the tier and the connectors offered, as the router said
         for i in range(len(rows)):
             r = rows[i]
             decision = router.decide(_raw(r["action"], r["text"], PARAMS[r["action"]]))
             if isinstance(decision, Dispatch):
                 decided[i] = decision.job.connector
+                tiers[i] = ("dispatch", [decision.job.connector])
             else:
                 assert isinstance(decision, Answer) and decision.receipt.error is not None, decision
                 assert decision.receipt.error.code.value == "AMBIGUOUS_ACTION", decision.receipt.error
                 decided[i] = None
+                assert decision.receipt.execution.routing is not None
+                offered = [d["connector"] for d in decision.receipt.error.details]
+                tiers[i] = (decision.receipt.execution.routing["tier"], offered)
         offline = {i: outcome(cands[i], chosen["lexical"], chosen["margin"])[0] for i in range(len(rows))}
         entry: dict[str, Any] = {
             "name": index.embedder.name if index.embedder else "none",
@@ -266,6 +280,23 @@ def accuracy(work: Path) -> dict[str, Any]:
             "calibrated": chosen,
             **{split: tally([rows[i] for i in ids], [decided[i] for i in ids]) for split, ids in splits.items()},
             "router_agrees_with_offline_scoring": decided == offline,
+            # the three tiers (issue 35): the router's own tiers must be the offline ones
+            "router_agrees_on_tiers": all(
+                tiers[i][0]
+                == routing_tiers.tier_of(cands[i], chosen["lexical"], chosen["margin"], chosen["confirm_margin"])[0]
+                for i in range(len(rows))
+            ),
+            "tiers": {
+                split: routing_tiers.tally(
+                    [rows[i] for i in ids],
+                    [cands[i] for i in ids],
+                    chosen["lexical"],
+                    chosen["margin"],
+                    chosen["confirm_margin"],
+                )
+                for split, ids in splits.items()
+            },
+            "relaxed_margins": routing_tiers.relaxed(rows, cands, chosen["lexical"], chosen["confirm_margin"], splits),
             "dev_tradeoff": tradeoff([rows[i] for i in dev], [cands[i] for i in dev], chosen["lexical"]),
             "test_tradeoff": tradeoff(
                 [rows[i] for i in splits["test"]], [cands[i] for i in splits["test"]], chosen["lexical"]

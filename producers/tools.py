@@ -14,9 +14,27 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXPORT_FORMATS", "ToolSpec", "export", "to_anthropic", "to_mcp", "to_openai", "to_openai_responses"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "ROUTING_GUIDE",
+    "ToolSpec",
+    "export",
+    "to_anthropic",
+    "to_mcp",
+    "to_openai",
+    "to_openai_responses",
+]
 
 EXPORT_FORMATS = ("openai", "anthropic", "mcp", "json", "openai-responses")
+
+# What a model should do with an AMBIGUOUS_ACTION, by its routing tier (docs/contract.md §3, §6):
+# the MCP facade's instructions carry it, and an SDK agent may put it in its system prompt
+ROUTING_GUIDE = (
+    "AMBIGUOUS_ACTION means several systems offer what was asked and the request did not single one out. "
+    "If its routing tier is 'confirm', ask the user the one yes/no question its suggestion gives and call "
+    "the suggested system's action on yes, the other on no; if 'open', ask the user to choose among the "
+    "systems it lists. Then call the chosen system's own action (connector__action) with the same arguments."
+)
 
 
 @dataclass(frozen=True)

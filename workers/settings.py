@@ -12,6 +12,7 @@ import difflib
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
@@ -193,6 +194,19 @@ class Settings(EnvironSettings):
         None,
         description="a postgresql:// URL: keep history there (schema: reach history migrate); unset: in Redis",
     )
+    routing_vectors: str | None = Field(
+        None,
+        min_length=1,
+        description="saved-vector file the router reads before Redis and `reach route warm` writes "
+        "(unset: routing-vectors.npz in the catalog directory; `none`: no file)",
+    )
+
+    def routing_vectors_path(self, catalog_dir: str | None = None) -> Path | None:
+        """Where semantic routing's saved vectors are (None: no file)."""
+        if self.routing_vectors is None:
+            return Path(catalog_dir or self.catalog_dir) / "routing-vectors.npz"
+        return None if self.routing_vectors.strip().lower() == "none" else Path(self.routing_vectors)
+
     # the MCP facade, `reach mcp` (docs/operations.md "The MCP facade")
     mcp_url: HttpUrlText | None = Field(
         None, description="the MCP endpoint's public URL: JWT audience and resource metadata (unset: local)"

@@ -41,6 +41,9 @@ def render(
         "# delete the actions no agent should have, and bind the rest to agent apps (agent_app documents).",
         "# `output` lists the fields the document promises in every answer: an answer without one fails",
         "# the call as DOWNSTREAM_CONTRACT_VIOLATION. Check the file with `reach validate`.",
+        "# Where several connectors offer one action, add `examples:` to it: a few short requests your",
+        "# users make, in their languages (`examples: [my parcel never arrived, 包裹一直没到]`), which",
+        "# semantic routing and reach.find_tools compare a request with (docs/contract.md, action keys).",
     ]
     if built.env:
         lines.append("#")

@@ -1,7 +1,9 @@
 """The action index: every action's text, its embedding and its lexical terms, by row.
 
 An action's text is what a model can know of it: its connector's name, domain and description,
-the action's name and description, and its inputs with their descriptions. Embeddings are
+the action's name and description, and its inputs with their descriptions. Its ``examples`` (short
+requests a user might make) are rows of their own: an action's cosine with a request is its
+text's, raised by ``weights.examples`` times how far its best example's is higher. Embeddings are
 computed once per (model, text): they are looked up in a shared cache first (Redis in the fleet,
 ``workers/state/embeddings.py``) and only texts missing there are embedded, so a restart with a
 warm cache embeds nothing and a catalog change re-embeds only the actions whose text changed.
@@ -31,6 +33,7 @@ MAX_REQUEST_CHARS = 1000
 MAX_ACTION_CHARS = 2000
 EMBED_BATCH = 64
 QUERY_CACHE_SIZE = 1024  # recent requests' embeddings (a find_tools, then the intent it chose)
+NORM_TOLERANCE = 1e-2  # the models emit unit vectors: a stored vector far from that is not theirs
 
 
 class VectorCache(Protocol):
@@ -39,6 +42,17 @@ class VectorCache(Protocol):
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
     def put_many(self, items: Mapping[str, bytes]) -> None: ...
+
+
+def usable(raw: bytes | None, dim: int) -> bool:
+    """Whether a stored vector (from Redis or a saved-vector file: written by whoever could write
+    there) may be used for a model of ``dim`` dimensions: the right size, finite, unit length."""
+    if raw is None or len(raw) != dim * 4:
+        return False
+    vector = np.frombuffer(raw, dtype="<f4")
+    if not np.isfinite(vector).all():
+        return False
+    return abs(float(np.dot(vector, vector)) - 1.0) <= NORM_TOLERANCE
 
 
 def _words(name: str) -> str:
@@ -100,8 +114,23 @@ class ActionIndex:
         self.workflows = list(catalog.workflows.values())
         self.workflow_rows = {w.name: len(self.refs) + i for i, w in enumerate(self.workflows)}
         self.texts = [action_text(r) for r in self.refs] + [workflow_text(w) for w in self.workflows]
+        # BM25 reads an action's example requests as part of its text; the embedding path gives
+        # each example a row of its own (after the actions and workflows), embedded and cached as
+        # an action text is, so a request that reads like one of them can lift its action (semantic)
+        documents = [tokens(t) for t in self.texts]
+        self.examples: dict[int, list[int]] = {}  # action row -> its examples' rows
+        owners: list[int] = []
+        for row, ref in enumerate(self.refs):
+            for example in ref.action.examples:
+                self.examples.setdefault(row, []).append(len(self.texts))
+                self.texts.append(request_text(example))
+                owners.append(row)
+                documents[row] = documents[row] + tokens(example)
+        self._example_rows = np.arange(len(documents), len(self.texts), dtype=np.int64)
+        self._example_owners = np.array(owners, dtype=np.int64)
         self.size = len(self.texts)
-        self.lexical = BM25([tokens(t) for t in self.texts])
+        self.lexical = BM25(documents)
+        self._documents = len(documents)
         dim = embedder.dim if embedder else 0
         self.vectors: Vectors = np.zeros((self.size, dim), dtype=np.float32)
         self._ready = np.zeros(self.size, dtype=bool)
@@ -112,13 +141,17 @@ class ActionIndex:
         # what this process did, for the cache tests and the benchmark
         self.embedded = 0  # action texts embedded here
         self.from_cache = 0  # action embeddings found in the cache
+        self.rejected = 0  # stored vectors not used (wrong size, not finite, not unit length): embedded again
         self.queries_embedded = 0  # requests embedded here
 
     def terms(self, row: int) -> frozenset[str]:
         """The lexical terms of a row's text (kept once a row was ranked: bounded by the catalog)."""
         found = self._terms.get(row)
         if found is None:
-            found = self._terms[row] = frozenset(tokens(self.texts[row]))
+            words = tokens(self.texts[row])
+            for example in self.examples.get(row, ()):
+                words += tokens(self.texts[example])
+            found = self._terms[row] = frozenset(words)
         return found
 
     def row(self, ref: ActionRef) -> int:
@@ -164,10 +197,12 @@ class ActionIndex:
                 found = self.cache.get_many(keys) if self.cache is not None else [None] * len(keys)
                 todo: list[int] = []
                 for i, raw in enumerate(found):
-                    if raw is not None and len(raw) == model.dim * 4:
+                    if usable(raw, model.dim):
+                        assert raw is not None
                         self.vectors[by_text[texts[i]], cols] = np.frombuffer(raw, dtype="<f4") * factor
                     else:
                         todo.append(i)
+                        self.rejected += raw is not None  # stored, but not a vector of this model
                 for start in range(0, len(todo), EMBED_BATCH):
                     batch = todo[start : start + EMBED_BATCH]
                     vectors = model.embed([texts[i] for i in batch])
@@ -205,16 +240,38 @@ class ActionIndex:
                 self._queries.popitem(last=False)
         return vector
 
-    def semantic(self, text: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
-        """Cosine of the request and each row's action text (None without a model)."""
+    def semantic(
+        self, text: str, rows: npt.NDArray[np.int64], examples_weight: float = 0.0
+    ) -> npt.NDArray[np.float32] | None:
+        """Cosine of the request and each row's action text (None without a model), raised by
+        ``examples_weight`` times how far the row's best example request beats it."""
         if self.embedder is None:
             return None
-        if not self._ready[rows].all():
-            self.prepare(rows.tolist())
+        many = len(rows) * 8 > self._documents
+        with_examples = examples_weight > 0 and bool(self.examples)
+        examples = (
+            []
+            if not with_examples
+            else self._example_rows
+            if many
+            else [e for r in rows.tolist() for e in self.examples.get(r, ())]
+        )
+        if not self._ready[rows].all() or not self._ready[examples].all():
+            self.prepare([*rows.tolist(), *np.asarray(examples).tolist()])
         query = self.query_vector(text)
-        if len(rows) * 8 > self.size:
+        if many:
             # many rows (reach.find_tools): one pass over the matrix beats copying most of it out
-            every: npt.NDArray[np.float32] = self.vectors @ query
+            every: npt.NDArray[np.float32] = self.vectors[: self._documents] @ query
+            if with_examples:
+                best = np.full(self._documents, -np.inf, dtype=np.float32)
+                np.maximum.at(best, self._example_owners, self.vectors[self._example_rows] @ query)
+                every += np.float32(examples_weight) * np.maximum(best - every, 0)
             return every[rows]
         scores: npt.NDArray[np.float32] = self.vectors[rows] @ query
+        if with_examples:
+            for i, row in enumerate(rows.tolist()):
+                mine = self.examples.get(row)
+                if mine:
+                    best_example = float((self.vectors[mine] @ query).max())
+                    scores[i] += examples_weight * max(best_example - float(scores[i]), 0.0)
         return scores

@@ -1,6 +1,7 @@
 """Fusion: one score per candidate from the embedding path, the lexical path and the domain rules.
 
-    score = w.semantic * cosine(request, action text)
+    score = w.semantic * (cosine(request, action text)
+                          + w.examples * max(0, cosine(request, best example) - cosine(request, action text)))
           + w.lexical  * BM25(request, action text) / the most the request could score
           + w.domain   * [connector domain == context.domain]
           + w.agent_domain * [connector domain == the agent app's domain]
@@ -8,6 +9,10 @@
 A weighted sum, not a rank fusion: the router dispatches only when the best candidate leads the
 next by the catalog's ``margin``, and a lead needs scores on one scale (ranks would make a tie
 and a landslide look the same).
+
+The lead also sets the tier of the answer (``Ranking.tier``): ``dispatch`` at the margin or more;
+``confirm`` from the catalog's ``confirm_margin`` up to the margin (the agent asks its user one
+yes/no question about the best two); ``open`` below it (the user chooses among every candidate).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +29,9 @@ from connectors.catalog import ActionRef
 from connectors.routing.index import ActionIndex, request_text
 from connectors.routing.lexical import tokens
 from connectors.spec import RoutingWeights
+
+Tier = Literal["dispatch", "confirm", "open"]
+TIERS: tuple[Tier, ...] = ("dispatch", "confirm", "open")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,18 @@ class Ranking:
             return self.ranked[0]
         return None
 
+    def tier(self, margin: float, confirm_margin: float) -> Tier:
+        """``dispatch`` (the lead is at least ``margin``), ``confirm`` (at least
+        ``confirm_margin``: the best two are offered, the first suggested) or ``open``."""
+        if not self.ranked:
+            return "open"
+        lead = self.lead
+        if lead >= margin:
+            return "dispatch"
+        if len(self.ranked) >= 2 and lead >= confirm_margin and lead > 0:
+            return "confirm"  # a tie suggests nothing: it stays open
+        return "open"
+
 
 def rule_score(ref: ActionRef, weights: RoutingWeights, context_domain: str | None, agent_domain: str | None) -> float:
     domain = ref.connector.domain
@@ -103,7 +123,7 @@ def rank(
     if index is None:
         raise ValueError("ranking a description needs the action index")
     rows = np.array([index.row(r) for r in refs], dtype=np.int64)
-    semantic = index.semantic(text, rows)
+    semantic = index.semantic(text, rows, weights.examples)
     lexical = index.lexical.scores(telling_terms(index, rows, tokens(text)), rows)
     scored = []
     for i, ref in enumerate(refs):
@@ -154,7 +174,7 @@ def best_rows(
     text = request_text(description)
     if not len(rows) or not text:
         return []
-    semantic = index.semantic(text, rows)
+    semantic = index.semantic(text, rows, weights.examples)
     lexical = index.lexical.scores(tokens(text), rows)
     total = weights.lexical * lexical
     if semantic is not None:

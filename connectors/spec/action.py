@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from connectors.durations import Duration
 from connectors.spec.base import NAME_PATTERN, OPERATION_NAME, ROUTINE_NAME, ApproverGroup, Spec, check_hours
@@ -87,6 +87,10 @@ class HistorySpec(Spec):
         return self
 
 
+MAX_EXAMPLES = 20  # example requests per action: each is a row of the routing index, embedded once
+MAX_EXAMPLE_CHARS = 300
+
+
 class ActionSpec(Spec):
     """One semantic action: what an agent may ask for, and how it reaches the system."""
 
@@ -110,6 +114,11 @@ class ActionSpec(Spec):
     allowed_hours: str | None = None
     approval: ApprovalSpec | None = None  # a person approves each intent (or those matching `when`)
     history: HistorySpec | None = None  # reach.history's memory of it (connectors/history.py)
+    # short requests (any language) a user might make of this action: semantic routing compares a
+    # request with them as with the action's own text (docs/contract.md "Semantic routing")
+    examples: list[
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_EXAMPLE_CHARS)]
+    ] = Field(default_factory=list, max_length=MAX_EXAMPLES)
 
     @field_validator("action")
     @classmethod

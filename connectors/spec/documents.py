@@ -23,11 +23,14 @@ class RoutingWeights(Spec):
     """How much each path counts in a candidate's score (docs/contract.md "Semantic routing")."""
 
     semantic: float = Field(default=1.0, ge=0, le=10)  # cosine of description and action text
-    lexical: float = Field(default=0.1, ge=0, le=10)  # BM25 over the most the request could score, in [0, 1]
+    lexical: float = Field(default=0.05, ge=0, le=10)  # BM25 over the most the request could score, in [0, 1]
     domain: float = Field(default=0.3, ge=0, le=10)  # the connector's domain is the intent's context.domain
     # ... or the agent app's own domain: above the margin, so it decides when nothing else differs,
     # yet a clear description for another connector outweighs it
     agent_domain: float = Field(default=0.05, ge=0, le=10)
+    # how far an action's best example request (its `examples:`) may lift its cosine toward that
+    # example's: 0 ignores examples, 1 takes the best of text and examples
+    examples: float = Field(default=0.25, ge=0, le=1)
 
 
 class RoutingSpec(Spec):
@@ -35,8 +38,13 @@ class RoutingSpec(Spec):
     connectors is routed. At most one per catalog; without one these defaults apply."""
 
     model: EmbeddingModel = "use-m3+e5-small"
-    # the winner must lead the runner-up by this much, else AMBIGUOUS_ACTION
-    margin: float = Field(default=0.046, ge=0, le=10)
+    # the winner must lead the runner-up by this much, else AMBIGUOUS_ACTION; this default, the
+    # lexical weight's and confirm_margin's are calibrated on bench/routing_set's dev split (BENCHMARKS.md)
+    margin: float = Field(default=0.0397, ge=0, le=10)
+    # the lower bound of the confirm tier: a lead from here up to the margin is answered with the
+    # best two only, the first suggested (one yes/no question); a smaller lead with every candidate.
+    # At or above the margin: no confirm tier
+    confirm_margin: float = Field(default=0.006, ge=0, le=10)
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
 
 

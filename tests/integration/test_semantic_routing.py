@@ -1,6 +1,7 @@
 """Semantic routing through the real fleet: three systems offer create_ticket; English and Chinese
 requests reach the right real downstream (each counts what it executed), an ambiguous one gets
-AMBIGUOUS_ACTION with the candidates and reaches none; the choice is in the receipt and in
+AMBIGUOUS_ACTION and reaches none, with every candidate (tier open) or with the best two, the
+first suggested (tier confirm), which one yes settles; the choice is in the receipt and in
 `reach trace`; reach.find_tools and `reach route` answer; the embedding cache in Redis makes a
 restarted router embed nothing and a changed description embed one action."""
 
@@ -108,25 +109,63 @@ def test_a_request_in_english_or_chinese_reaches_the_system_it_means(
     routing = receipt.execution.routing
     assert routing is not None and routing["method"] == "semantic" and routing["model"].startswith("use-m3@")
     assert routing["candidates"][0]["action"] == f"{expected}.create_ticket"
-    assert routing["lead"] >= routing["margin"] and len(routing["candidates"]) == 3
+    assert routing["lead"] >= routing["margin"] and len(routing["candidates"]) == 3 and routing["tier"] == "dispatch"
 
 
-def test_an_ambiguous_request_is_answered_with_the_candidates_and_reaches_no_system(
+def test_an_ambiguous_request_is_the_open_tier_with_every_candidate_and_reaches_no_system(
     client: ReachClient, systems: dict[str, CountingSystem]
 ) -> None:
     title = f"t-{uuid.uuid4().hex[:8]}"
+    # IT (a printer) or facilities (in the office): the pair's lead is about 0.0004
     receipt = client.call(
-        "create_ticket", {"title": title}, context={"description": "please open a ticket"}, timeout=60
+        "create_ticket", {"title": title}, context={"description": "the printer in the office is broken"}, timeout=60
     )
     assert receipt.status == "rejected" and receipt.error is not None
     assert receipt.error.code == "AMBIGUOUS_ACTION" and receipt.error.retryable is False
+    assert receipt.execution.routing is not None and receipt.execution.routing["tier"] == "open"
     assert {d["action"] for d in receipt.error.details} == {f"{n}.create_ticket" for n in DESKS}
+    scores = [d["score"] for d in receipt.error.details]
+    assert scores == sorted(scores, reverse=True)  # best first
     for detail in receipt.error.details:
-        assert detail["description"] == DESKS[detail["connector"]] and isinstance(detail["score"], float)
-    assert "Ask the user" in receipt.error.suggestion
+        assert detail["description"] == DESKS[detail["connector"]] and "suggested" not in detail
+    assert "Ask the user which system" in receipt.error.suggestion
     time.sleep(0.5)  # nothing may arrive late either
     assert executions(systems, title) == {name: 0 for name in DESKS}
     assert all(system.requests(title=title) == [] for system in systems.values())
+
+
+def test_a_close_request_is_the_confirm_tier_and_one_yes_settles_it(
+    client: ReachClient, systems: dict[str, CountingSystem], fleet: Fleet
+) -> None:
+    title = f"t-{uuid.uuid4().hex[:8]}"
+    # facilities (air conditioning) leads IT (a laptop) by about 0.028: under the margin, over confirm_margin
+    asked = client.call(
+        "create_ticket", {"title": title}, context={"description": "the air conditioning on my laptop"}, timeout=60
+    )
+    assert asked.error is not None and asked.error.code == "AMBIGUOUS_ACTION"
+    routing = asked.execution.routing
+    assert routing is not None and routing["tier"] == "confirm"
+    assert routing["confirm_margin"] <= routing["lead"] < routing["margin"]
+    assert [(d["action"], d["suggested"]) for d in asked.error.details] == [
+        ("fm_desk.create_ticket", True),
+        ("it_desk.create_ticket", False),
+    ]
+    assert "one yes/no question" in asked.error.suggestion and '"fm_desk.create_ticket"' in asked.error.suggestion
+    # the trace's rejected stage carries the tier too
+    trace = wait_for(
+        lambda: cli(fleet, "trace", asked.intent_id, "--agent", AGENT),
+        timeout=20,
+        message="the router's rejected stage never reached the trace",
+        every=0.2,
+        until=lambda r: r.exit_code == 0 and " rejected " in r.output,
+    )
+    rejected = next(line for line in trace.output.splitlines() if " rejected " in line)
+    assert "'tier': 'confirm'" in rejected
+    assert executions(systems, title) == {name: 0 for name in DESKS}
+    # the user says yes: the agent sends the suggested qualified action, which needs no ranking
+    done = client.call(asked.error.details[0]["action"], {"title": title}, timeout=60)
+    assert done.success and done.connector == "fm_desk" and done.execution.routing is None
+    assert executions(systems, title) == {"it_desk": 0, "care_desk": 0, "fm_desk": 1}
 
 
 def test_reach_trace_shows_the_candidates_and_scores(client: ReachClient, fleet: Fleet) -> None:
@@ -142,7 +181,7 @@ def test_reach_trace_shows_the_candidates_and_scores(client: ReachClient, fleet:
         until=lambda r: r.exit_code == 0 and " dispatched " in r.output,
     )
     dispatched = next(line for line in result.output.splitlines() if " dispatched " in line)
-    assert "routing=" in dispatched and "'method': 'semantic'" in dispatched
+    assert "routing=" in dispatched and "'method': 'semantic'" in dispatched and "'tier': 'dispatch'" in dispatched
     for name in DESKS:
         assert f"'action': '{name}.create_ticket', 'score':" in dispatched
 
@@ -196,3 +235,42 @@ def test_a_changed_description_embeds_that_action_only(systems: dict[str, Counti
     finally:  # this run's own text: do not leave it for a month
         text = index.texts[index.rows[("fm_desk", "create_ticket")]]
         client.delete(*(keys.embedding(k) for k in index.cache_keys(text)))
+
+
+def _restart_router_without_cached_embeddings(fleet: Fleet) -> str:
+    """A new replica on a fresh Redis: the embedding cache emptied, the router started again; its
+    index line."""
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=keys.embedding("*"), count=1000):
+        client.delete(key)
+    fleet.stop_process("router")
+    fleet.start_process("router", ["router"])
+    fleet.wait_consuming("reach.intents")
+    return [x for x in fleet.log("router").splitlines() if "semantic routing: model" in x][-1]
+
+
+def test_reach_route_warm_saves_vectors_a_new_router_starts_from_and_a_bad_file_is_ignored(
+    client: ReachClient, fleet: Fleet
+) -> None:
+    saved = fleet.dir / "routing-vectors.npz"
+    try:
+        warmed = cli(fleet, "route", "warm")
+        assert warmed.exit_code == 0, warmed.output
+        assert "saved 6 vector(s) of use-m3+e5-small for 3 text(s)" in warmed.output and saved.is_file()
+        line = _restart_router_without_cached_embeddings(fleet)
+        assert "(3 from the cache, 0 embedded)" in line, line
+        receipt = client.call(
+            "create_ticket", {"title": "from the file"}, context={"description": "my VPN is down"}, timeout=60
+        )
+        assert receipt.success and receipt.connector == "it_desk"
+        # a damaged file (half of it) is not trusted: the router embeds and still routes
+        saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+        line = _restart_router_without_cached_embeddings(fleet)
+        assert "(0 from the cache, 3 embedded)" in line, line
+        assert "saved vectors in" in fleet.log("router") and "ignored" in fleet.log("router")
+        receipt = client.call(
+            "create_ticket", {"title": "after a bad file"}, context={"description": "my VPN is down"}, timeout=60
+        )
+        assert receipt.success and receipt.connector == "it_desk"
+    finally:
+        saved.unlink(missing_ok=True)

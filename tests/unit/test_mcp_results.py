@@ -13,8 +13,9 @@ from jsonschema import Draft202012Validator
 
 from connectors.catalog import Catalog, build
 from connectors.loader import load_directory
+from producers.tools import ROUTING_GUIDE
 from producers.wire import ErrorCode, ErrorInfo, Execution, Receipt
-from workers.mcp import results
+from workers.mcp import results, server
 from workers.mcp.tools import OMITTED_KEY, agent_tools, output_check, output_schema, output_validator
 
 CATALOG = """
@@ -270,6 +271,28 @@ def test_a_rejection_names_the_code_retryability_message_suggestion_and_each_fie
         "Intent i-1, trace 4bf92f3577b34da6a3ce929d0e0e4736.",
     ]
     assert result.meta is not None and result.meta[results.RECEIPT_META_KEY]["error"]["code"] == "VALIDATION_FAILED"
+
+
+@pytest.mark.parametrize("tier", ["confirm", "open"])
+def test_an_ambiguous_action_names_its_tier_and_each_candidate_as_a_tool(tier: str) -> None:
+    details = [
+        {"action": "it.create_ticket", "connector": "it", "description": "IT desk", "score": 0.5},
+        {"action": "care.create_ticket", "connector": "care", "description": "Customer care", "score": 0.49},
+    ]
+    if tier == "confirm":
+        details[0]["suggested"], details[1]["suggested"] = True, False
+    ambiguous = receipt("rejected", error=failure(ErrorCode.AMBIGUOUS_ACTION, details=details))
+    ambiguous = ambiguous.model_copy(
+        update={"execution": ambiguous.execution.model_copy(update={"routing": {"method": "semantic", "tier": tier}})}
+    )
+    lines = text(results.from_receipt(ambiguous)).splitlines()
+    mark = " (suggested)" if tier == "confirm" else ""
+    assert lines[2:5] == [
+        f"Routing tier: '{tier}'.",
+        f"- it__create_ticket{mark}: IT desk",
+        "- care__create_ticket: Customer care",
+    ]
+    assert ROUTING_GUIDE in server.INSTRUCTIONS and "'confirm'" in ROUTING_GUIDE and "'open'" in ROUTING_GUIDE
 
 
 def test_a_retryable_failure_says_when_to_retry() -> None:

@@ -218,9 +218,32 @@ def test_the_winner_needs_a_lead_of_at_least_the_margin(catalog: Catalog) -> Non
     assert ranking.winner(0.2501) is None
 
 
+@pytest.mark.parametrize(
+    "margin, confirm_margin, tier",
+    [
+        (0.25, 0.1, "dispatch"),  # the lead (0.25) reaches the margin
+        (0.3, 0.1, "confirm"),  # between the lower bound and the margin
+        (0.3, 0.25, "confirm"),  # the lower bound itself is in the confirm tier
+        (0.3, 0.2501, "open"),  # below the lower bound
+        (0.3, 0.3, "open"),  # a lower bound at the margin leaves no confirm tier
+        (0.3, 0.5, "open"),  # ... and one above it too
+    ],
+)
+def test_the_lead_sets_the_tier(catalog: Catalog, margin: float, confirm_margin: float, tier: str) -> None:
+    weights = RoutingWeights(domain=0.25, agent_domain=0.0)
+    ranking = rank(None, refs_of(catalog), None, weights, context_domain="it_ops")
+    assert ranking.tier(margin, confirm_margin) == tier
+    assert (ranking.winner(margin) is not None) == (tier == "dispatch")
+
+
+def test_a_tie_is_open_whatever_the_lower_bound(catalog: Catalog) -> None:
+    ranking = rank(None, refs_of(catalog), None, RoutingWeights())
+    assert ranking.lead == 0 and ranking.tier(0.1, 0.0) == "open"
+
+
 def test_one_candidate_always_leads(catalog: Catalog) -> None:
     ranking = rank(None, refs_of(catalog)[:1], None, RoutingWeights())
-    assert ranking.lead == math.inf and ranking.winner(5.0) is not None
+    assert ranking.lead == math.inf and ranking.winner(5.0) is not None and ranking.tier(5.0, 0.0) == "dispatch"
 
 
 def test_top_k_returns_the_best_k_in_order(catalog: Catalog) -> None:

@@ -188,19 +188,57 @@ def test_the_description_chooses_and_the_job_explains_the_choice(
     assert {"action": "fm_desk.create_ticket", "removed": "may only run 09:00-10:00 UTC"} in note["candidates"]
 
 
-def test_an_unclear_description_is_ambiguous_with_the_candidates_in_details(catalog: Catalog) -> None:
+def test_a_small_lead_is_the_confirm_tier_the_best_two_with_the_first_suggested(catalog: Catalog) -> None:
+    # care_desk leads it_desk by 0.0496: below the margin (0.1), above confirm_margin (0.006)
     decision = router(catalog).decide(intent("create_ticket", "please open a ticket"))
     error = refused(decision)
     assert error.code is ErrorCode.AMBIGUOUS_ACTION and error.retryable is False
     assert decision.receipt.status == "rejected" and decision.receipt.connector is None
-    assert [d["action"] for d in error.details] == ["care_desk.create_ticket", "it_desk.create_ticket"]
+    assert [(d["action"], d["suggested"]) for d in error.details] == [
+        ("care_desk.create_ticket", True),
+        ("it_desk.create_ticket", False),
+    ]
     for detail in error.details:
-        assert set(detail) == {"action", "connector", "description", "score"} and detail["description"]
-    assert "Ask the user" in error.suggestion and "it_desk.create_ticket" in error.suggestion
+        assert set(detail) == {"action", "connector", "description", "score", "suggested"} and detail["description"]
+    assert error.details[0]["score"] > error.details[1]["score"]
+    assert "one yes/no question" in error.suggestion and "Customer care" in error.suggestion
+    assert '"care_desk.create_ticket"' in error.suggestion and '"it_desk.create_ticket"' in error.suggestion
     routing = decision.receipt.execution.routing
-    assert routing is not None and routing["method"] == "semantic" and routing["lead"] < 0.1
+    assert routing is not None and routing["method"] == "semantic" and routing["tier"] == "confirm"
+    assert routing["confirm_margin"] <= routing["lead"] < routing["margin"]
     assert json.loads(decision.receipt.to_json())["execution"]["routing"] == routing
     assert decision.audit is not None and decision.audit["routing"] == routing
+
+
+def test_a_lead_below_the_confirm_margin_is_the_open_tier_with_every_candidate(catalog: Catalog) -> None:
+    # "laptop" and "refund" pull both ways: a lead of 0.0009
+    decision = router(catalog).decide(intent("create_ticket", "laptop refund"))
+    error = refused(decision)
+    assert error.code is ErrorCode.AMBIGUOUS_ACTION
+    assert [d["action"] for d in error.details] == ["care_desk.create_ticket", "it_desk.create_ticket"]
+    assert all("suggested" not in d for d in error.details)
+    assert "Ask the user which system" in error.suggestion and "yes/no" not in error.suggestion
+    routing = decision.receipt.execution.routing
+    assert routing is not None and routing["tier"] == "open" and routing["lead"] < routing["confirm_margin"]
+
+
+def test_a_confirm_margin_at_the_margin_leaves_no_confirm_tier(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(CATALOG.replace("margin: 0.1", "margin: 0.1\n  confirm_margin: 0.1"))
+    catalog, problems = build(load_directory(tmp_path))
+    assert not problems
+    decision = router(catalog).decide(intent("create_ticket", "please open a ticket"))
+    assert refused(decision).code is ErrorCode.AMBIGUOUS_ACTION
+    assert decision.receipt.execution.routing is not None
+    assert decision.receipt.execution.routing["tier"] == "open"
+
+
+def test_a_dispatch_says_its_tier(catalog: Catalog) -> None:
+    decision = router(catalog).decide(intent("create_ticket", "my laptop order"))
+    assert dispatched(decision) == "it_desk"
+    assert decision.job.routing is not None and decision.job.routing["tier"] == "dispatch"
+    by_domain = router(catalog).decide(intent("create_ticket", "anything", domain="customer_service"))
+    assert dispatched(by_domain) == "care_desk"
+    assert by_domain.job.routing is not None and by_domain.job.routing["tier"] == "dispatch"
 
 
 def test_without_a_description_the_agents_domain_decides(catalog: Catalog) -> None:
@@ -211,9 +249,12 @@ def test_without_a_description_the_agents_domain_decides(catalog: Catalog) -> No
 
 
 def test_without_a_description_or_a_domain_it_stays_ambiguous_and_asks_for_one(catalog: Catalog) -> None:
-    error = refused(router(catalog).decide(intent("create_ticket")))
+    decision = router(catalog).decide(intent("create_ticket"))
+    error = refused(decision)
     assert error.code is ErrorCode.AMBIGUOUS_ACTION
     assert "context.description" in error.suggestion and len(error.details) == 2
+    # a tie suggests nothing
+    assert decision.receipt.execution.routing is not None and decision.receipt.execution.routing["tier"] == "open"
 
 
 def test_a_model_that_cannot_load_leaves_the_lexical_path_and_the_rules(tmp_path: Path) -> None:
@@ -231,8 +272,11 @@ def test_the_agents_allowance_of_model_work_is_counted_and_exact_actions_do_not_
     r = router(catalog, limiter=limiter, semantic_rate=Rate(1, 1000))
     assert dispatched(r.decide(intent("create_ticket", "my laptop is broken"))) == "it_desk"
     assert dispatched(r.decide(intent("it_desk.create_ticket", "my laptop is broken"))) == "it_desk"
-    error = refused(r.decide(intent("create_ticket", "my laptop is broken again")))
+    limited = r.decide(intent("create_ticket", "my laptop is broken again"))
+    error = refused(limited)
     assert error.code is ErrorCode.RATE_LIMITED and error.retry_after_ms == 12_000
+    # nothing was ranked: no tier to branch on, the code says to wait
+    assert limited.receipt.execution.routing is not None and "tier" not in limited.receipt.execution.routing
     assert [c[1] for c in limiter.calls] == ["(semantic)", "(semantic)"]
 
 

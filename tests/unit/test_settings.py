@@ -164,6 +164,7 @@ def test_every_variable_with_a_value_to_refuse_is_covered() -> None:
     free_text |= {"REACH_MCP_HOST", "REACH_MCP_TOKENS_FILE", "REACH_MCP_JWT_KEY"}  # an address, a path, a key
     free_text |= {"REACH_CONSOLE_HOST", "REACH_CONSOLE_USERS", "REACH_CONSOLE_SESSION_KEY"}
     free_text |= {"REACH_RABBITMQCTL"}  # a command line
+    free_text |= {"REACH_ROUTING_VECTORS"}  # a path (or none)
     assert set(BAD) == set(VARIABLES) - free_text
 
 

@@ -4,7 +4,7 @@ imports it; it imports whatever it starts (``tests/unit/test_floors.py`` checks 
 One module per family of commands::
 
     common.py       exit codes, settings, the catalog: what every command shares
-    catalog.py      validate, catalog, route, import openapi
+    catalog.py      validate, catalog, route (rank, warm), import openapi
     broker.py       setup
     processes.py    router, worker, beat, mcp, console (hash-password), demo
     steering.py     pause, resume, status, trace

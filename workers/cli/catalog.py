@@ -110,14 +110,34 @@ def _params(fields: Mapping[str, FieldSpec]) -> str:
     return ", ".join(f"{n}{'*' if f.required else ''}" for n, f in fields.items())
 
 
-@click.command("route")
+class _RouteGroup(click.Group):
+    """``reach route TEXT ...`` ranks (the command ``rank``, which may be left out); ``reach route
+    warm`` saves vectors."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["rank", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("route", cls=_RouteGroup)
+def route_cmd() -> None:
+    """How the router chooses between connectors offering a bare action.
+
+    \b
+    reach route TEXT --action A --agent G [--domain D] [--json]   rank, as the router would
+    reach route warm [--dir DIR] [--file PATH]                    save the catalog's vectors
+    """
+
+
+@route_cmd.command("rank")
 @click.argument("text")
 @click.option("--action", "action", required=True, help="The bare action the agent would send, e.g. create_ticket.")
 @click.option("--agent", "agent", required=True, help="The agent app whose connectors are ranked.")
 @click.option("--domain", help="The intent's context.domain, if it would carry one.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the routing note.")
 @click.option("--dir", "directory", help="Catalog directory (default: $REACH_CATALOG).")
-def route_cmd(text: str, action: str, agent: str, domain: str | None, as_json: bool, directory: str | None) -> None:
+def rank_cmd(text: str, action: str, agent: str, domain: str | None, as_json: bool, directory: str | None) -> None:
     """Rank the connectors offering ACTION for a request TEXT, as the router would for the intent
     {"action": ACTION, "context": {"description": TEXT}} of AGENT, and say what it would do.
 
@@ -157,14 +177,69 @@ def route_cmd(text: str, action: str, agent: str, domain: str | None, as_json: b
     ]
     print_table(("#", "action", "score", "semantic", "lexical", "rules", "connector"), rows)
     how = f"{choice.note['method']}, model {choice.note.get('model', '-')}"
+    lead, margin = choice.note.get("lead"), catalog.routing.margin
     if choice.ref is not None:
-        lead = choice.note.get("lead")
-        click.echo(f"dispatch to {choice.ref.qualified} ({how}; lead {lead} >= margin {catalog.routing.margin})")
+        click.echo(f"dispatch to {choice.ref.qualified} ({how}; tier dispatch, lead {lead} >= margin {margin})")
+    elif choice.tier == "confirm":
+        first, second = (c["action"] for c in choice.note["candidates"][:2])
+        click.echo(
+            f"AMBIGUOUS_ACTION, tier confirm ({how}; confirm_margin {catalog.routing.confirm_margin} <= lead {lead} "
+            f"< margin {margin}): the agent would ask its user whether {first} is meant, else {second}"
+        )
     else:
         click.echo(
-            f"AMBIGUOUS_ACTION ({how}; lead {choice.note.get('lead')} < margin {catalog.routing.margin}): "
+            f"AMBIGUOUS_ACTION, tier open ({how}; lead {lead} < confirm_margin {catalog.routing.confirm_margin}): "
             "the agent would be asked to let its user choose"
         )
+
+
+@route_cmd.command("warm")
+@click.option("--dir", "directory", help="Catalog directory (default: $REACH_CATALOG).")
+@click.option("--file", "file", help="Where to save (default: $REACH_ROUTING_VECTORS, else beside the catalog).")
+def warm_cmd(directory: str | None, file: str | None) -> None:
+    """Embed every text of the catalog semantic routing reads (action texts, examples, workflows)
+    by its routing model and save the vectors to a file beside the catalog, and in Redis when it
+    answers, so routers start without embedding anything. Vectors already in the file or in Redis
+    are reused: a changed text is the only one embedded again. Run it ahead of a deploy.
+
+    Exit codes: 0 saved (or nothing to save: model none), 2 no file to save to (REACH_ROUTING_VECTORS=none)
+    or the model's package is missing.
+    """
+    import time
+
+    from connectors.routing import ActionIndex, ModelUnavailable, load_embedder
+    from connectors.routing.embedders import cache_models
+    from connectors.routing.saved import Layered, Recording, SavedVectors, save
+    from workers.state.embeddings import RedisVectorCache
+
+    settings = read_settings()
+    logging.basicConfig(level="ERROR")
+    target = directory or settings.catalog_dir
+    catalog = load_catalog(target)
+    path = Path(file) if file else settings.routing_vectors_path(target)
+    if path is None:
+        fail("REACH_ROUTING_VECTORS is none: give --file to save somewhere")
+    model = catalog.routing.model
+    if model == "none":
+        click.echo("routing model none: no vectors to save")
+        return
+    started = time.monotonic()
+    try:
+        embedder = load_embedder(model)
+    except ModelUnavailable as exc:
+        fail(str(exc))
+    shared = RedisVectorCache(connect_redis(settings))
+    saved = SavedVectors.load(path)
+    recording = Recording(Layered(saved, shared))
+    index = ActionIndex(catalog, embedder, recording)
+    index.prepare()
+    written = save(path, recording.seen, dict(cache_models(model)))
+    shared.put_many(recording.seen)  # replicas without the file find them in Redis
+    click.echo(
+        f"saved {written} vector(s) of {model} for {index.size} text(s) to {path}: {index.embedded} embedded here, "
+        f"{index.from_cache} found in the file or Redis ({saved.hits} vector(s) from the file), {index.rejected} "
+        f"stored vector(s) refused, in {time.monotonic() - started:.1f} s"
+    )
 
 
 @click.group("import")

@@ -122,7 +122,9 @@ def _failure_text(receipt: Receipt) -> str:
     lines.append(f"{error.code} ({receipt.status}, {retry}): {error.message}")
     if error.suggestion:
         lines.append(f"Suggestion: {error.suggestion}")
-    for detail in error.details[:MAX_DETAILS_SHOWN]:
+    if error.code == "AMBIGUOUS_ACTION":
+        lines.extend(_candidate_lines(receipt))
+    for detail in [] if error.code == "AMBIGUOUS_ACTION" else error.details[:MAX_DETAILS_SHOWN]:
         allowed = detail.get("allowed")
         also = f" (allowed: {', '.join(map(str, allowed))})" if isinstance(allowed, list) else ""
         lines.append(f"- {detail.get('field')}: {detail.get('message')}{also}")
@@ -134,6 +136,21 @@ def _failure_text(receipt: Receipt) -> str:
         lines.extend(_step_line(step) for step in steps[:MAX_DETAILS_SHOWN])
     lines.append(_reference(receipt))
     return "\n".join(lines)
+
+
+def _candidate_lines(receipt: Receipt) -> list[str]:
+    """An AMBIGUOUS_ACTION's tier and candidates, best first, as the model reads them: the tool
+    to call for each (``connector__action``) and what its system is for."""
+    error = receipt.error
+    assert error is not None
+    routing = receipt.execution.routing or {}
+    tier = routing.get("tier")
+    lines = [f"Routing tier: '{tier}'." if isinstance(tier, str) else "Candidates:"]
+    for detail in error.details[:MAX_DETAILS_SHOWN]:
+        tool = str(detail.get("action", "")).replace(".", "__", 1)
+        mark = " (suggested)" if detail.get("suggested") is True else ""
+        lines.append(f"- {tool}{mark}: {detail.get('description') or detail.get('connector')}")
+    return lines
 
 
 def _step_line(step: dict[str, Any]) -> str:

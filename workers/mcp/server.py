@@ -33,6 +33,7 @@ from mcp.server.lowlevel import Server
 
 from connectors.catalog import Catalog
 from producers.formats import value_depth
+from producers.tools import ROUTING_GUIDE
 from producers.wire import ErrorCode, Receipt
 from workers.mcp import results
 from workers.mcp.clients import AgentClients, Call, Undelivered
@@ -52,7 +53,7 @@ INSTRUCTIONS = (
     "when one fails, checked by agent-reach before it runs. A result "
     "that is an error says what failed, whether trying again can help and what to do instead. "
     "Send _meta.idempotency_key to make an action's call safe to repeat; a workflow's second call is "
-    "a second run."
+    "a second run. " + ROUTING_GUIDE
 )
 
 

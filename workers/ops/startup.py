@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import signals
@@ -45,6 +45,9 @@ from workers.transport.pause import Watched, install_pause_watcher
 from workers.transport.publisher import BatchPublisher, Publisher
 from workers.transport.receipts import ReceiptLimits, ReceiptSink
 from workers.transport.topology import INTENTS_QUEUE, DeadLetterBounds, connector_queue, declare_all
+
+if TYPE_CHECKING:  # numpy: a pool process never imports the routing index
+    from connectors.routing.index import VectorCache
 
 log = logging.getLogger("reach")
 
@@ -110,6 +113,20 @@ def receipt_limits(settings: Settings) -> ReceiptLimits:
     return ReceiptLimits(settings.max_details, settings.max_receipt_bytes)
 
 
+def routing_vectors(settings: Settings, shared: VectorCache) -> VectorCache:
+    """Where the router finds its texts' embeddings: the saved-vector file beside the catalog
+    (``reach route warm``) first, when there is one, then the shared cache in Redis."""
+    from connectors.routing.saved import Layered, SavedVectors
+
+    path = settings.routing_vectors_path()
+    if path is None:
+        return shared
+    saved = SavedVectors.load(path)
+    if saved.vectors:
+        log.info("semantic routing: %d saved vector(s) in %s", len(saved.vectors), path)
+    return Layered(saved, shared)
+
+
 def run_router(settings: Settings, catalog: Catalog) -> None:
     # the router's own modules are imported here, not at the top: a pool process never loads them
     # (the embedding model's numpy, the guards), which keeps its memory down (pool groups)
@@ -136,7 +153,7 @@ def run_router(settings: Settings, catalog: Catalog) -> None:
     redis_client = connect_redis(settings)
     sink = ReceiptSink(publisher, redis_client, settings.receipt_ttl_seconds, receipt_limits(settings))
     intervals = {name: (c.health.interval if c.health else DEFAULT_INTERVAL) for name, c in catalog.connectors.items()}
-    semantic = SemanticRouting(catalog, RedisVectorCache(redis_client))
+    semantic = SemanticRouting(catalog, routing_vectors(settings, RedisVectorCache(redis_client)))
     semantic.warm()  # the model and every action's embedding, now rather than on the first intent
     router = Router(
         catalog,

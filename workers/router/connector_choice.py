@@ -1,6 +1,7 @@
 """A bare action that several connectors offer: one is chosen for the intent (ranked by
 ``workers.router.semantic``, among the candidates that could run it now), or the intent is
-answered AMBIGUOUS_ACTION with the best candidates, so the agent can ask its user."""
+answered AMBIGUOUS_ACTION so the agent can ask its user: in the confirm tier one yes/no question
+about the best two (the first suggested), in the open tier a choice among the best candidates."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from producers.wire import ErrorCode
 from workers.router.allowances import closed_window
 from workers.router.decisions import Answer, human_ms, refuse
 from workers.router.intake import ParsedIntent
-from workers.router.semantic import Choice, SemanticRouting, candidate_details
+from workers.router.semantic import Choice, SemanticRouting, candidate_details, describe
 from workers.state.ratelimit import Rate
 
 
@@ -61,24 +62,28 @@ def choose(
 def ambiguous(
     semantic: SemanticRouting, parsed: ParsedIntent, received_at: float, candidates: Candidates, choice: Choice
 ) -> Answer:
-    """AMBIGUOUS_ACTION with the best candidates in ``details``: the agent should ask its user."""
+    """AMBIGUOUS_ACTION with the candidates in ``details``, best first: the agent should ask its user."""
     refs = [s.ref for s in choice.ranking.ranked] if choice.ranking else candidates.refs
     names = ", ".join(r.qualified for r in refs[:10]) + (f" and {len(refs) - 10} more" if len(refs) > 10 else "")
     context = parsed.intent.context
+    spec = semantic.spec
     if context is not None and context.description and choice.ranking and len(choice.ranking.ranked) > 1:
         first, second = choice.ranking.ranked[:2]
         message = (
             f"{len(refs)} connectors offer {candidates.action!r} and the description does not single one out: "
             f"{first.ref.qualified} scores {first.score:.3f}, {second.ref.qualified} {second.score:.3f} "
-            f"(a lead of {semantic.spec.margin:g} is needed)"
+            f"(a lead of {spec.margin:g} is needed)"
         )
     else:
         message = f"{len(refs)} connectors offer {candidates.action!r}: {names}"
-    suggestion = (
-        f"Ask the user which system they mean (the candidates are in details, with what each is for), then send "
-        f'the qualified action, e.g. "{refs[0].qualified}"; or describe the request in context.description, '
-        f"or set context.domain to the connector's domain. Candidates: {names}."
-    )
+    if choice.tier == "confirm":
+        suggestion = confirm_suggestion(refs[0], refs[1])
+    else:
+        suggestion = (
+            f"Ask the user which system they mean (the candidates are in details, best first, with what each is "
+            f'for), then send the qualified action, e.g. "{refs[0].qualified}"; or describe the request in '
+            f"context.description, or set context.domain to the connector's domain. Candidates: {names}."
+        )
     return refuse(
         parsed,
         received_at,
@@ -87,6 +92,17 @@ def ambiguous(
         suggestion,
         details=candidate_details(choice, candidates),
         routing=choice.note,
+    )
+
+
+def confirm_suggestion(suggested: ActionRef, other: ActionRef) -> str:
+    """The confirm tier's suggestion: one yes/no question, and what to send for each answer."""
+    return (
+        f"Ask the user one yes/no question: is this for {suggested.connector.name} "
+        f"({describe(suggested) or suggested.qualified})? If yes, send the qualified action "
+        f'"{suggested.qualified}"; if no, send "{other.qualified}" ({describe(other) or other.connector.name}). '
+        "Both are in details, the suggested one first; resend the same params. If the user means neither, "
+        "every candidate is in execution.routing.candidates: ask which."
     )
 
 

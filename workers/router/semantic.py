@@ -8,9 +8,11 @@ For a bare action the agent may use on several connectors, in this order:
 3. The rest are ranked (``connectors.routing.rank``): the request in ``context.description``
    against each action's text by embedding and BM25, plus the domain rules. The best is
    dispatched when it leads the next by the catalog's ``routing.margin``; otherwise the agent gets
-   AMBIGUOUS_ACTION with the candidates, so it can ask its user.
+   AMBIGUOUS_ACTION, so it can ask its user: with the best two, the first suggested, when the lead
+   is at least ``routing.confirm_margin`` (tier ``confirm``: one yes/no question settles it), else
+   with every candidate (tier ``open``).
 
-Every choice carries a note (method, candidates, scores, lead) that the router puts in the job,
+Every choice carries a note (method, tier, candidates, scores, lead) that the router puts in the job,
 the receipt's ``execution.routing`` and the audit trail. The model is loaded at start-up when the
 catalog has an action that several connectors offer, else on first use; an intent that names an
 exact action, or a bare action only one of its connectors offers, never reaches this module.
@@ -29,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from connectors.catalog import ActionRef, Candidates, Catalog, tool_spec, workflow_tool
-from connectors.routing import ActionIndex, ModelUnavailable, Ranking, Scored, VectorCache, load_embedder, rank
+from connectors.routing import ActionIndex, ModelUnavailable, Ranking, Scored, Tier, VectorCache, load_embedder, rank
 from connectors.routing.index import request_text
 from connectors.routing.ranking import best_rows
 from producers.tools import ToolSpec
@@ -37,7 +39,7 @@ from producers.tools import ToolSpec
 log = logging.getLogger("reach.routing")
 
 NOTE_CANDIDATES = 10  # candidates a note lists (scored, then removed); the rest are counted
-DETAIL_CANDIDATES = 5  # candidates an AMBIGUOUS_ACTION receipt lists in its details
+DETAIL_CANDIDATES = 5  # candidates an AMBIGUOUS_ACTION receipt lists in its details (tier open)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class Choice:
     ranking: Ranking | None = None
     retry_after_ms: int | None = None  # the agent's allowance of model work is spent
     removed: dict[str, str] = field(default_factory=dict)  # qualified action -> why it could not run
+
+    @property
+    def tier(self) -> Tier | None:
+        """``dispatch``, ``confirm`` or ``open`` (None: not ranked now, the agent must wait)."""
+        tier: Tier | None = self.note.get("tier")
+        return tier
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class SemanticRouting:
         if context_domain:
             in_domain = [r for r in refs if r.connector.domain == context_domain]
             if len(in_domain) == 1:
-                return Choice(in_domain[0], self._note("domain", [], {}, None, refs=refs))
+                return Choice(in_domain[0], self._note("domain", [], {}, None, refs=refs, tier="dispatch"))
         removed: dict[str, str] = {}
         kept = []
         for ref in refs:
@@ -151,7 +159,8 @@ class SemanticRouting:
             else:
                 removed[ref.qualified] = reason
         if len(kept) == 1:
-            return Choice(kept[0], self._note("rules", [], removed, None, refs=kept), removed=removed)
+            note = self._note("rules", [], removed, None, refs=kept, tier="dispatch")
+            return Choice(kept[0], note, removed=removed)
         pool = kept or refs  # none could run: rank them all; the winner's own refusal is then the answer
         text = request_text(description or "")
         agent = self.catalog.agents.get(agent_id)
@@ -175,9 +184,9 @@ class SemanticRouting:
             ranking = rank(
                 None, pool, None, self.spec.weights, context_domain=context_domain, agent_domain=agent_domain
             )
-        winner = ranking.winner(self.spec.margin)
-        note = self._note(method, ranking.ranked, removed, ranking)
-        return Choice(winner.ref if winner else None, note, ranking, removed=removed)
+        tier = ranking.tier(self.spec.margin, self.spec.confirm_margin)
+        note = self._note(method, ranking.ranked, removed, ranking, tier=tier)
+        return Choice(ranking.ranked[0].ref if tier == "dispatch" else None, note, ranking, removed=removed)
 
     def find_tools(self, agent_id: str, description: str, k: int) -> list[FoundTool]:
         """The agent's ``k`` tools that best match ``description``: the actions it may use and the
@@ -211,6 +220,7 @@ class SemanticRouting:
         removed: dict[str, str],
         ranking: Ranking | None,
         refs: list[ActionRef] | None = None,
+        tier: Tier | None = None,
     ) -> dict[str, Any]:
         """What the receipt and the audit trail say about the choice (bounded in size)."""
         listed: list[dict[str, Any]] = [s.to_dict() for s in ranked[:NOTE_CANDIDATES]]
@@ -218,6 +228,8 @@ class SemanticRouting:
             listed = [{"action": r.qualified} for r in refs[:NOTE_CANDIDATES]]
         listed += [{"action": q, "removed": why[:200]} for q, why in list(removed.items())[:NOTE_CANDIDATES]]
         note: dict[str, Any] = {"method": method, "candidates": listed}
+        if tier is not None:
+            note["tier"] = tier
         hidden = max(0, len(ranked) - NOTE_CANDIDATES) + max(0, len(removed) - NOTE_CANDIDATES)
         if hidden:
             note["more_candidates"] = hidden
@@ -226,24 +238,34 @@ class SemanticRouting:
         if ranking is not None and len(ranking.ranked) > 1:
             note["lead"] = round(ranking.lead, 4)
             note["margin"] = self.spec.margin
+            note["confirm_margin"] = self.spec.confirm_margin
         return note
 
 
 def candidate_details(choice: Choice, candidates: Candidates) -> list[dict[str, Any]]:
-    """The ``details`` of an AMBIGUOUS_ACTION receipt: the best candidates, each with what its
-    connector is for and its score, so the agent can ask its user to choose."""
+    """The ``details`` of an AMBIGUOUS_ACTION receipt, best first, each with what its connector
+    is for and its score, so the agent can ask its user: in the confirm tier exactly the best two,
+    the first ``suggested``; else the best ``DETAIL_CANDIDATES``."""
     if choice.ranking is not None:
         scored: list[tuple[ActionRef, float | None]] = [(s.ref, s.score) for s in choice.ranking.ranked]
     else:
         scored = [(r, None) for r in candidates.refs]
+    confirm = choice.tier == "confirm"
     details = []
-    for ref, score in scored[:DETAIL_CANDIDATES]:
+    for i, (ref, score) in enumerate(scored[: 2 if confirm else DETAIL_CANDIDATES]):
         detail: dict[str, Any] = {
             "action": ref.qualified,
             "connector": ref.connector.name,
-            "description": (ref.connector.description or ref.action.description or "")[:300],
+            "description": describe(ref),
         }
         if score is not None:
             detail["score"] = round(score, 4)
+        if confirm:
+            detail["suggested"] = i == 0
         details.append(detail)
     return details
+
+
+def describe(ref: ActionRef) -> str:
+    """What a candidate's connector is for, as the user is asked about it (bounded)."""
+    return (ref.connector.description or ref.action.description or "")[:300]
