@@ -430,6 +430,33 @@ def test_a_deadline_that_passed_in_the_queue_is_deadline_exceeded_without_a_call
     assert receipt.status == "rejected" and not pool.adapter.calls
 
 
+def test_a_redelivery_past_its_deadline_of_a_write_a_dead_worker_was_sending_is_outcome_unknown(
+    catalog: Catalog,
+) -> None:
+    """Not DEADLINE_EXCEEDED ("it was never run"): the first delivery may have reached the system."""
+    pool = Pool(catalog, FakeAdapter())
+    the_job = job(deadline=time.time() - 1)
+    pool.redis.data[keys.idempotency("bot", "tickets", "create_ticket", "i-1")] = {
+        "state": "in_progress",
+        "owner": "dead-worker",
+        "intent": "i-1",
+        "sending": "1",
+        "hash": params_hash(the_job.params),
+    }
+    pool.runtime.execute(the_job, redelivered=True)
+    [receipt] = pool.receipts()
+    assert receipt.error is not None and receipt.error.code is ErrorCode.OUTCOME_UNKNOWN
+    assert not pool.adapter.calls
+
+
+def test_a_redelivery_past_its_deadline_that_nobody_was_sending_is_deadline_exceeded(catalog: Catalog) -> None:
+    pool = Pool(catalog, FakeAdapter())
+    pool.runtime.execute(job(deadline=time.time() - 1), redelivered=True)
+    [receipt] = pool.receipts()
+    assert receipt.error is not None and receipt.error.code is ErrorCode.DEADLINE_EXCEEDED
+    assert not pool.adapter.calls
+
+
 def test_a_job_for_another_connector_is_answered_internal_without_a_call(catalog: Catalog) -> None:
     pool = Pool(catalog, FakeAdapter())
     pool.runtime.execute(job(connector="crm", action="query_ticket", params={"tid": "1"}))

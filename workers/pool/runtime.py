@@ -8,7 +8,7 @@ model and hands it to ``execute``. Per job, in order:
 
     receipt already sent?  -> ack silently (a redelivery)           exactly one receipt
     delivered too often?   -> INTERNAL receipt + dead letter          poison messages stop
-    deadline passed?       -> DEADLINE_EXCEEDED                      checked right before the call
+    deadline passed?       -> DEADLINE_EXCEEDED                      unless a delivery before may have sent it
     ledger claim           -> completed: the stored outcome (deduplicated), no second call
                               reused: IDEMPOTENCY_KEY_REUSED; held by a live worker: wait for it
                               held by a dead worker: OUTCOME_UNKNOWN unless repeating is safe
@@ -159,25 +159,30 @@ class PoolRuntime:
                 "misrouted",
             )
             return
+        key = keys.idempotency(job.agent_id, self.connector.name, ref.action.action, job.idempotency_key)
+        # past its deadline, a job is refused unless an earlier delivery of it may have called the
+        # system (its worker died mid-call): then the ledger's answer (its outcome, or OUTCOME_UNKNOWN)
+        # is the truth, not "it was never run"
         if job.deadline is not None and time.time() >= job.deadline:
-            self.answers.send(
-                job_receipt(
+            if not (redelivered and self.ledger.was_sending(key)):
+                self.answers.send(
+                    job_receipt(
+                        job,
+                        queue_ms,
+                        code=ErrorCode.DEADLINE_EXCEEDED,
+                        message="the deadline passed while the intent waited in the queue",
+                        suggestion="Send a new intent with a later deadline if the action is still wanted.",
+                    ),
                     job,
-                    queue_ms,
-                    code=ErrorCode.DEADLINE_EXCEEDED,
-                    message="the deadline passed while the intent waited in the queue",
-                    suggestion="Send a new intent with a later deadline if the action is still wanted.",
-                ),
-                job,
-                "deadline",
-            )
-            return
+                    "deadline",
+                )
+                return
         ctx = JobContext(
             job=job,
             ref=ref,
             attempt=hex_id(12),
             safe=self.connector.safe_to_repeat(ref.action),
-            key=keys.idempotency(job.agent_id, self.connector.name, ref.action.action, job.idempotency_key),
+            key=key,
             params_hash=params_hash(job.params),
             queue_ms=queue_ms,
         )
