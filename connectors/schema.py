@@ -8,6 +8,8 @@ every mistake at once (the first ``max_problems`` of them; the rest are counted,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import json
 import math
@@ -19,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from connectors.patterns import compile_pattern
-from connectors.spec import ActionSpec, FieldSpec
+from connectors.spec import DEFAULT_FILE_BYTES, ActionSpec, FieldSpec, base64_chars
 
 # Bounds on what a value may become on the wire, so an over-long one is the agent's mistake
 # (VALIDATION_FAILED, named by field) and never a failed request:
@@ -112,6 +114,8 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
             if not isinstance(value, str):
                 return bad(problems, where, "type", f"must be a string, got {json_type(value)}")
             _check_length(value, where, problems, "characters")
+            if spec.in_ == "file":
+                _check_file(value, where, problems)
             if pattern is not None and not pattern.search(value):  # RE2: linear in len(value)
                 bad(
                     problems,
@@ -183,6 +187,30 @@ def compile_field(spec: FieldSpec, in_header: bool = False, hidden: bool = False
         if props is None:
             return value
         return _check_object(value, props, where + ".", problems)
+
+    def _check_file(value: str, where: str, problems: list[FieldProblem]) -> None:
+        # base64 text of at most max_bytes: its length is checked before anything decodes it
+        limit = spec.max_bytes or DEFAULT_FILE_BYTES
+        if len(value) > base64_chars(limit):
+            bad(
+                problems,
+                where,
+                "max_length",
+                f"must be at most {limit} bytes once decoded (got {len(value)} base64 characters)",
+            )
+            return
+        try:
+            size = len(base64.b64decode(value.encode("ascii"), validate=True))
+        except (binascii.Error, UnicodeEncodeError):
+            bad(
+                problems,
+                where,
+                "format",
+                "must be the file's bytes as standard base64 text (A-Z a-z 0-9 + /, padded with =)",
+            )
+            return
+        if size > limit:
+            bad(problems, where, "max_length", f"must be at most {limit} bytes once decoded (got {size})")
 
     def _check_length(value: Any, where: str, problems: list[FieldProblem], unit: str) -> None:
         if spec.min_length is not None and len(value) < spec.min_length:
@@ -432,6 +460,12 @@ def field_json_schema(spec: FieldSpec) -> dict[str, Any]:
             schema[keyword] = getattr(spec, key)
     if spec.pattern is not None:
         schema["pattern"] = spec.pattern
+    if spec.in_ == "file":  # the agent sends the file's bytes as base64 text
+        schema["contentEncoding"] = "base64"
+        if spec.content_type:
+            schema["contentMediaType"] = spec.content_type
+        limit = base64_chars(spec.max_bytes or DEFAULT_FILE_BYTES)
+        schema["maxLength"] = min(schema.get("maxLength", limit), limit)
     if spec.nullable and "type" in schema:
         schema["type"] = [schema["type"], "null"]
     return schema

@@ -8,7 +8,6 @@ refused (never sent).
 
 from __future__ import annotations
 
-import json
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -18,6 +17,7 @@ from connectors.adapters.auth import bind_call
 from connectors.adapters.base import CallContext
 from connectors.adapters.common import OMIT, convert_for_system, header_safe, scalar_text
 from connectors.adapters.errors import Unsendable
+from connectors.adapters.http_body import Body
 from connectors.schema import MAX_HEADER_VALUE_BYTES, MAX_PATH_SEGMENT_BYTES, MAX_URL_BYTES
 from connectors.spec import PATH_PARAM, ActionSpec, ConnectorSpec, split_path
 
@@ -72,7 +72,7 @@ class RequestBuilder:
         path_values: dict[str, str] = {}
         query: list[tuple[str, str]] = []
         headers: dict[str, str] = {}
-        body: dict[str, Any] = {}
+        body = Body(action.body or "json")
         for name, value in params.items():
             spec = action.input.get(name)
             if spec is None:
@@ -110,8 +110,8 @@ class RequestBuilder:
                         f"header value for {name!r} is longer than {MAX_HEADER_VALUE_BYTES} bytes", field=name
                     )
                 headers[wire] = text
-            else:
-                body[wire] = converted
+            else:  # body, file (base64 text, bounded before decoding) or whole_body
+                body.add(place, wire, converted, spec, name)
         path = PATH_PARAM.sub(lambda m: path_values[m.group(1)], template)
         for header, value in (
             (self.connector.idempotency_header, ctx.idempotency_key),
@@ -125,14 +125,8 @@ class RequestBuilder:
                     )
                 headers[header] = value
         content = None
-        if method not in ("GET", "DELETE") or body:
-            try:
-                content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-            except RecursionError as exc:
-                raise UnsafeRequest("the params nest too deeply to be written as JSON") from exc
-            except ValueError as exc:  # text UTF-8 cannot carry (a lone surrogate)
-                raise UnsafeRequest(f"the params cannot be written as JSON: {exc}", code="unsendable") from exc
-            headers["Content-Type"] = "application/json"
+        if method not in ("GET", "DELETE") or not body.empty():
+            content = body.encode(headers)
         headers.setdefault("Accept", "application/json")
         try:
             url = self._urls.get(path) if path == template else None

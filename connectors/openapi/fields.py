@@ -29,12 +29,13 @@ class Param:
     """One input of an operation, wherever the document declared it."""
 
     name: str  # the system's own name
-    place: str  # path / query / header / body
+    place: str  # path / query / header / body / file / whole_body
     schema: Any
     required: bool
     description: str | None
     deprecated: bool = False
     note: str | None = None  # how the system wants it serialised, when the adapter differs
+    content_type: str | None = None  # file: the media type of its bytes, when the document names one
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,19 @@ class Fields:
 
     def input(self, param: Param, key: str) -> dict[str, Any] | None:
         """The field for one param (None for a read-only body field: the system sets it)."""
+        if param.place == "file":
+            return self._file(param, key)
         if isinstance(param.schema, WithStack):
             shape = self.schemas.shape(param.schema.schema, param.schema.stack)
         else:
             shape = self.schemas.shape(param.schema)
-        if param.place == "body" and shape.get("readOnly") is True:
+        in_body = param.place in ("body", "whole_body")
+        if in_body and shape.get("readOnly") is True:
             return None
         where = key if key == param.name else f"{key} ({one_line(param.name, 60)})"
-        spec = self.field(shape, where, depth=0, output=False, body=param.place == "body")
+        spec = self.field(shape, where, depth=0, output=False, body=in_body)
         spec["in"] = param.place
-        if key != param.name and param.place != "path":
+        if key != param.name and param.place not in ("path", "whole_body"):
             spec["name"] = param.name  # the system's own name; the key is what agents send
         if param.required:
             spec["required"] = True
@@ -82,6 +86,19 @@ class Fields:
             spec["description"] = described(description)
         if param.note:
             self.note(f"{key}: {param.note}")
+        return flow_if_short(ordered(spec))
+
+    def _file(self, param: Param, key: str) -> dict[str, Any]:
+        """A file: base64 text the adapter sends as bytes (a multipart part, or the whole body)."""
+        spec: dict[str, Any] = {"type": "string", "in": "file"}
+        if key != param.name:
+            spec["name"] = param.name
+        if param.content_type:
+            spec["content_type"] = param.content_type
+        if param.required:
+            spec["required"] = True
+        text = "its bytes, base64-encoded" if param.description else "The file's bytes, base64-encoded."
+        spec["description"] = described(f"{param.description} ({text})" if param.description else text)
         return flow_if_short(ordered(spec))
 
     def output(self, schema: Any) -> dict[str, Any] | None:

@@ -29,11 +29,20 @@ from connectors.spec.documents import (
     RoutingSpec,
     RoutingWeights,
 )
-from connectors.spec.fields import FieldSpec, FieldType
+from connectors.spec.fields import (
+    DEFAULT_FILE_BYTES,
+    MAX_FILE_BYTES,
+    FieldSpec,
+    FieldType,
+    Placement,
+    base64_chars,
+)
 from connectors.spec.http_parts import (
+    BODY_KINDS,
     HEADER_NAME,
     HTTP_METHODS,
     PATH_PARAM,
+    body_problems,
     header_name_problem,
     path_param_problems,
     split_path,
@@ -41,6 +50,12 @@ from connectors.spec.http_parts import (
 from connectors.spec.policies import BreakerSpec, HealthSpec, PoolSpec, RetryPolicy
 
 __all__ = [
+    "BODY_KINDS",
+    "DEFAULT_FILE_BYTES",
+    "MAX_FILE_BYTES",
+    "Placement",
+    "base64_chars",
+    "body_problems",
     "HEADER_NAME",
     "HOURS_WINDOW",
     "HTTP_METHODS",

@@ -9,7 +9,7 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from connectors.durations import Duration
 from connectors.spec.base import NAME_PATTERN, OPERATION_NAME, ROUTINE_NAME, ApproverGroup, Spec, check_hours
 from connectors.spec.fields import FieldSpec
-from connectors.spec.http_parts import header_name_problem, path_param_problems, split_path
+from connectors.spec.http_parts import body_problems, header_name_problem, path_param_problems, split_path
 from connectors.spec.policies import RetryPolicy
 
 MAX_APPROVAL_SECONDS = 7 * 86400
@@ -98,6 +98,7 @@ class ActionSpec(Spec):
     description: str | None = None
     # how the action reaches its system; which one is needed depends on the connector's type
     path: str | None = None  # http: "METHOD /template"
+    body: Literal["json", "form", "multipart", "binary"] | None = None  # http: how the body is written (json)
     operation: str | None = None  # soap: the WSDL operation
     procedure: str | None = None  # sql: CALL schema.name(...)
     function: str | None = None  # sql: SELECT * FROM schema.name(...)
@@ -168,6 +169,15 @@ class ActionSpec(Spec):
         # the loader reports the same problems from the raw YAML with lines (structure_problems);
         # this keeps programmatically built specs honest too
         for problem in path_param_problems(self.path, {k: v.in_ for k, v in self.input.items()}):
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _body_fits(self) -> ActionSpec:
+        if self.path is None and self.body is None:
+            return self  # not an http action: its fields' places are not the adapter's
+        shapes = {k: (v.in_, v.type, v.items.type if v.items else None) for k, v in self.input.items()}
+        for problem in body_problems(self.path, self.body, shapes):
             raise ValueError(problem)
         return self
 

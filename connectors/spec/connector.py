@@ -135,7 +135,7 @@ ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "amqp": ("routing_key",),
     "agent": (),
 }
-_ACTION_ONLY_FOR = {"exchange": "amqp"}
+_ACTION_ONLY_FOR = {"exchange": "amqp", "body": "http"}
 _AUTH_FOR_TYPE: dict[str, tuple[str, ...]] = {
     # sql and amqp carry credentials in their URL; agent is the fleet's own broker
     "sql": ("none",),

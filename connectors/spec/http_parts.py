@@ -60,3 +60,55 @@ def path_param_problems(path: Any, placements: dict[str, Any]) -> list[str]:
         if place == "path" and name not in named:
             problems.append(f"input {name} has in: path but the template has no {{{name}}}")
     return problems
+
+
+BODY_KINDS = ("json", "form", "multipart", "binary")
+
+
+def body_problems(path: Any, body: str | None, fields: dict[str, Any]) -> list[str]:
+    """What an action's ``body:`` kind and its fields' ``in:`` places say that cannot be sent.
+
+    ``fields``: input name -> (``in``, ``type``, the ``items``' type or None), from a model or raw YAML.
+    """
+    try:
+        method, template = split_path(path)
+    except ValueError:
+        method, template = "POST", ""  # a bad path is reported on its own (and a plugin type has none)
+    kind = body or "json"
+    named = set(PATH_PARAM.findall(template))
+    default = "query" if method in ("GET", "DELETE") else "body"
+    places = {name: place or ("path" if name in named else default) for name, (place, _, _) in fields.items()}
+    files = [n for n, p in places.items() if p == "file"]
+    whole = [n for n, p in places.items() if p == "whole_body"]
+    parts = [n for n, p in places.items() if p == "body"]
+    problems = []
+    if body is not None and body != "json" and method == "GET":
+        problems.append(f"body: {body} needs a method that sends a body (POST, PUT, PATCH or DELETE), not GET")
+    if files and kind not in ("multipart", "binary"):
+        problems.append(f"input {files[0]} has in: file, which needs body: multipart or body: binary")
+    if whole and kind != "json":
+        problems.append(f"input {whole[0]} has in: whole_body, which is a JSON body (body: json)")
+    if len(whole) > 1:
+        problems.append(f"only one input may be the whole body; {', '.join(whole)} all have in: whole_body")
+    if whole and parts:
+        problems.append(
+            f"input {whole[0]} is the whole body, so no other input can go in the body ({', '.join(parts[:5])} "
+            "do: give them in: query, header or path)"
+        )
+    if kind == "binary":
+        if len(files) != 1:
+            problems.append("body: binary sends one file as the whole body: declare exactly one input with in: file")
+        if parts:
+            problems.append(
+                f"body: binary has no room for other body fields ({', '.join(parts[:5])}): give them "
+                "in: query, header or path"
+            )
+    if kind in ("form", "multipart"):
+        for name in parts:
+            _, kind_of, items = fields[name]
+            if kind_of == "object" or (kind_of == "array" and items in ("object", "array")):
+                problems.append(
+                    f"input {name} is an {kind_of}{' of ' + str(items) + 's' if kind_of == 'array' else ''}: "
+                    f"a {kind} field carries text (or a list of texts); declare its parts as fields of their own"
+                )
+    return problems

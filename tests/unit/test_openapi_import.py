@@ -112,6 +112,10 @@ PET_ACTIONS = {
     "getUserByName",
     "updateUser",
     "deleteUser",
+    "updatePetWithForm",
+    "uploadFile",
+    "createUsersWithArrayInput",
+    "createUsersWithListInput",
 }
 
 
@@ -126,10 +130,25 @@ def test_petstore_in_every_version_and_syntax_becomes_the_same_loadable_connecto
     # the petstore_auth scheme is an implicit OAuth2 flow (a browser's); the api key is what a fleet can send
     assert connector.auth.type == "api_key" and connector.auth.in_ == "header" and connector.auth.name == "api_key"
     assert connector.auth.key_env == "PETSTORE_API_KEY" and result.env == ["PETSTORE_API_KEY"]
-    # form and file uploads cannot be sent as JSON: listed, not imported
-    skipped = {label.split(" (")[-1].rstrip(")") for label, _ in result.skipped}
-    assert skipped == {"updatePetWithForm", "uploadFile", "createUsersWithArrayInput", "createUsersWithListInput"}
-    assert "updatePetWithForm" in result.text.split("connector:")[0]  # said in the header comment
+    # every operation is an action: a form, a file upload and JSON arrays are bodies the adapter writes
+    assert result.skipped == [] and result.actions == result.chosen == 20
+    form = action(connector, "updatePetWithForm")
+    assert (form.path, form.body) == ("POST /pet/{petId}", "form")
+    assert {k: f.in_ for k, f in form.input.items()} == {"petId": "path", "name": "body", "status": "body"}
+    upload = action(connector, "uploadFile")
+    file = upload.input["file"]
+    assert file.type == "string" and file.in_ == "file" and "base64" in (file.description or "")
+    if which in (docs.PETSTORE_31, docs.PETSTORE_31_YAML):  # 3.1's Petstore uploads application/octet-stream
+        assert upload.body == "binary" and set(upload.input) == {"petId", "file"}
+        assert file.content_type == "application/octet-stream"
+    else:  # 2.0 and 3.0: multipart/form-data with a text part beside the file
+        assert upload.body == "multipart" and upload.input["additionalMetadata"].in_ == "body"
+    for name in ("createUsersWithArrayInput", "createUsersWithListInput"):
+        users = action(connector, name)
+        whole = users.input["body"]
+        assert users.body is None and set(users.input) == {"body"}  # a JSON body: the array is all of it
+        assert whole.in_ == "whole_body" and whole.type == "array" and whole.required
+        assert whole.items is not None and whole.items.properties is not None and "username" in whole.items.properties
 
     add = action(connector, "addPet")
     assert (add.path, add.permission, add.idempotent) == ("POST /pet", "write", False)
@@ -180,11 +199,11 @@ def test_imported_petstore_validates_with_the_reach_command(tmp_path: Path) -> N
     runner = CliRunner()
     imported = runner.invoke(main, ["import", "openapi", str(spec), "--connector", "petstore", "-o", str(out)])
     assert imported.exit_code == 0, imported.output
-    assert "16 action(s) from 20 operation(s)" in imported.output
+    assert "20 action(s) from 20 operation(s)" in imported.output
     assert "PETSTORE_API_KEY" in imported.output
     checked = runner.invoke(main, ["validate", str(out.parent)])
     assert checked.exit_code == 0, checked.output
-    assert "ok: 1 connector(s), 16 action(s)" in checked.output
+    assert "ok: 1 connector(s), 20 action(s)" in checked.output
     # to stdout without -o: the same text
     printed = runner.invoke(main, ["import", "openapi", str(spec), "--connector", "petstore"])
     assert printed.exit_code == 0 and printed.stdout == out.read_text()
@@ -490,7 +509,7 @@ def test_params_from_every_place_with_names_made_into_keys(tmp_path: Path) -> No
     assert edit.input["open"].default is None and "open: the system's default true is not sent" in notes
 
 
-def test_an_operation_needing_a_cookie_or_sending_forms_is_listed_not_imported() -> None:
+def test_an_operation_needing_a_cookie_or_sending_xml_is_listed_not_imported() -> None:
     doc = oas(
         {
             "/a": {
@@ -499,8 +518,8 @@ def test_an_operation_needing_a_cookie_or_sending_forms_is_listed_not_imported()
                     parameters=[{"name": "s", "in": "cookie", "required": True, "schema": {"type": "string"}}],
                 ),
                 "post": op(
-                    operationId="form",
-                    requestBody={"content": {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}},
+                    operationId="xml",
+                    requestBody={"content": {"application/xml": {"schema": {"type": "object"}}}},
                 ),
                 "put": op(operationId="ok"),
             }
@@ -510,7 +529,8 @@ def test_an_operation_needing_a_cookie_or_sending_forms_is_listed_not_imported()
     assert result.actions == 1
     assert dict(result.skipped) == {
         "GET /a (a)": "it needs the cookie s, which the http connector cannot send",
-        "POST /a (form)": "its request body is application/x-www-form-urlencoded; the http connector sends JSON",
+        "POST /a (xml)": "its request body is application/xml; the http connector sends JSON, forms, multipart "
+        "and raw bytes",
     }
 
 

@@ -263,6 +263,11 @@ def import_group() -> None:
     show_default=True,
     help="Refuse to import more operations than this (choose some with --include).",
 )
+@click.option(
+    "--validate-all",
+    is_flag=True,
+    help="Validate every operation of the document, not only those imported and what they refer to.",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the catalog here instead of to stdout.")
 def import_openapi_cmd(
     spec: str,
@@ -271,6 +276,7 @@ def import_openapi_cmd(
     include: tuple[str, ...],
     exclude: tuple[str, ...],
     max_operations: int,
+    validate_all: bool,
     output: str | None,
 ) -> None:
     """Write a connector for the OpenAPI document SPEC (Swagger 2.0, OpenAPI 3.0 or 3.1; JSON or
@@ -293,6 +299,7 @@ def import_openapi_cmd(
         exclude=exclude,
         max_operations=max_operations,
         source=Path(spec).name if spec != "-" else "",
+        whole_document=validate_all,
     )
     try:
         result = import_openapi(data, options)
