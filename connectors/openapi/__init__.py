@@ -6,10 +6,12 @@ Every function here is pure (document in, catalog text out); the CLI reads and w
 
     read_document(bytes)         -> dict          document.py: bounded bytes, values (YAML aliases), nesting;
                                                   no $ref outside the document
-    document_problems(dict)      -> [str]         document.py: openapi-spec-validator, reading nothing else
+    document_problems(dict, ops) -> [str]         document.py: openapi-spec-validator, reading nothing else, on
+                                                  the chosen operations and what they reach by $ref (subtree)
     plan(dict, options)          -> [Operation]   importer.py: --include / --exclude, and the --max guard
     build_catalog(dict, options) -> ImportResult  importer.py: each operation an action (actions.py: params,
-                                                  body, answer; fields.py and shapes.py: schemas; access.py:
+                                                  answer; bodies.py: JSON, form, multipart, bytes; fields.py
+                                                  and shapes.py: schemas; access.py:
                                                   endpoint and auth), as YAML (render.py, text.py) that is
                                                   checked against the catalog models, so it passes `reach validate`
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
 from connectors.openapi.access import auth_for, endpoint_of, scheme_kind, why_not_expressible
-from connectors.openapi.document import Operation, OptionsError, Refs, spec_version
-from connectors.openapi.fields import MAX_FIELD_DESCRIPTION, Fields, Param, WithStack
-from connectors.openapi.shapes import MAX_SCHEMA_STEPS, Shapes, TooLarge, names_in
+from connectors.openapi.bodies import Bodies, is_json
+from connectors.openapi.document import Operation, OptionsError, Refs, Skip, spec_version
+from connectors.openapi.fields import MAX_FIELD_DESCRIPTION, Fields, Param
+from connectors.openapi.shapes import MAX_SCHEMA_STEPS, Shapes, TooLarge
 from connectors.openapi.text import Flow, clean, described, one_line, plain
 from connectors.spec import HTTP_METHODS, NAME_PATTERN, PATH_PARAM, ActionSpec, header_name_problem
-from connectors.spec.fields import MEDIA_TYPE
 from producers.wire import AGENT_ID_PATTERN
 
 MAX_DESCRIPTION = 1024  # OpenAI's limit for a function description
@@ -45,10 +44,6 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 _NOT_KEY = re.compile(r"[^A-Za-z0-9_]+")
 
 
-class Skip(Exception):
-    """This operation cannot become an action; the message says why."""
-
-
 class Actions:
     """Builds the actions of one connector from a document's chosen operations."""
 
@@ -59,6 +54,7 @@ class Actions:
         self.version = spec_version(doc)
         self.refs = Refs(doc)
         self.endpoint = endpoint_of(doc, self.version, endpoint)
+        self.bodies = Bodies(doc, self.version, self.refs)
         self.auth, self.env, self.auth_notes, self.auth_param = self._auth()
 
     # -- connector level -------------------------------------------------------------------
@@ -129,7 +125,7 @@ class Actions:
         notes: list[str] = []
         schemas = Shapes(self.refs)
         params = self._params(op, notes)
-        body_kind, body = self._body(op, schemas, notes)
+        body_kind, body = self.bodies.of(op, schemas, notes)
         template, renamed = _template(op.path)
         # path params first: their keys are the template's; the others take what is left
         order = {"path": 0, "query": 1, "header": 2, "body": 3, "whole_body": 3, "file": 4}
@@ -270,107 +266,6 @@ class Actions:
             return "an object param is sent as JSON text; check how the system reads it"
         return None
 
-    def _body(self, op: Operation, schemas: Shapes, notes: list[str]) -> tuple[str, list[Param]]:
-        """The body's kind (json, form, multipart, binary) and its fields: one per property of an
-        object (a JSON object, a form, the parts of a multipart body), a JSON array or scalar as
-        one ``in: whole_body`` field, raw bytes as one ``in: file`` field."""
-        found = self._body_schema(op)
-        if found is None:
-            return "json", []
-        if found.form is not None:  # Swagger 2.0 formData parameters
-            return found.kind, found.form
-        if found.kind == "binary":
-            return "binary", [Param("file", "file", None, found.required, found.description, content_type=found.media)]
-        shape = schemas.shape(found.schema)
-        if found.kind == "json" and shape["type"] not in ("object", ""):
-            return "json", [Param(found.name, "whole_body", found.schema, found.required, found.description)]
-        if shape["type"] not in ("object", ""):
-            raise Skip(f"its {found.kind} body is a {shape['type']}, not an object of fields")
-        properties = shape.get("properties")
-        if not isinstance(properties, dict) or not properties:
-            if shape["type"] == "object" or found.required:
-                notes.append(f"the request body is a free-form {found.kind} object; no fields were imported from it")
-            return found.kind, []
-        wanted = set(names_in(shape.get("required")))
-        params = []
-        for name, prop in list(properties.items())[:500]:
-            if not isinstance(name, str) or len(name) > 200:
-                continue
-            place, media = "body", None
-            if found.kind == "multipart" and _is_binary(schemas.shape(prop, shape["_stack"])):
-                place, media = "file", _part_media(found.encoding.get(name), self.refs)
-            params.append(
-                Param(name, place, WithStack(prop, shape["_stack"]), name in wanted, None, content_type=media)
-            )
-        return found.kind, params
-
-    def _body_schema(self, op: Operation) -> _BodyFound | None:
-        if self.version == "2.0":
-            return self._body_schema_20(op)
-        request = self.refs.follow(op.spec.get("requestBody"))
-        if not isinstance(request, dict):
-            return None
-        content = request.get("content")
-        if not isinstance(content, dict) or not content:
-            return None
-        required = request.get("required") is True
-        description = clean(request.get("description"), MAX_FIELD_DESCRIPTION)
-        name = request.get("x-codegen-request-body-name")
-        name = name if isinstance(name, str) and name.strip() else "body"
-        kinds = {_media_kind(k): (k, v) for k, v in reversed(list(content.items())) if isinstance(k, str)}
-        for kind in ("json", "form", "multipart"):
-            if kind in kinds:
-                media = self.refs.follow(kinds[kind][1])
-                schema = media.get("schema") if isinstance(media, dict) else None
-                encoding = media.get("encoding") if isinstance(media, dict) else None
-                return _BodyFound(
-                    kind, schema, required, description, name, encoding=encoding if isinstance(encoding, dict) else {}
-                )
-        for key, value in content.items():
-            media = self.refs.follow(value)
-            schema = self.refs.follow(media.get("schema")) if isinstance(media, dict) else None
-            if isinstance(key, str) and _is_bytes(key, schema):
-                concrete = key.split(";", 1)[0].strip().lower()
-                return _BodyFound("binary", None, required, description, name, media=_concrete(concrete))
-        kinds_text = ", ".join(str(k) for k in content)
-        raise Skip(
-            f"its request body is {one_line(kinds_text, 80)}; the http connector sends JSON, forms, "
-            "multipart and raw bytes"
-        )
-
-    def _body_schema_20(self, op: Operation) -> _BodyFound | None:
-        params = [
-            self.refs.follow(p) for p in [*(op.path_item.get("parameters") or []), *(op.spec.get("parameters") or [])]
-        ]
-        form = [
-            p for p in params if isinstance(p, dict) and p.get("in") == "formData" and isinstance(p.get("name"), str)
-        ]
-        consumes = [c for c in op.spec.get("consumes") or self.doc.get("consumes") or [] if isinstance(c, str)]
-        if form:
-            files = any(p.get("type") == "file" for p in form)
-            multipart = files or any(_media_kind(c) == "multipart" for c in consumes)
-            fields = [
-                Param(
-                    p["name"],
-                    "file" if p.get("type") == "file" else "body",
-                    None
-                    if p.get("type") == "file"
-                    else {k: v for k, v in p.items() if k not in ("name", "in", "required", "description")},
-                    p.get("required") is True,
-                    clean(p.get("description"), MAX_FIELD_DESCRIPTION),
-                )
-                for p in form
-            ]
-            return _BodyFound("multipart" if multipart else "form", None, False, None, "body", form=fields)
-        body = next((p for p in params if isinstance(p, dict) and p.get("in") == "body"), None)
-        if body is None:
-            return None
-        if consumes and not any(_is_json(c) for c in consumes):
-            raise Skip(f"its request body is {one_line(', '.join(consumes), 80)}; the http connector sends JSON here")
-        name = body["name"] if isinstance(body.get("name"), str) else "body"
-        description = clean(body.get("description"), MAX_FIELD_DESCRIPTION)
-        return _BodyFound("json", body.get("schema"), body.get("required") is True, description, name)
-
     def _success_schema(self, op: Operation) -> Any:
         """The JSON schema of the first 2xx answer (lowest code first), or None."""
         responses = op.spec.get("responses")
@@ -384,72 +279,14 @@ class Actions:
             return None
         if self.version == "2.0":
             produces = op.spec.get("produces") or self.doc.get("produces") or []
-            if produces and not any(_is_json(p) for p in produces if isinstance(p, str)):
+            if produces and not any(is_json(p) for p in produces if isinstance(p, str)):
                 return None
             return answer.get("schema")
         content = answer.get("content")
         if not isinstance(content, dict):
             return None
-        media = next((self.refs.follow(v) for k, v in content.items() if isinstance(k, str) and _is_json(k)), None)
+        media = next((self.refs.follow(v) for k, v in content.items() if isinstance(k, str) and is_json(k)), None)
         return media.get("schema") if isinstance(media, dict) else None
-
-
-@dataclass(frozen=True)
-class _BodyFound:
-    """What an operation's request body is: its kind, schema and how it is described."""
-
-    kind: str  # json, form, multipart, binary
-    schema: Any
-    required: bool
-    description: str | None
-    name: str  # the input key of a whole JSON body that is not an object
-    media: str | None = None  # binary: the body's media type
-    encoding: dict[str, Any] = field(default_factory=dict)  # multipart: per-part encoding (contentType)
-    form: list[Param] | None = None  # Swagger 2.0: its formData params
-
-
-def _media_kind(media: str) -> str:
-    kind = media.split(";", 1)[0].strip().lower()
-    if _is_json(kind):
-        return "json"
-    if kind == "application/x-www-form-urlencoded":
-        return "form"
-    if kind == "multipart/form-data":
-        return "multipart"
-    return "other"
-
-
-def _is_bytes(media: str, schema: Any) -> bool:
-    """Whether a body of this media type and schema is raw bytes: a binary string, or no schema at all."""
-    kind = media.split(";", 1)[0].strip().lower()
-    if kind.startswith("text/") or "xml" in kind:
-        return False
-    if schema is None:
-        return True
-    return isinstance(schema, dict) and schema.get("type") in ("string", None) and "properties" not in schema
-
-
-def _is_binary(shape: dict[str, Any]) -> bool:
-    """A multipart property holding a file: a binary string (3.0 ``format: binary``, 3.1 ``contentMediaType``)."""
-    if shape.get("type") != "string":
-        return False
-    return shape.get("format") in ("binary", "byte") or "contentMediaType" in shape or "contentEncoding" in shape
-
-
-def _concrete(media: str) -> str | None:
-    """A media type the catalog can name (``image/*`` is none: the part is then application/octet-stream)."""
-    return media if MEDIA_TYPE.match(media) and "*" not in media else None
-
-
-def _part_media(encoding: Any, refs: Refs) -> str | None:
-    found = refs.follow(encoding)
-    kind = found.get("contentType") if isinstance(found, dict) else None
-    return _concrete(kind.split(",")[0].split(";")[0].strip().lower()) if isinstance(kind, str) else None
-
-
-def _is_json(media: str) -> bool:
-    kind = media.split(";", 1)[0].strip().lower()
-    return kind in ("application/json", "*/*", "application/*") or kind.endswith("+json") or kind.endswith("/json")
 
 
 def check_connector_name(name: str) -> None:

@@ -38,6 +38,10 @@ class OptionsError(OpenAPIError):
     """The document may be fine, but the options do not fit it (a connector name, an endpoint, a filter)."""
 
 
+class Skip(Exception):
+    """This operation cannot become an action; the message says why (the catalog's header lists it)."""
+
+
 class TooManyOperations(OptionsError):
     """More operations were chosen than ``--max`` allows."""
 

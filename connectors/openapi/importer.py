@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.openapi.actions import Actions, Skip, action_name, check_connector_name
+from connectors.openapi.actions import Actions, action_name, check_connector_name
 from connectors.openapi.document import (
     MAX_PROBLEMS_SHOWN,
     OpenAPIError,
     Operation,
     OptionsError,
+    Skip,
     TooManyOperations,
     document_problems,
     operations,
