@@ -36,6 +36,7 @@ def file_bytes(value: Any, spec: FieldSpec, name: str) -> bytes:
         Unsendable: not base64 text (``format``), or more than ``max_bytes`` once decoded (``max_length``).
     """
     limit = spec.max_bytes or DEFAULT_FILE_BYTES
+    smaller = f"Send a file of at most {limit} bytes as {name}."
     if not isinstance(value, str):
         raise Unsendable(f"{name} must be base64 text", name, "type")
     if len(value) > base64_chars(limit):  # bounded before any decoding
@@ -43,6 +44,7 @@ def file_bytes(value: Any, spec: FieldSpec, name: str) -> bytes:
             f"{name} is more than {limit} bytes once decoded (at most {base64_chars(limit)} base64 characters)",
             name,
             "max_length",
+            smaller,
         )
     try:
         data = base64.b64decode(value.encode("ascii"), validate=True)
@@ -54,7 +56,9 @@ def file_bytes(value: Any, spec: FieldSpec, name: str) -> bytes:
             f"Send {name} as the file's bytes in standard base64, without line breaks.",
         ) from exc
     if len(data) > limit:
-        raise Unsendable(f"{name} is {len(data)} bytes once decoded; at most {limit} are sent", name, "max_length")
+        raise Unsendable(
+            f"{name} is {len(data)} bytes once decoded; at most {limit} are sent", name, "max_length", smaller
+        )
     return data
 
 

@@ -192,7 +192,20 @@ def type_problems(connector: dict[str, Any]) -> list[str]:
         for key, owner in _ACTION_ONLY_FOR.items():
             if owner != kind and action.get(key) is not None:
                 problems.append(f"action {name}: `{key}` belongs to {owner} actions, not {kind}")
+        problems.extend(f"action {name}: {p}" for p in _body_places(kind, action))
     return problems
+
+
+def _body_places(kind: str, action: dict[str, Any]) -> list[str]:
+    """``in: file`` and ``in: whole_body`` are places in an HTTP request body: no other type has one."""
+    inputs = action.get("input")
+    if kind == "http" or not isinstance(inputs, dict):
+        return []
+    return [
+        f"input {key} has in: {field['in']}, which only an http action's body has"
+        for key, field in inputs.items()
+        if isinstance(field, dict) and field.get("in") in ("file", "whole_body")
+    ]
 
 
 def _plugin_type_problems(kind: str, connector: dict[str, Any]) -> list[str]:
@@ -222,4 +235,5 @@ def _plugin_type_problems(kind: str, connector: dict[str, Any]) -> list[str]:
         for key, owner in _ACTION_ONLY_FOR.items():
             if action.get(key) is not None:
                 problems.append(f"action {name}: `{key}` belongs to {owner} actions, not {kind}")
+        problems.extend(f"action {name}: {p}" for p in _body_places(kind, action))
     return problems

@@ -139,7 +139,7 @@ def catalog(petstore: PetstoreServer, tmp_path_factory: pytest.TempPathFactory) 
     (folder / "agents.yaml").write_text(BINDING)
     checked = reach("validate", str(folder))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "ok: 1 connector(s), 6 action(s), 1 agent app(s)" in checked.stdout
+    assert "ok: 1 connector(s), 8 action(s), 1 agent app(s)" in checked.stdout
     return (folder / "petstore.yaml").read_text() + BINDING
 
 

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl
 
 import httpx
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from connectors.adapters.base import CallContext
@@ -307,3 +308,25 @@ def test_body_is_a_key_of_http_actions_only(tmp_path: Path) -> None:
             }
         )
     assert "`body` belongs to http actions, not soap" in str(raised.value)
+
+
+def test_the_contracts_request_body_example_loads_as_written() -> None:
+    contract = (Path(__file__).parents[2] / "docs" / "contract.md").read_text(encoding="utf-8")
+    section = contract.split('<a id="request-bodies"></a>', 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    actions = [ActionSpec.model_validate(a) for a in yaml.safe_load(block)]
+    assert [(a.action, a.body) for a in actions] == [("upload_photo", "multipart"), ("create_users", None)]
+    assert actions[0].input["photo"].max_bytes == 2 << 20 and actions[1].input["users"].in_ == "whole_body"
+
+
+def test_file_and_whole_body_places_belong_to_http_actions_only() -> None:
+    with pytest.raises(ValidationError) as raised:
+        ConnectorSpec.model_validate(
+            {
+                "name": "legacy",
+                "type": "sql",
+                "dsn_env": "LEGACY_DSN",
+                "actions": [{"action": "a", "procedure": "p", "input": {"blob": {"in": "file"}}}],
+            }
+        )
+    assert "input blob has in: file, which only an http action's body has" in str(raised.value)
