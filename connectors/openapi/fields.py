@@ -217,6 +217,8 @@ class Fields:
             if sub.get("readOnly") is True:
                 continue
             spec = self.field(sub, f"{where}.{name}", depth=depth + 1, output=False, body=body)
+            if _SECRET_NAME.search(name) and spec["type"] == "string":
+                spec["sensitive"] = True  # a password inside an object (a whole-body array of users) too
             if name in wanted:
                 spec.pop("default", None)
                 spec["required"] = True

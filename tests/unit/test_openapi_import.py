@@ -149,6 +149,7 @@ def test_petstore_in_every_version_and_syntax_becomes_the_same_loadable_connecto
         assert users.body is None and set(users.input) == {"body"}  # a JSON body: the array is all of it
         assert whole.in_ == "whole_body" and whole.type == "array" and whole.required
         assert whole.items is not None and whole.items.properties is not None and "username" in whole.items.properties
+        assert whole.items.properties["password"].sensitive  # never in logs or receipts, nested too
 
     add = action(connector, "addPet")
     assert (add.path, add.permission, add.idempotent) == ("POST /pet", "write", False)
