@@ -90,8 +90,8 @@ from tests.integration.test_hostile import (
     ROUTER_RSS_LIMIT,
     SIDE_AGENT,
     SQL_CONNECTOR,
+    assert_intents_empty,
     dlq_depth,
-    intents_left,
     pids,
     probe,
     ready,
@@ -674,9 +674,10 @@ def live(
 
 
 def finish(live: Live) -> None:
-    """After the last example: nothing left unacked in reach.intents (a loop holds its message)."""
-    left = intents_left()
-    assert left == 0, f"reach.intents still holds {left} message(s) after the run"
+    """After the last example: nothing left unacked in reach.intents (a loop holds its message for
+    good; the last example's own messages may still be in the router's hands for a moment on a
+    busy machine)."""
+    assert_intents_empty(timeout=30.0)
 
 
 @pytest.fixture
