@@ -111,9 +111,9 @@ def send(scene: Scene, broker_url: str) -> tuple[list[Row], bool]:
     clients: dict[str, ReachClient] = {}
     try:
         for intent in scene.scene.intents:
-            client = clients.get(intent.agent) or clients.setdefault(
-                intent.agent, ReachClient(intent.agent, broker_url)
-            )
+            if intent.agent not in clients:
+                clients[intent.agent] = ReachClient(intent.agent, broker_url)
+            client = clients[intent.agent]
             try:  # a pool that has just started may still be connecting: a generous wait
                 receipt: Receipt | None = client.call(intent.action, intent.params, timeout=60)
             except ReceiptTimeout:
