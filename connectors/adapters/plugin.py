@@ -11,6 +11,9 @@ point's name is the connector ``type`` it serves). The module holds:
 - optionally ``problems(connector) -> list[str]``: what ``reach validate`` learns by asking the
   system's own description (a SOAP connector's WSDL), empty when all is well.
 
+A manifest may name a ``demo`` hook: ``reach demo`` calls it when the plugin is installed and usable,
+and it returns a :class:`DemoScene` (its system started, the catalog documents, the intents to send).
+
 The adapter (:class:`connectors.adapters.base.Adapter`) is built once per pool process and called
 from the pool's threads at once: ``call(action, params, ctx)`` within ``ctx.timeout`` seconds,
 ``probe(timeout)`` cheaply and without raising, ``close()`` on shutdown. It never raises about the
@@ -99,6 +102,12 @@ class Manifest(BaseModel):
         description="`module:attribute` of a callable returning the kit's fixture "
         "(connectors.adapters.kit.Fixture); None: `reach plugins check` cannot run.",
     )
+    demo: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="`module:attribute` of a callable without arguments that starts the plugin's demo "
+        "system and returns a DemoScene; None: `reach demo` leaves the plugin out.",
+    )
 
     @field_validator("type")
     @classmethod
@@ -133,6 +142,33 @@ class Manifest(BaseModel):
         return found
 
 
+class DemoIntent(BaseModel):
+    """One intent the demo sends for a plugin, and what its receipt must be."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: str = Field(description="The agent sending it (an agent_app of the scene's catalog).")
+    action: str = Field(description="The action, as an agent names it (`connector.action`).")
+    params: dict[str, Any] = Field(default_factory=dict)
+    expect: str = Field(description="The receipt's status (`succeeded`) or its error's code.")
+    data: dict[str, Any] | None = Field(default=None, description="Keys the receipt's `data` must hold, as given.")
+
+
+class DemoScene(BaseModel):
+    """What a plugin's demo hook returns: its system, started; the catalog documents that reach it
+    (a connector of the plugin's type and an agent_app bound to it); the intents the demo sends
+    (a read and a write); and ``close``, which stops the system."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    system: str = Field(min_length=1, max_length=200, description="What was started and where, one line.")
+    catalog: str = Field(min_length=1, max_length=100_000, description="YAML documents added to the demo's catalog.")
+    connector: str = Field(description="The connector of the catalog the demo starts a pool for.")
+    env: dict[str, str] = Field(default_factory=dict, description="Variables the fleet's processes get.")
+    intents: list[DemoIntent] = Field(min_length=1, max_length=10)
+    close: Callable[[], None]
+
+
 def _check(
     model: type[BaseModel] | None, value: dict[str, Any] | None, where: tuple[Any, ...], kind: str
 ) -> list[tuple[tuple[Any, ...], str]]:
@@ -162,6 +198,8 @@ __all__ = [
     "ADAPTER_CODES",
     "CONTRACT_VERSION",
     "BuildAdapter",
+    "DemoIntent",
+    "DemoScene",
     "Guarantees",
     "Manifest",
     "SystemProblems",

@@ -113,6 +113,18 @@ def test_the_demo_from_the_wheel_passes_in_another_directory_on_a_vhost_never_se
         ["2", "refund", "succeeded", "-", "yes"],
         ["2", "notify", "failed", "DOWNSTREAM_VALIDATION_FAILED", "no"],
     ]
+    # the GraphQL plugin (.ci/bootstrap.sh installs it in the venv this runs in) takes part through
+    # its manifest's demo hook: its system, a pool for its connector and its two rows in the table
+    assert any(
+        line.startswith("plugin graphql (reach-graphql ") and "product API (GraphQL) on http://127.0.0.1:" in line
+        for line in lines
+    ), done.stdout + done.stderr
+    assert "started reach worker products" in done.stdout
+    rows = [" ".join(line.split()[1:]) for line in lines if line.split()[1:2] == ["catalog_bot"]]
+    assert rows == [
+        "catalog_bot products.create_product sku=P-2 name=Teapot price=30 succeeded - sku=P-2, name=Teapot, price=30.0",
+        "catalog_bot products.get_product sku=P-1 succeeded - sku=P-1, name=Kettle, price=25.0",
+    ]
     assert lines[lines.index("all receipts as expected") - 2].endswith(
         "could not email the customer of ORD-1002, cancelled RF-ORD-1002, released H-ORD-1002"
     )

@@ -3,7 +3,8 @@
 Starts the demo's systems (in this process: the ticket system, the warehouse on the broker, the
 web shop), ``reach router``, a ``reach worker`` per connector and the workflow runner ``reach
 workflows`` (as child processes), sends a handful of intents as three agents and prints their
-receipts as a table. Then a fourth agent runs the workflow ``refund_order`` twice: once through,
+receipts as a table. An installed connector plugin whose manifest names a demo hook adds its own
+system, connector, agent and intents (workers/ops/demo_plugins.py). Then a fourth agent runs the workflow ``refund_order`` twice: once through,
 and once with a last step that fails, so that the steps before it are undone; each run's steps,
 and what the shop did, are printed. It stops everything it started.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from connectors.adapters.registry import registry
 from producers.client import ReachClient, ReceiptTimeout
 from producers.wire import Receipt
 from workers.ops.demo_assets import CATALOG_DIR
@@ -26,6 +28,7 @@ from workers.ops.demo_assets.shop import Shop
 from workers.ops.demo_assets.ticket_system import TicketSystem
 from workers.ops.demo_assets.warehouse import QUEUE as WAREHOUSE_QUEUE
 from workers.ops.demo_assets.warehouse import Warehouse
+from workers.ops.demo_plugins import Scene, close, send, start_scenes
 from workers.ops.fleet import Unreachable, redact_url
 from workers.ops.local_fleet import FleetProcesses, ProcessGroup
 from workers.ops.table import print_table
@@ -76,7 +79,7 @@ def _row(n: int, who: str, what: str, receipt: Receipt | None) -> tuple[str, ...
     return (str(n), who, what, receipt.status, code, outcome)
 
 
-def declare_topology(settings: Settings) -> None:
+def declare_topology(settings: Settings, catalog_dir: Path = CATALOG_DIR) -> None:
     """Declare what the demo's clients and fleet use, so it runs on a broker that never saw the fleet.
 
     Raises:
@@ -90,7 +93,7 @@ def declare_topology(settings: Settings) -> None:
     from workers.ops.startup import dead_letter_bounds
     from workers.transport.topology import declare_all
 
-    catalog, _ = build(load_directory(CATALOG_DIR))
+    catalog, _ = build(load_directory(catalog_dir))
     conn = Connection(settings.broker_url, connect_timeout=10)
     try:
         with conn:
@@ -111,8 +114,19 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
                 file=sys.stderr,
             )
             return 2
+    logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
+    scenes, catalog_dir = start_scenes(registry().all(), CATALOG_DIR, logs / "catalog")
     try:
-        declare_topology(settings)  # the clients check the exchanges exist before the router is up
+        return _run(settings, keep_running, scenes, catalog_dir, logs)
+    finally:
+        for scene in scenes:
+            close(scene)
+            print(f"stopped the demo system of {scene.name}")
+
+
+def _run(settings: Settings, keep_running: bool, scenes: list[Scene], catalog_dir: Path, logs: Path) -> int:
+    try:
+        declare_topology(settings, catalog_dir)  # the clients check the exchanges exist before the router is up
     except Unreachable as exc:
         print(f"cannot declare the fleet's topology: {exc} (at {redact_url(settings.broker_url)})", file=sys.stderr)
         return 2
@@ -122,29 +136,29 @@ def run_demo(settings: Settings, keep_running: bool = False) -> int:
     tickets = TicketSystem(0).start()
     warehouse = Warehouse(settings.broker_url).start()
     shop = Shop().start()
-    logs = Path(tempfile.mkdtemp(prefix="reach-demo-"))
+    env = {"TICKETS_URL": tickets.url, "WAREHOUSE_BROKER_URL": settings.broker_url, "SHOP_URL": shop.url}
+    for scene in scenes:
+        env.update(scene.scene.env)
     fleet = FleetProcesses(
-        ProcessGroup(logs),
-        CATALOG_DIR,
-        settings.broker_url,
-        settings.redis_url,
-        env={"TICKETS_URL": tickets.url, "WAREHOUSE_BROKER_URL": settings.broker_url, "SHOP_URL": shop.url},
-        metrics=False,
+        ProcessGroup(logs), catalog_dir, settings.broker_url, settings.redis_url, env=env, metrics=False
     )
     print(
         f"ticket system on {tickets.url}, warehouse on queue {WAREHOUSE_QUEUE}, shop on {shop.url}; "
         f"fleet logs in {logs}"
     )
+    for scene in scenes:
+        print(f"{scene.name}: {scene.scene.system}")
     try:
         for proc in (
             fleet.start_router(),
             fleet.start_pool(CONNECTOR),
             fleet.start_pool(WAREHOUSE),
             fleet.start_pool(SHOP),
+            *(fleet.start_pool(scene.scene.connector) for scene in scenes),
             fleet.start("workflows", ["workflows"]),
         ):
             print(f"started reach {' '.join(proc.argv[3:])} (pid {proc.pid})")
-        return _script(settings, tickets, warehouse, shop, fleet, logs, keep_running)
+        return _script(settings, tickets, warehouse, shop, fleet, logs, keep_running, scenes, catalog_dir)
     finally:
         fleet.stop_all()
         tickets.stop()
@@ -161,6 +175,8 @@ def _script(
     fleet: FleetProcesses,
     logs: Path,
     keep_running: bool,
+    scenes: list[Scene],
+    catalog_dir: Path,
 ) -> int:
     procs = list(fleet.group.items.values())
     desk = ReachClient("ticket_desk_bot", settings.broker_url)
@@ -233,13 +249,18 @@ def _script(
         except ReceiptTimeout:
             malformed = None
         results.append(("ticket_desk_bot", "{this is not json", malformed, "INVALID_INTENT"))
+        scenes_ok = True
+        for scene in scenes:  # each installed plugin's intents, to its own system
+            rows, data_ok = send(scene, settings.broker_url)
+            results += rows
+            scenes_ok = scenes_ok and data_ok
 
         print_table(
             ("#", "agent", "intent", "status", "code", "result"),
             [_row(n, who, what, r) for n, (who, what, r, _) in enumerate(results, 1)],
             max_width=60,
         )
-        ok = all(
+        ok = scenes_ok and all(
             r is not None and (r.status == expect or (r.error and r.error.code.value == expect))
             for _, _, r, expect in results
         )
@@ -258,9 +279,9 @@ def _script(
         if keep_running:
             print(
                 f"\nthe fleet keeps running (TICKETS at {tickets.url}); try:\n"
-                f"  REACH_CATALOG={CATALOG_DIR} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
-                f"  REACH_CATALOG={CATALOG_DIR} reach send {WORKFLOW} --agent refund_bot -p order_id=ORD-1001 --wait\n"
-                f"  REACH_CATALOG={CATALOG_DIR} reach workflow list\n"
+                f"  REACH_CATALOG={catalog_dir} reach send query_ticket --agent ticket_qa_bot -p tid={tid} --wait\n"
+                f"  REACH_CATALOG={catalog_dir} reach send {WORKFLOW} --agent refund_bot -p order_id=ORD-1001 --wait\n"
+                f"  REACH_CATALOG={catalog_dir} reach workflow list\n"
                 "Ctrl-C stops everything."
             )
             try:

@@ -54,6 +54,7 @@ manifest = Manifest(
         "a param the client cannot send": ErrorCode.VALIDATION_FAILED,
     },
     conformance="reach_graphql.kit:fixture",
+    demo="reach_graphql.demo:scene",  # `reach demo` runs a product API and sends it a write and a read
 )
 
 

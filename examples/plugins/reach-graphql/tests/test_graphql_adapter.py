@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from products import TOKEN, Products, catalog
+from reach_graphql.demo import TOKEN, Products, catalog
 
 from connectors.adapters.base import AdapterOptions, CallContext, Outcome
 from connectors.adapters.factory import Unavailable, build_adapter

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from products import TOKEN, Products, catalog
+from reach_graphql.demo import TOKEN, Products, catalog
 
 from producers.client import ReachClient
 from producers.wire import ErrorCode

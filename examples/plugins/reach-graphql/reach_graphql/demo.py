@@ -1,4 +1,5 @@
-"""A small product API in GraphQL (graphql-core), served over HTTP for the plugin's tests."""
+"""A small product API in GraphQL (graphql-core), served over HTTP: the system behind the plugin's
+tests and its scene in ``reach demo`` (the manifest's ``demo`` hook is :func:`scene`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import threading
 from typing import Any
 
 from graphql import GraphQLError, build_schema
+
+from connectors.adapters.plugin import DemoIntent, DemoScene
 from reach_graphql.server import GraphqlServer
 
 TOKEN = "products-token-5b0e77"
@@ -82,3 +85,48 @@ connector:
         query: "mutation($sku: String!, $name: String!, $price: Float!) {{ createProduct(sku: $sku, name: $name, price: $price) {{ sku name price }} }}"
         result: createProduct
 """
+
+
+DEMO_AGENT = "catalog_bot"
+
+
+def scene() -> DemoScene:
+    """``reach demo``'s GraphQL scene: the product API, running; a connector ``products`` of type
+    graphql and an agent that may read and create products; a write and a read it sends."""
+    products = Products()
+    text = (
+        catalog(products.url)
+        + f"""
+---
+agent_app:
+  name: {DEMO_AGENT}
+  description: Looks products up and adds new ones (through the GraphQL plugin).
+  connector_bindings:
+    - connector: products
+      allowed_actions: [get_product, create_product]
+      rate_limit: 60/min
+"""
+    )
+    return DemoScene(
+        system=f"product API (GraphQL) on {products.url}",
+        catalog=text,
+        connector="products",
+        env={"PRODUCTS_TOKEN": TOKEN},
+        intents=[
+            DemoIntent(
+                agent=DEMO_AGENT,
+                action="products.create_product",
+                params={"sku": "P-2", "name": "Teapot", "price": 30},
+                expect="succeeded",
+                data={"sku": "P-2", "name": "Teapot"},
+            ),
+            DemoIntent(
+                agent=DEMO_AGENT,
+                action="products.get_product",
+                params={"sku": "P-1"},
+                expect="succeeded",
+                data={"sku": "P-1", "name": "Kettle", "price": 25.0},
+            ),
+        ],
+        close=products.close,
+    )
