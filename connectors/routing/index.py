@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +33,9 @@ from connectors.workflows.spec import WorkflowSpec
 MAX_REQUEST_CHARS = 1000
 MAX_ACTION_CHARS = 2000
 EMBED_BATCH = 64
+# batches a single model that allows it (``parallel_batches``) embeds at once when it fills the
+# index: two cores' worth, each batch on one BLAS thread (embedders.py says why not BLAS's threads)
+EMBED_THREADS = 2
 QUERY_CACHE_SIZE = 1024  # recent requests' embeddings (a find_tools, then the intent it chose)
 NORM_TOLERANCE = 1e-2  # the models emit unit vectors: a stored vector far from that is not theirs
 
@@ -98,6 +102,16 @@ def text_key(model: str, text: str) -> str:
 
 def request_text(text: str) -> str:
     return text[:MAX_REQUEST_CHARS].strip()
+
+
+def _embedded(model: Embedder, batches: list[list[str]], threads: int) -> Iterator[Vectors]:
+    """Each batch's vectors, in order; up to ``threads`` batches at once when the model allows
+    calls from several threads (its heavy part releases the GIL)."""
+    if threads < 2 or len(batches) < 2 or not getattr(model, "parallel_batches", False):
+        yield from (model.embed(batch) for batch in batches)
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reach-embed") as pool:
+        yield from pool.map(model.embed, batches)
 
 
 class ActionIndex:
@@ -203,9 +217,11 @@ class ActionIndex:
                     else:
                         todo.append(i)
                         self.rejected += raw is not None  # stored, but not a vector of this model
-                for start in range(0, len(todo), EMBED_BATCH):
-                    batch = todo[start : start + EMBED_BATCH]
-                    vectors = model.embed([texts[i] for i in batch])
+                batches = [todo[start : start + EMBED_BATCH] for start in range(0, len(todo), EMBED_BATCH)]
+                # a pair already runs its two models side by side, one core each
+                threads = 1 if isinstance(self.embedder, Pair) else EMBED_THREADS
+                embedded = _embedded(model, [[texts[i] for i in b] for b in batches], threads)
+                for batch, vectors in zip(batches, embedded, strict=True):
                     for i, vector in zip(batch, vectors):
                         self.vectors[by_text[texts[i]], cols] = vector * factor
                         embedded_here.add(texts[i])

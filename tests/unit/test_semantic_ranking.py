@@ -5,6 +5,7 @@ here; the real models are exercised in test_semantic_router.py and the fleet tes
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from connectors.catalog import ActionRef, Catalog, build
 from connectors.loader import load_directory
 from connectors.routing import ActionIndex, action_text, rank, top_k
+from connectors.routing import index as index_module
 from connectors.routing.embedders import Pair, Vectors
 from connectors.routing.index import MAX_ACTION_CHARS, MAX_REQUEST_CHARS
 from connectors.routing.lexical import BM25, tokens
@@ -265,6 +267,43 @@ def test_each_action_text_is_embedded_once_and_kept_in_the_cache(catalog: Catalo
     index.prepare()
     assert embedder.embedded == 3 and index.embedded == 3 and len(cache.data) == 3
     assert all(len(v) == embedder.dim * 4 for v in cache.data.values())
+
+
+class ThreadedEmbedder(CountingEmbedder):
+    """A model that allows calls from several threads (as use-m3 does): each call waits for a
+    second one to start, so it fails unless batches really run side by side."""
+
+    parallel_batches = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.together = threading.Barrier(2, timeout=10)
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+        self.started = 0
+
+    def embed(self, texts: Sequence[str], query: bool = False) -> Vectors:
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            self.started += 1
+            first_two = self.started <= 2
+        if first_two:
+            self.together.wait()
+        return super().embed(texts, query)
+
+
+def test_a_model_that_allows_it_fills_the_index_two_batches_at_once(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index_module, "EMBED_BATCH", 1)  # three texts, three batches
+    embedder, cache = ThreadedEmbedder(), DictCache()
+    index = ActionIndex(catalog, embedder, cache)
+    index.prepare()
+    assert len(embedder.threads) == 2 and embedder.embedded == 3 and index.embedded == 3
+    alone = ActionIndex(catalog, CountingEmbedder())
+    alone.prepare()
+    assert np.array_equal(index.vectors, alone.vectors)  # each vector in its own row
+    assert len(cache.data) == 3
 
 
 def test_a_restart_with_a_warm_cache_embeds_nothing(catalog: Catalog) -> None:
