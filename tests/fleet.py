@@ -226,6 +226,16 @@ class Fleet:
         self.procs = self.processes.group.items  # name -> Proc (pid, poll())
 
     def start(self, timeout: float = 60.0) -> Fleet:
+        """Start the router and the pools and wait until they answer. If any of them does not come
+        up, what did start is stopped before the error goes on: a router left running would keep
+        answering this run's vhost with its catalog, and fail the test files that come after."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> Fleet:
         grouped = [c for connectors in self.groups.values() for c in connectors]
         purge(INTENTS_QUEUE.name, *(connector_queue(p).name for p in self.pools + grouped), broker_url=self.broker_url)
         self.start_process("router", ["router"])
