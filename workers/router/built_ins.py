@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from connectors.catalog import Catalog
 from connectors.schema import ParamValidator
@@ -35,35 +36,42 @@ FIND_TOOLS_PARAMS = ParamValidator(
 )
 
 
-def list_tools(catalog: Catalog, parsed: ParsedIntent, received_at: float) -> Answer:
-    """reach.list_tools: every tool the agent may use."""
+def built_in_answer(parsed: ParsedIntent, received_at: float, action: str, **outcome: Any) -> Answer:
+    """The receipt of a built-in action the router answers itself (no connector), to the intent's
+    ``reply_to`` (else its agent); ``outcome``: ``data``, or ``code``, ``message``, ``suggestion``…"""
     intent = parsed.intent
     agent_id = intent.agent_id or ""
-    if agent_id not in catalog.agents:
-        code = ErrorCode.PERMISSION_DENIED
-        receipt = build_receipt(
-            intent_id=intent.intent_id or "",
-            agent_id=agent_id,
-            action=LIST_TOOLS,
-            connector=None,
-            trace_id=parsed.trace_id,
-            received_at=received_at,
-            code=code,
-            message=f"agent {agent_id!r} is not registered in the catalog",
-            suggestion="Use the agent id your operator registered as an agent_app.",
-        )
-    else:
-        tools = [t.to_dict() for t in catalog.tools_for(agent_id)]
-        receipt = build_receipt(
-            intent_id=intent.intent_id or "",
-            agent_id=agent_id,
-            action=LIST_TOOLS,
-            connector=None,
-            trace_id=parsed.trace_id,
-            received_at=received_at,
-            data={"tools": tools},
-        )
+    receipt = build_receipt(
+        intent_id=intent.intent_id or "",
+        agent_id=agent_id,
+        action=action,
+        connector=None,
+        trace_id=parsed.trace_id,
+        received_at=received_at,
+        **outcome,
+    )
     return Answer(receipt, intent.reply_to or agent_id)
+
+
+def unregistered(parsed: ParsedIntent, received_at: float, action: str) -> Answer:
+    """PERMISSION_DENIED for a built-in action asked by an agent the catalog does not know."""
+    return built_in_answer(
+        parsed,
+        received_at,
+        action,
+        code=ErrorCode.PERMISSION_DENIED,
+        message=f"agent {parsed.intent.agent_id or ''!r} is not registered in the catalog",
+        suggestion="Use the agent id your operator registered as an agent_app.",
+    )
+
+
+def list_tools(catalog: Catalog, parsed: ParsedIntent, received_at: float) -> Answer:
+    """reach.list_tools: every tool the agent may use."""
+    agent_id = parsed.intent.agent_id or ""
+    if agent_id not in catalog.agents:
+        return unregistered(parsed, received_at, LIST_TOOLS)
+    tools = [t.to_dict() for t in catalog.tools_for(agent_id)]
+    return built_in_answer(parsed, received_at, LIST_TOOLS, data={"tools": tools})
 
 
 def find_tools(
@@ -81,51 +89,28 @@ def find_tools(
     many ms (``semantic_rate``)."""
     intent = parsed.intent
     agent_id = intent.agent_id or ""
-    answer = partial(
-        build_receipt,
-        intent_id=intent.intent_id or "",
-        agent_id=agent_id,
-        action=FIND_TOOLS,
-        connector=None,
-        trace_id=parsed.trace_id,
-        received_at=received_at,
-    )
-    reply_to = intent.reply_to or agent_id
+    answer = partial(built_in_answer, parsed, received_at, FIND_TOOLS)
     if agent_id not in catalog.agents:
-        return Answer(
-            answer(
-                code=ErrorCode.PERMISSION_DENIED,
-                message=f"agent {agent_id!r} is not registered in the catalog",
-                suggestion="Use the agent id your operator registered as an agent_app.",
-            ),
-            reply_to,
-        )
+        return unregistered(parsed, received_at, FIND_TOOLS)
     params, problems = FIND_TOOLS_PARAMS.validate(intent.params, max_problems=max_details - 1)
     if problems:
         metrics.INTENTS_REJECTED.labels(code=ErrorCode.VALIDATION_FAILED.value).inc()
-        return Answer(
-            answer(
-                code=ErrorCode.VALIDATION_FAILED,
-                message="invalid params for reach.find_tools: "
-                + "; ".join(f"{p.field} {p.message}" for p in problems[:3]),
-                suggestion='Send {"description": "<what the user asked>", "k": 1-50, "format": '
-                + "|".join(EXPORT_FORMATS)
-                + "}.",
-                details=[p.to_detail() for p in problems],
-            ),
-            reply_to,
+        return answer(
+            code=ErrorCode.VALIDATION_FAILED,
+            message="invalid params for reach.find_tools: " + "; ".join(f"{p.field} {p.message}" for p in problems[:3]),
+            suggestion='Send {"description": "<what the user asked>", "k": 1-50, "format": '
+            + "|".join(EXPORT_FORMATS)
+            + "}.",
+            details=[p.to_detail() for p in problems],
         )
     wait_ms = allowance(agent_id)
     if wait_ms is not None:
         metrics.INTENTS_REJECTED.labels(code=ErrorCode.RATE_LIMITED.value).inc()
-        return Answer(
-            answer(
-                code=ErrorCode.RATE_LIMITED,
-                message=f"{agent_id} sent more intents that need semantic routing than {semantic_rate}",
-                suggestion=f"Wait {human_ms(wait_ms)} before asking for tools again.",
-                retry_after_ms=wait_ms,
-            ),
-            reply_to,
+        return answer(
+            code=ErrorCode.RATE_LIMITED,
+            message=f"{agent_id} sent more intents that need semantic routing than {semantic_rate}",
+            suggestion=f"Wait {human_ms(wait_ms)} before asking for tools again.",
+            retry_after_ms=wait_ms,
         )
     found = semantic.find_tools(agent_id, params["description"], params["k"])
     data = {
@@ -133,4 +118,4 @@ def find_tools(
         "scores": [{"name": f.tool.name, "score": round(f.score, 4)} for f in found],
         "model": semantic.model_name(),
     }
-    return Answer(answer(data=data), reply_to)
+    return answer(data=data)

@@ -19,11 +19,11 @@ from connectors.catalog import Catalog, split_action_name
 from connectors.schema import FieldProblem
 from producers.wire import HISTORY_ACTION, ErrorCode
 from workers.observability import metrics
+from workers.router.built_ins import built_in_answer, unregistered
 from workers.router.decisions import Answer
 from workers.router.intake import ParsedIntent
 from workers.state.history import HistoryError, HistoryStore, Query, parse_cursor
 from workers.transport.delivery import TRANSIENT_ERRORS
-from workers.transport.receipts import build_receipt
 
 log = logging.getLogger("reach.router")
 STORE_RETRY_MS = 5000
@@ -67,28 +67,12 @@ class HistoryAnswers:
     def answer(self, parsed: ParsedIntent, received_at: float) -> Answer:
         intent = parsed.intent
         agent_id = intent.agent_id or ""
-        reply_to = intent.reply_to or agent_id
 
         def receipt(**outcome: Any) -> Answer:
-            return Answer(
-                build_receipt(
-                    intent_id=intent.intent_id or "",
-                    agent_id=agent_id,
-                    action=HISTORY_ACTION,
-                    connector=None,
-                    trace_id=parsed.trace_id,
-                    received_at=received_at,
-                    **outcome,
-                ),
-                reply_to,
-            )
+            return built_in_answer(parsed, received_at, HISTORY_ACTION, **outcome)
 
         if agent_id not in self.catalog.agents:
-            return receipt(
-                code=ErrorCode.PERMISSION_DENIED,
-                message=f"agent {agent_id!r} is not registered in the catalog",
-                suggestion="Use the agent id your operator registered as an agent_app.",
-            )
+            return unregistered(parsed, received_at, HISTORY_ACTION)
         query = self.query(agent_id, intent.params)
         if isinstance(query, list):
             metrics.INTENTS_REJECTED.labels(code=ErrorCode.VALIDATION_FAILED.value).inc()
