@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from workers.ops.local_fleet import Proc, ProcessGroup  # noqa: E402, F401  (Proc: re-exported for the scripts)
+from workers.ops.local_fleet import Proc, ProcessGroup, free_port  # noqa: E402, F401  (Proc, free_port: re-exported for the scripts)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -28,12 +28,6 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def loadavg() -> list[float]:

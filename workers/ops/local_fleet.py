@@ -7,8 +7,8 @@ goes with it); nothing here signals a process it did not start.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,22 +24,48 @@ from kombu import Connection
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
+# A port picked by binding to 0 comes from the kernel's range for outgoing connections, so any
+# connect() (to RabbitMQ, Redis) between the pick and the child's bind can take it, and the child
+# fails with "Address already in use". Ports are picked below that range, checked bindable on every
+# address, and never handed out twice by one process. REACH_LOCAL_PORTS ("lo-hi") narrows the range,
+# so parallel test workers pick from ranges of their own.
+LOCAL_PORTS = (20000, 32000)
+_handed_out: set[int] = set()
+
+
+def local_port_range() -> tuple[int, int]:
+    text = os.environ.get("REACH_LOCAL_PORTS", "")
+    low, _, high = text.partition("-")
+    if low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65535:
+        return int(low), int(high)
+    return LOCAL_PORTS
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: every socket stays bound until all are picked, so the kernel
-    cannot hand the same port out twice (two ``free_port()`` calls can return the same one)."""
-    with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(count):
-            s = held.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+    """``count`` distinct ports nothing listens on now and that this process has not handed out."""
+    low, high = local_port_range()
+    ports: list[int] = []
+    for _ in range(20 * (high - low)):
+        if len(ports) == count:
+            return ports
+        port = random.randrange(low, high)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            ports.append(port)
+    raise RuntimeError(f"no {count} free ports between {low} and {high}")
 
 
 @dataclass
