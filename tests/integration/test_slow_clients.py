@@ -251,12 +251,16 @@ def test_the_probes_of_a_runner_process_keep_the_http_settings_against_half_requ
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
         held = still_open(slow, got)
         assert 0 < len(held) <= BEAT_PER_CLIENT, f"{len(held)} held from one address (at most {BEAT_PER_CLIENT})"
-        wait_for(lambda: len(still_open(held, got)) < len(held), HEADER_TIMEOUT + 3, "none cut off at the header timeout")
+        wait_for(
+            lambda: len(still_open(held, got)) < len(held), HEADER_TIMEOUT + 3, "none cut off at the header timeout"
+        )
         lasted = time.monotonic() - started
         assert HEADER_TIMEOUT - 0.5 <= lasted <= HEADER_TIMEOUT + 3, f"the first cut off after {lasted:.1f} s"
         # on a loaded machine one of them may have waited in the listen backlog and been accepted only
         # when a place came free: it gets its own header timeout from then (still far below the default 10 s)
-        wait_for(lambda: not still_open(held, got), 3 * HEADER_TIMEOUT + 3, "half requests stay past the header timeout")
+        wait_for(
+            lambda: not still_open(held, got), 3 * HEADER_TIMEOUT + 3, "half requests stay past the header timeout"
+        )
         assert all(got.get(s, b"")[:13] in (b"", b"HTTP/1.1 408 ") for s in held), {got.get(s, b"")[:40] for s in held}
     finally:
         close_all(slow)

@@ -51,6 +51,9 @@ class Outlet:
         """The first receipt sent for the intent (what the receipt sink keeps)."""
         return next((b for k, b in self.sent if k == "final" and b["intent_id"] == intent_id), None)
 
+    def confirmed(self, owner: str, intent_id: str) -> bool:
+        return self.answered(owner, intent_id) is not None
+
     def intents(self) -> list[str]:
         return [body["intent_id"] for kind, body in self.sent if kind == "intent"]
 
@@ -272,6 +275,39 @@ def test_a_start_resent_after_its_run_ended_gets_the_stored_final_receipt_again(
     assert outlet.receipts("again") == outlet.receipts()  # the very receipt, to where the resend asks
     assert outlet.to[-1] == ("again", "support.s2")
     assert len(outlet.intents()) == 3
+
+
+def test_a_resend_that_comes_while_the_final_receipt_is_confirmed_but_not_yet_marked_gets_it_again(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    """The agent has the final receipt and resends before the delivery that sent it wrote the
+    run's sent mark (it still holds the publish claim): the resend is answered all the same."""
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("unmarked"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], REFUND))
+    with pytest.raises(Died):  # confirmed by the broker, the run's mark not written
+        runner(catalog, runs, outlet, "after_publish").handle_reply(reply(outlet.intents()[-1], {}))
+    assert len(outlet.receipts()) == 1
+    one.handle_start(start_message("unmarked", received_at=1.0e9 + 5))
+    assert outlet.receipts("again") == outlet.receipts()
+    assert len(outlet.receipts()) == 1 and len(outlet.intents()) == 3
+
+
+def test_a_resend_of_a_run_whose_final_receipt_never_went_out_gets_it_once(
+    catalog: Catalog, runs: WorkflowRuns
+) -> None:
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message("unsent"))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], REFUND))
+    with pytest.raises(Died):  # the final receipt decided and written, never published
+        runner(catalog, runs, outlet, "after_state_write").handle_reply(reply(outlet.intents()[-1], {}))
+    assert outlet.receipts() == []
+    one.handle_start(start_message("unsent", received_at=1.0e9 + 5))
+    assert len(outlet.receipts()) == 1 and outlet.receipts("again") == []  # one copy, to the same place
 
 
 def test_a_new_intent_with_the_key_of_an_ended_run_gets_its_outcome_as_its_own(

@@ -70,6 +70,8 @@ class Outlet(Protocol):
 
     def answered(self, owner: str, intent_id: str) -> dict[str, Any] | None: ...
 
+    def confirmed(self, owner: str, intent_id: str) -> bool: ...
+
 
 class BrokerOutlet:
     """Step intents to reach.intents as the fleet's own login, for the run's owner; final receipts
@@ -103,6 +105,10 @@ class BrokerOutlet:
         """The receipt stored for ``owner``'s intent, if it had one (kept REACH_RECEIPT_TTL)."""
         stored = self.sink.stored(owner, intent_id)
         return stored.to_doc() if stored is not None and stored.agent_id == owner else None
+
+    def confirmed(self, owner: str, intent_id: str) -> bool:
+        """Whether the broker confirmed the receipt of ``owner``'s intent (the sink's sent mark)."""
+        return self.sink.already_sent(owner, intent_id)
 
 
 class Crash:
@@ -229,12 +235,20 @@ class WorkflowRunner:
         run goes on, a resend is absorbed: the run's one final receipt answers it."""
         run = Run.from_json(stored.doc)
         self.runs.remember(run.owner, run.run_id, run.started_at)  # in case the first write's entry failed
-        self._redrive(run, stored.sent, stored.version)
         if job.received_at == run.started_at or run.final is None:
+            self._redrive(run, stored.sent, stored.version)
             return
+        # The agent's resend after the run ended. The final receipt may be confirmed while the
+        # run's own sent mark is not written yet (the delivery that sent it is between the two,
+        # holding the publish claim): the receipt sink's mark says it went out, so it goes again.
         outbound = run.outbound
-        if outbound is not None and outbound.kind == "final" and stored.sent != outbound.marker:
-            return  # not confirmed yet: the redrive above (or the sweep) sends it
+        marked = outbound is not None and stored.sent == outbound.marker
+        if not marked and not self.outlet.confirmed(run.owner, run.run_id):
+            published = self._redrive(run, stored.sent, stored.version)  # to the run's reply_to
+            if published and job.reply_to == run.reply_to:
+                return
+            if not self.outlet.confirmed(run.owner, run.run_id):
+                return  # another delivery is sending it: that one receipt answers the resend too
         log.info(
             "run %s of %s: the start came again after the run ended; its final receipt again", run.run_id, run.owner
         )
@@ -389,16 +403,17 @@ class WorkflowRunner:
             self.crash("after_state_write")
         return written
 
-    def _publish(self, run: Run, version: int, *, sent: str | None = None) -> None:
-        """Publish the outbound of ``run`` (as written at ``version``), confirmed, then mark it sent.
-        ``sent``: the outbound the broker confirmed before that version was written (a transition
-        that kept it, as an approval notice does, publishes nothing again)."""
+    def _publish(self, run: Run, version: int, *, sent: str | None = None) -> bool:
+        """Publish the outbound of ``run`` (as written at ``version``), confirmed, then mark it sent;
+        whether this call published it. ``sent``: the outbound the broker confirmed before that
+        version was written (a transition that kept it, as an approval notice does, publishes
+        nothing again)."""
         outbound = run.outbound
         if outbound is None or outbound.marker == sent:
-            return
+            return False
         if not self.runs.claim_publish(run.owner, run.run_id, outbound.marker, machine.RESEND_AFTER_SECONDS):
             log.info("run %s: %s is being published by another delivery", run.run_id, outbound.marker)
-            return
+            return False
         if outbound.kind == "final":
             assert run.final is not None  # decided with the outbound (machine._finish)
             self.outlet.send_final(run.final, run.reply_to)
@@ -420,6 +435,7 @@ class WorkflowRunner:
         # meanwhile (mark_sent checks, as reschedule does)
         look = machine.next_look(run, outbound.marker, self.clock())
         self.runs.mark_sent(run.owner, run.run_id, outbound.marker, version, look, also=traced)
+        return True
 
     def _answer_followers(self, run: Run) -> None:
         """The starts that waited on the run with its idempotency key get its outcome, each as its
@@ -432,11 +448,12 @@ class WorkflowRunner:
             except Refused:  # that agent's queue would not take it: the others still get theirs
                 log.error("run %s: the receipt of %s was refused by its queue", run.run_id, follower.intent_id)
 
-    def _redrive(self, run: Run, sent: str | None, version: int) -> None:
-        """Publish the run's outbound again if it may not have been confirmed."""
+    def _redrive(self, run: Run, sent: str | None, version: int) -> bool:
+        """Publish the run's outbound again if it may not have been confirmed; whether it was."""
         if run.outbound is not None and sent != run.outbound.marker:
             log.info("run %s: publishing %s again", run.run_id, run.outbound.marker)
-            self._publish(run, version)
+            return self._publish(run, version)
+        return False
 
 
 def decode_start(message: Delivery) -> Job:
