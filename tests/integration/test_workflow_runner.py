@@ -277,18 +277,24 @@ def test_a_start_resent_after_its_run_ended_gets_the_stored_final_receipt_again(
     assert len(outlet.intents()) == 3
 
 
+def dead_at_the_end(catalog: Catalog, runs: WorkflowRuns, run_id: str, point: str) -> tuple[WorkflowRunner, Outlet]:
+    """A run whose last step answered, the runner that took that answer dead at ``point``."""
+    outlet = Outlet()
+    one = runner(catalog, runs, outlet)
+    one.handle_start(start_message(run_id))
+    one.handle_reply(reply(outlet.intents()[-1], HOLD))
+    one.handle_reply(reply(outlet.intents()[-1], REFUND))
+    with pytest.raises(Died):
+        runner(catalog, runs, outlet, point).handle_reply(reply(outlet.intents()[-1], {}))
+    return one, outlet
+
+
 def test_a_resend_that_comes_while_the_final_receipt_is_confirmed_but_not_yet_marked_gets_it_again(
     catalog: Catalog, runs: WorkflowRuns
 ) -> None:
     """The agent has the final receipt and resends before the delivery that sent it wrote the
     run's sent mark (it still holds the publish claim): the resend is answered all the same."""
-    outlet = Outlet()
-    one = runner(catalog, runs, outlet)
-    one.handle_start(start_message("unmarked"))
-    one.handle_reply(reply(outlet.intents()[-1], HOLD))
-    one.handle_reply(reply(outlet.intents()[-1], REFUND))
-    with pytest.raises(Died):  # confirmed by the broker, the run's mark not written
-        runner(catalog, runs, outlet, "after_publish").handle_reply(reply(outlet.intents()[-1], {}))
+    one, outlet = dead_at_the_end(catalog, runs, "unmarked", "after_publish")  # confirmed, the run's mark not written
     assert len(outlet.receipts()) == 1
     one.handle_start(start_message("unmarked", received_at=1.0e9 + 5))
     assert outlet.receipts("again") == outlet.receipts()
@@ -298,13 +304,7 @@ def test_a_resend_that_comes_while_the_final_receipt_is_confirmed_but_not_yet_ma
 def test_a_resend_of_a_run_whose_final_receipt_never_went_out_gets_it_once(
     catalog: Catalog, runs: WorkflowRuns
 ) -> None:
-    outlet = Outlet()
-    one = runner(catalog, runs, outlet)
-    one.handle_start(start_message("unsent"))
-    one.handle_reply(reply(outlet.intents()[-1], HOLD))
-    one.handle_reply(reply(outlet.intents()[-1], REFUND))
-    with pytest.raises(Died):  # the final receipt decided and written, never published
-        runner(catalog, runs, outlet, "after_state_write").handle_reply(reply(outlet.intents()[-1], {}))
+    one, outlet = dead_at_the_end(catalog, runs, "unsent", "after_state_write")  # written, never published
     assert outlet.receipts() == []
     one.handle_start(start_message("unsent", received_at=1.0e9 + 5))
     assert len(outlet.receipts()) == 1 and outlet.receipts("again") == []  # one copy, to the same place
